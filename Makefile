@@ -1,0 +1,63 @@
+# Decoding Playground — `make run` serves the page, `make test` runs every test (browser tests included).
+
+SHELL := /bin/bash
+
+VENV := .venv
+VENV_PYTHON := $(VENV)/bin/python
+CHROMIUM := /usr/bin/chromium
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PYTEST_ARGS ?=
+
+# Python >= 3.11 for the venv: python3.11 if installed, else python3 (its version is checked below).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+
+.PHONY: setup browser run test clean
+
+setup: $(VENV)/.stamp node_modules/.stamp
+
+# Python dependencies; redone when pyproject.toml changes.
+$(VENV)/.stamp: pyproject.toml
+	@if [ -z "$(PYTHON)" ]; then echo "error: no python3 found; install Python >= 3.11" >&2; exit 1; fi
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "error: Python >= 3.11 needed, $(PYTHON) is $$($(PYTHON) --version 2>&1)" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV_PYTHON) -m pip install --disable-pip-version-check -e '.[test]'
+	touch $@
+
+# Front-end packages (htmx and its websocket extension), exactly as pinned in package-lock.json.
+node_modules/.stamp: package.json package-lock.json
+	@command -v npm >/dev/null || { echo "error: npm not found; install Node.js (>= 20) and npm" >&2; exit 1; }
+	npm ci --no-audit --no-fund
+	touch $@
+
+# Debian's Chromium for the browser tests (`playwright install` would download browsers and fails offline).
+browser:
+	@if [ -x $(CHROMIUM) ]; then \
+		echo "browser: using $(CHROMIUM)"; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		echo "browser: installing chromium with apt-get"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		{ apt-get update && apt-get install -y chromium; } </dev/null || \
+			echo "!!! browser: apt-get install chromium FAILED; browser tests will be SKIPPED !!!" >&2; \
+	else \
+		echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
+		echo "!!! $(CHROMIUM) not found and cannot install it here (need root + apt-get). !!!" >&2; \
+		echo "!!! Browser tests will be SKIPPED. Install Chromium at $(CHROMIUM) to run them. !!!" >&2; \
+		echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
+	fi
+
+run: setup
+	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/decoding-playground serve --host $(HOST) --port $(PORT)
+
+# pytest exits 5 when it collected no tests: that is a failure here, never a silent pass.
+test: setup browser
+	@export OPENBLAS_NUM_THREADS=1; \
+	status=0; \
+	$(VENV_PYTHON) -m pytest -q -rs $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status -eq 5 ]; then echo "error: no tests ran (pytest exit code 5)" >&2; exit 1; fi; \
+	exit $$status
+
+clean:
+	rm -rf $(VENV) node_modules test-artifacts .pytest_cache .hypothesis build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

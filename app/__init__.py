@@ -1,0 +1,1 @@
+"""The web layer: FastAPI routes that translate engine events into HTML fragments and JSON."""
