@@ -1,0 +1,1 @@
+"""The `decoding-playground` command: serve, bench, train, models, generate."""

@@ -1,0 +1,58 @@
+"""`decoding-playground` — one entry point, one subcommand per concern."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import engine  # noqa: F401  (pins BLAS to one thread before numpy is imported)
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"WARNING: serving on {args.host}:{args.port}: reachable from other machines.", file=sys.stderr)
+    uvicorn.run("app.main:app", host=args.host, port=args.port, ws_max_size=64 * 1024,
+                ws_per_message_deflate=False, log_level="info")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from cli import bench
+    return bench.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="decoding-playground",
+                                description="Watch an LLM decode: KV cache, paged blocks, speculative decoding.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="serve the playground page")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.set_defaults(func=cmd_serve)
+
+    b = sub.add_parser("bench", help="measure the engine (results also go to docs/benchmarks.md)")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    be = bsub.add_parser("engine", help="decode, prefill, prefix reuse, GQA attention, KV bytes")
+    be.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run, a few seconds)")
+    be.add_argument("--json", action="store_true", help="print the results as JSON")
+    be.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    be.set_defaults(func=cmd_bench)
+
+    try:
+        from engine.training import cli as training_cli
+    except ImportError:
+        training_cli = None
+    if training_cli is not None and hasattr(training_cli, "add_parser"):
+        training_cli.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""The paged KV cache: a store of K/V numbers in fixed-size blocks, and a manager of block tables.
+
+    slot = block_table[pos // block_size] * block_size + pos % block_size      (PagedAttention)
+
+`KVStore` holds, per layer, K and V for every slot of the pool in the cache dtype, laid out
+[num_kv_heads, num_slots, head_dim] so that a run of consecutive blocks is one contiguous slice.
+`KVCacheManager` speaks in sequences (after vLLM's KVCacheManager): it appends slots for new tokens,
+reuses cached prefix blocks, rolls back rejected tokens, forks and frees, and reports every block
+event through the pool. `SequenceKV` is what `engine.model.forward` writes to and reads from.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .block_pool import Block, BlockPool, hash_block_tokens
+from .config import ModelConfig
+from .kv_dtypes import FP8_SCALE_DIVISOR, KVCacheDType, kv_bytes_per_token, quantize_per_token_head, \
+    resolve_kv_cache_dtype
+
+F32 = np.float32
+BLOCK_SIZES = (8, 16, 32)
+
+
+class KVStore:
+    """K and V numbers for every slot of one pool, per layer, in one cache dtype."""
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: KVCacheDType):
+        self.dtype, self.block_size = dtype, block_size
+        self.num_slots = num_blocks * block_size
+        shape = (cfg.num_key_value_heads, self.num_slots, cfg.head_dim)
+        L = cfg.num_hidden_layers
+        self.k = [np.zeros(shape, dtype.storage) for _ in range(L)]
+        self.v = [np.zeros(shape, dtype.storage) for _ in range(L)]
+        if dtype.scale == "per_token_head":
+            self.k_scale = [np.zeros(shape[:2], np.float16) for _ in range(L)]
+            self.v_scale = [np.zeros(shape[:2], np.float16) for _ in range(L)]
+        else:  # per-tensor (fp8) scales are fixed by the first write to each layer
+            self.k_scale = [None] * L
+            self.v_scale = [None] * L
+
+    def nbytes(self) -> int:
+        """Bytes held per slot times slots (fp8's two per-layer float32 scales are not per token)."""
+        per_token = [a for a in (*self.k, *self.v) if a is not None]
+        if self.dtype.scale == "per_token_head":
+            per_token += [*self.k_scale, *self.v_scale]
+        return sum(a.nbytes for a in per_token)
+
+    def write(self, layer: int, slots, k, v) -> None:  # slots: slice or [n] ints; k, v: [n, nkv, hd]
+        kt, vt = k.transpose(1, 0, 2), v.transpose(1, 0, 2)                   # [nkv, n, hd]
+        kind = self.dtype.scale
+        if kind == "none":
+            self.k[layer][:, slots] = kt
+            self.v[layer][:, slots] = vt
+        elif kind == "per_token_head":
+            self.k[layer][:, slots], self.k_scale[layer][:, slots] = quantize_per_token_head(kt)
+            self.v[layer][:, slots], self.v_scale[layer][:, slots] = quantize_per_token_head(vt)
+        else:
+            fmax = F32(self.dtype.max_value)
+            if self.k_scale[layer] is None:
+                self.k_scale[layer] = F32(max(float(np.abs(kt).max()), 1e-6) / FP8_SCALE_DIVISOR["k"])
+                self.v_scale[layer] = F32(max(float(np.abs(vt).max()), 1e-6) / FP8_SCALE_DIVISOR["v"])
+            self.k[layer][:, slots] = np.clip(kt / self.k_scale[layer], -fmax, fmax)
+            self.v[layer][:, slots] = np.clip(vt / self.v_scale[layer], -fmax, fmax)
+
+    def read(self, layer: int, slots):  # -> K, V float32 [nkv, T, hd]
+        kind = self.dtype.scale
+        if kind == "none":
+            K, V = self.k[layer][:, slots], self.v[layer][:, slots]
+            if self.dtype.name == "auto":
+                return K, V           # a view when slots is a slice: no copy at all
+            return K.astype(F32), V.astype(F32)
+        if kind == "per_token_head":
+            K = self.k[layer][:, slots].astype(F32) * self.k_scale[layer][:, slots, None]
+            V = self.v[layer][:, slots].astype(F32) * self.v_scale[layer][:, slots, None]
+            return K, V
+        return (self.k[layer][:, slots].astype(F32) * self.k_scale[layer],
+                self.v[layer][:, slots].astype(F32) * self.v_scale[layer])
+
+    def copy_slots(self, src, dst) -> None:
+        for arrays in (self.k, self.v, self.k_scale, self.v_scale):
+            for a in arrays:
+                if isinstance(a, np.ndarray) and a.ndim >= 2:
+                    a[:, dst] = a[:, src]
+
+
+@dataclass
+class Sequence:
+    """One sequence's block table and the tokens whose K/V it holds.
+
+    NOTE: only the last block is ever written to, and it is never shared: shared blocks (prefix
+    cache, fork) are full. `slots[pos]` caches the slot formula for every position held.
+    """
+    seq_id: int
+    max_tokens: int
+    blocks: list[Block] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)    # of the first len() full blocks
+    slots: np.ndarray = None    # [max blocks x block_size] slot of each position
+    contiguous: bool = True     # blocks have consecutive ids: the whole table is one slice
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def block_table(self) -> list[int]:
+        return [b.block_id for b in self.blocks]
+
+
+class SequenceKV:
+    """The view `forward` uses for one call: where to write this call's K/V, where to read them all."""
+    __slots__ = ("store", "write_slots", "read_slots")
+
+    def __init__(self, store: KVStore, write_slots, read_slots):
+        self.store, self.write_slots, self.read_slots = store, write_slots, read_slots
+
+    def write(self, layer, k, v):
+        self.store.write(layer, self.write_slots, k, v)
+
+    def read(self, layer):
+        return self.store.read(layer, self.read_slots)
+
+
+class KVCacheManager:
+    """One model's paged KV cache in one dtype: a block pool, a store, and the sequences using them."""
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = 16,
+                 kv_cache_dtype: str = "auto", enable_prefix_caching: bool = True, name: str = "target"):
+        if block_size not in BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
+        self.cfg, self.block_size, self.name = cfg, block_size, name
+        self.dtype = resolve_kv_cache_dtype(kv_cache_dtype)
+        self.pool = BlockPool(num_blocks, name, enable_prefix_caching)
+        self.store = KVStore(cfg, num_blocks, block_size, self.dtype)
+        self.bytes_per_token = kv_bytes_per_token(cfg, self.dtype)
+        self.sequences: dict[int, Sequence] = {}
+        self._ids = itertools.count()
+        # prefix-cache statistics (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens)
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # --- sequences ------------------------------------------------------------------------------
+    def new_sequence(self) -> Sequence:
+        max_tokens = self.cfg.max_position_embeddings
+        seq = Sequence(next(self._ids), max_tokens,
+                       slots=np.zeros(-(-max_tokens // self.block_size) * self.block_size, np.int64))
+        self.sequences[seq.seq_id] = seq
+        return seq
+
+    def match_prefix(self, seq: Sequence, token_ids) -> int:
+        """Share the cached full blocks that start `token_ids`; return how many tokens they hold.
+
+        At least one token is always left to compute, because its logits are needed.
+        """
+        if seq.num_tokens:
+            raise ValueError("match_prefix needs an empty sequence")
+        bs = self.block_size
+        self.prefix_queries += len(token_ids)
+        parent = None
+        for b in range((len(token_ids) - 1) // bs):
+            chunk = token_ids[b * bs:(b + 1) * bs]
+            h = hash_block_tokens(parent, chunk)
+            block = self.pool.get_cached_block(h)
+            if block is None:
+                break
+            self.pool.touch(block, seq.seq_id)
+            self._append_block(seq, block)
+            seq.token_ids.extend(chunk)
+            seq.block_hashes.append(h)
+            parent = h
+        self.prefix_hits += seq.num_tokens
+        return seq.num_tokens
+
+    def append_slots(self, seq: Sequence, token_ids) -> SequenceKV:
+        """Make room for `token_ids` after the sequence's tokens; returns the KV view for forward."""
+        n, p0, bs = len(token_ids), seq.num_tokens, self.block_size
+        if p0 + n > seq.max_tokens:
+            raise ValueError(f"sequence would hold {p0 + n} tokens, more than the model's context "
+                             f"of {seq.max_tokens} (max_position_embeddings)")
+        need = -(-(p0 + n) // bs) - len(seq.blocks)
+        if need > 0:
+            for block in self.pool.get_new_blocks(need, seq.seq_id):
+                self._append_block(seq, block)
+        seq.token_ids.extend(int(t) for t in token_ids)
+        if seq.contiguous:
+            start = seq.blocks[0].block_id * bs
+            return SequenceKV(self.store, slice(start + p0, start + p0 + n), slice(start, start + p0 + n))
+        return SequenceKV(self.store, seq.slots[p0:p0 + n], seq.slots[:p0 + n])
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the sequence's full blocks in the prefix cache.
+
+        NOTE: call only when every token held is final (verified): a speculative round commits after
+        rolling back its rejected tokens, so no unverified token is ever cached.
+        """
+        bs = self.block_size
+        for b in range(len(seq.block_hashes), seq.num_tokens // bs):
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            h = hash_block_tokens(parent, seq.token_ids[b * bs:(b + 1) * bs])
+            seq.block_hashes.append(h)
+            self.pool.cache_full_block(seq.blocks[b], h, seq.seq_id)
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Roll the sequence back to its first `num_tokens` tokens, freeing blocks that become empty."""
+        if not 0 <= num_tokens <= seq.num_tokens:
+            raise ValueError(f"cannot truncate a sequence of {seq.num_tokens} tokens to {num_tokens}")
+        bs = self.block_size
+        keep = -(-num_tokens // bs)
+        if keep < len(seq.blocks):
+            self.pool.free_blocks(seq.blocks[keep:], seq.seq_id)
+            del seq.blocks[keep:]
+        del seq.token_ids[num_tokens:]
+        del seq.block_hashes[num_tokens // bs:]
+        if num_tokens % bs and seq.blocks:
+            last = seq.blocks[-1]
+            if last.ref_cnt > 1:                    # shared: give this sequence its own copy
+                self._copy_on_write_last_block(seq)
+            elif last.block_hash is not None:       # about to be overwritten: drop it from the cache
+                self.pool.uncache_block(last)
+
+    def fork(self, seq: Sequence) -> Sequence:
+        """A new sequence with the same tokens: full blocks shared, the partial last block copied."""
+        child = self.new_sequence()
+        for block in seq.blocks:
+            self.pool.touch(block, child.seq_id)
+            self._append_block(child, block)
+        child.token_ids = list(seq.token_ids)
+        child.block_hashes = list(seq.block_hashes)
+        if seq.num_tokens % self.block_size:
+            self._copy_on_write_last_block(child)
+        return child
+
+    def free(self, seq: Sequence) -> None:
+        self.pool.free_blocks(seq.blocks, seq.seq_id)
+        seq.blocks.clear()
+        seq.token_ids.clear()
+        seq.block_hashes.clear()
+        self.sequences.pop(seq.seq_id, None)
+
+    # --- figures --------------------------------------------------------------------------------
+    def bytes_used(self, seq: Sequence) -> int:
+        return seq.num_tokens * self.bytes_per_token
+
+    def bytes_allocated(self) -> int:
+        return self.pool.num_used_blocks * self.block_size * self.bytes_per_token
+
+    # --- internals ------------------------------------------------------------------------------
+    def _append_block(self, seq: Sequence, block: Block) -> None:
+        b, bs = len(seq.blocks), self.block_size
+        if seq.blocks and block.block_id != seq.blocks[-1].block_id + 1:
+            seq.contiguous = False
+        seq.blocks.append(block)
+        seq.slots[b * bs:(b + 1) * bs] = np.arange(block.block_id * bs, (block.block_id + 1) * bs)
+
+    def _copy_on_write_last_block(self, seq: Sequence) -> None:
+        old = seq.blocks.pop()
+        new = self.pool.get_new_blocks(1, seq.seq_id)[0]
+        bs = self.block_size
+        self.store.copy_slots(slice(old.block_id * bs, (old.block_id + 1) * bs),
+                              slice(new.block_id * bs, (new.block_id + 1) * bs))
+        self.pool.free_blocks([old], seq.seq_id)
+        seq.contiguous = all(a.block_id + 1 == b.block_id for a, b in zip(seq.blocks, seq.blocks[1:]))
+        self._append_block(seq, new)

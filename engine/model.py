@@ -1,0 +1,172 @@
+"""A Llama-style decoder in numpy: RMSNorm, RoPE (rotate-half), grouped-query attention, SwiGLU.
+
+One function, `forward`, runs n new tokens of one sequence at positions p0 .. p0+n-1 against a paged
+KV cache and returns logits for every new position: prefill (n = prompt), decode (n = 1) and
+speculative verification (n = k+1) are the same call. `forward_no_cache` recomputes the whole
+sequence, as the seed article's baseline does.
+
+Speed (decode is bound by numpy's ~1 us per call on small models, docs/benchmarks.md) shapes a few
+choices, each exact up to float32 rounding:
+- Q, K and V are one matmul, gate and up are one matmul (fused weights, built once in `Model`).
+- The RMSNorm weights (and a factor sqrt(C), see `rms_norm`) are folded into the matrix that follows
+  each norm: (x * g) @ W = x @ (g[:, None] * W).
+- 1/sqrt(head_dim) is folded into the Q weights: RoPE is linear, so scaling before or after is the same.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelConfig
+
+F32 = np.float32
+
+
+class ContextLengthError(ValueError):
+    """A position beyond max_position_embeddings (the seed's 'position overflow')."""
+
+
+@dataclass
+class LayerWeights:
+    w_qkv: np.ndarray      # [C, (nq + 2 nkv) hd], input norm and 1/sqrt(hd) folded in
+    w_o: np.ndarray        # [nq hd, C]
+    w_gate_up: np.ndarray  # [C, 2 I], post-attention norm folded in
+    w_down: np.ndarray     # [I, C]
+
+
+class Model:
+    """Inference weights in the layout `forward` wants, built once from checkpoint weights."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray]):
+        self.cfg = cfg
+        c, hd = cfg.hidden_size, cfg.head_dim
+        nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        sqrt_c = np.sqrt(c)                          # see rms_norm
+        self.embed = np.ascontiguousarray(weights["model.embed_tokens.weight"], F32)   # [V, C]
+        self.layers = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            g1 = weights[p + "input_layernorm.weight"][:, None] * sqrt_c                # [C, 1]
+            g2 = weights[p + "post_attention_layernorm.weight"][:, None] * sqrt_c
+            wq = weights[p + "self_attn.q_proj.weight"].T * F32(1.0 / np.sqrt(hd))     # [C, nq hd]
+            wk = weights[p + "self_attn.k_proj.weight"].T                               # [C, nkv hd]
+            wv = weights[p + "self_attn.v_proj.weight"].T
+            self.layers.append(LayerWeights(
+                w_qkv=np.ascontiguousarray(g1 * np.concatenate([wq, wk, wv], axis=1), F32),
+                w_o=np.ascontiguousarray(weights[p + "self_attn.o_proj.weight"].T, F32),
+                w_gate_up=np.ascontiguousarray(g2 * np.concatenate(
+                    [weights[p + "mlp.gate_proj.weight"].T, weights[p + "mlp.up_proj.weight"].T], axis=1), F32),
+                w_down=np.ascontiguousarray(weights[p + "mlp.down_proj.weight"].T, F32),
+            ))
+        head = weights["model.embed_tokens.weight"] if cfg.tie_word_embeddings else weights["lm_head.weight"]
+        self.lm_head = np.ascontiguousarray(weights["model.norm.weight"][:, None] * sqrt_c * head.T, F32)
+        self.q_dim, self.kv_dim = nq * hd, nkv * hd
+        self.c_eps = F32(c * cfg.rms_norm_eps)      # see rms_norm
+        self.cos, self.sin_signed = rope_tables(hd, cfg.max_position_embeddings, cfg.rope_theta)
+        half = hd // 2
+        self.rotate_half_index = np.r_[half:hd, 0:half]   # x[..., idx] * [-1.., +1..] = rotate_half(x)
+        self.num_parameters = sum(int(w.size) for w in weights.values())
+
+
+def rope_tables(head_dim: int, max_pos: int, theta: float):
+    """cos and sign-folded sin tables [max_pos, hd] for rotate-half RoPE (Hugging Face's layout).
+
+    rotate_half(x) = concat(-x[hd/2:], x[:hd/2]); with sin_signed = concat(-sin, sin) over the two halves,
+    rotate_half(x) * sin == x[rotate_half_index] * sin_signed, one gather and one multiply.
+    """
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # [hd/2]
+    ang = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq                       # [P, hd/2]
+    cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=1).astype(F32)
+    sin_signed = np.concatenate([-np.sin(ang), np.sin(ang)], axis=1).astype(F32)
+    return cos, sin_signed
+
+
+def rms_norm(x, c_eps):  # [n, C] -> [n, C] times 1/sqrt(C): the weight g and sqrt(C) live in the next matmul
+    # x / sqrt(mean(x^2) + eps) == sqrt(C) * x / sqrt(sum(x^2) + C eps)
+    return x / np.sqrt(np.vecdot(x, x)[:, None] + c_eps)
+
+
+def apply_rope(x, cos, sin_signed, rotate_half_index):  # [n, h, hd], [n, 1, hd] x2 -> [n, h, hd]
+    return x * cos + x.take(rotate_half_index, axis=-1) * sin_signed
+
+
+def softmax_inplace(s):  # [..., T] -> [..., T]
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s
+
+
+def attention(q, k, v, p0):  # [n, nq, hd], [nkv, T, hd] x2, first new position -> [n, nq hd]
+    """Causal grouped-query attention of n new queries against T = p0 + n keys.
+
+    Query head j reads KV head j // (nq // nkv) (Hugging Face's repeat_kv order), so the g query heads
+    of one KV head are one matrix product. Only the block of the n new columns needs the causal mask:
+    the p0 cached positions are visible to every new query.
+    """
+    n, nq, hd = q.shape
+    nkv, T, _ = k.shape
+    g = nq // nkv
+    if n == 1:                                                                     # decode: no mask
+        s = q.reshape(nkv, g, hd) @ k.transpose(0, 2, 1)                           # [nkv, g, T]
+        return (softmax_inplace(s) @ v).reshape(1, nq * hd)
+    qg = q.reshape(n, nkv, g, hd).transpose(1, 0, 2, 3).reshape(nkv, n * g, hd)   # [nkv, n g, hd]
+    s = (qg @ k.transpose(0, 2, 1)).reshape(nkv, n, g, T)                          # [nkv, n, g, T]
+    s[..., p0:] += causal_mask(n)[None, :, None, :]
+    o = softmax_inplace(s).reshape(nkv, n * g, T) @ v                              # [nkv, n g, hd]
+    return o.reshape(nkv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, nq * hd)
+
+
+_MASKS: dict[int, np.ndarray] = {}
+
+
+def causal_mask(n):  # -> [n, n]: 0 on and below the diagonal, -inf above
+    m = _MASKS.get(n)
+    if m is None:
+        m = _MASKS[n] = np.triu(np.full((n, n), -np.inf, F32), 1)
+    return m
+
+
+def forward(model: Model, tokens, p0: int, kv=None):
+    """Logits [n, V] for n new tokens at positions p0..p0+n-1.
+
+    kv: an object with `write(layer, k, v)` storing this call's keys/values [n, nkv, hd] and
+    `read(layer) -> (K, V)` returning [nkv, p0 + n, hd] float32 for the whole sequence so far
+    (engine.kv_cache.SequenceKV reads through a block table). kv=None means no cache: this call
+    must then cover the whole sequence (p0 = 0), and attention uses the keys it just computed.
+    """
+    cfg = model.cfg
+    n = len(tokens)
+    if p0 + n > cfg.max_position_embeddings:
+        raise ContextLengthError(
+            f"positions {p0}..{p0 + n - 1} exceed the model's context of "
+            f"{cfg.max_position_embeddings} tokens (max_position_embeddings)")
+    if kv is None and p0 != 0:
+        raise ValueError("without a KV cache the whole sequence must be passed (p0 = 0)")
+    nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    qk_dim, i_dim = model.q_dim + model.kv_dim, cfg.intermediate_size
+    c_eps, idx = model.c_eps, model.rotate_half_index
+    cos = model.cos[p0:p0 + n, None, :]                                            # [n, 1, hd]
+    sin = model.sin_signed[p0:p0 + n, None, :]
+    x = model.embed.take(tokens, axis=0)                                           # [n, C]
+    for i, lw in enumerate(model.layers):
+        qkv = rms_norm(x, c_eps) @ lw.w_qkv                                        # [n, (nq+2nkv) hd]
+        qk = apply_rope(qkv[:, :qk_dim].reshape(n, nq + nkv, hd), cos, sin, idx)
+        q, k = qk[:, :nq], qk[:, nq:]                                              # [n, nq|nkv, hd]
+        v = qkv[:, qk_dim:].reshape(n, nkv, hd)
+        if kv is None:
+            K, V = k.transpose(1, 0, 2), v.transpose(1, 0, 2)                      # [nkv, n, hd]
+        else:
+            kv.write(i, k, v)
+            K, V = kv.read(i)                                                      # [nkv, p0+n, hd]
+        x = x + attention(q, K, V, p0) @ lw.w_o
+        gate_up = rms_norm(x, c_eps) @ lw.w_gate_up                                # [n, 2 I]
+        gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
+        x = x + (gate * up / (1.0 + np.exp(-gate))) @ lw.w_down                    # SwiGLU: silu(g) u
+    return rms_norm(x, c_eps) @ model.lm_head                                      # [n, V]
+
+
+def forward_no_cache(model: Model, tokens):
+    """The seed's baseline: recompute every position of the sequence; logits [T, V]."""
+    return forward(model, np.asarray(tokens), 0, None)

@@ -1,0 +1,103 @@
+"""Model invariants: cached == uncached, lean == straightforward reference, paged == dense."""
+import numpy as np
+import pytest
+
+from engine import reference
+from engine.kv_cache import KVCacheManager
+from engine.model import ContextLengthError, forward, forward_no_cache
+
+
+def greedy_cached(model, mgr, prompt, steps):
+    seq = mgr.new_sequence()
+    logits = forward(model, prompt, 0, mgr.append_slots(seq, prompt))[-1:]
+    tokens, all_logits = [], []
+    for _ in range(steps):
+        all_logits.append(logits[-1])
+        t = int(np.argmax(logits[-1]))
+        tokens.append(t)
+        p0 = seq.num_tokens
+        logits = forward(model, [t], p0, mgr.append_slots(seq, [t]))
+    return tokens, np.array(all_logits), seq
+
+
+def greedy_uncached(model, prompt, steps):
+    seq, tokens, all_logits = list(prompt), [], []
+    for _ in range(steps):
+        logits = forward_no_cache(model, seq)[-1]
+        all_logits.append(logits)
+        t = int(np.argmax(logits))
+        tokens.append(t)
+        seq.append(t)
+    return tokens, np.array(all_logits)
+
+
+def test_cached_equals_uncached_200_tokens(seed_target):
+    model, _ = seed_target
+    prompt = np.random.default_rng(0).integers(0, model.cfg.vocab_size, 20)
+    mgr = KVCacheManager(model.cfg, num_blocks=32, block_size=16)
+    cached, cached_logits, _ = greedy_cached(model, mgr, prompt, 200)
+    uncached, uncached_logits = greedy_uncached(model, prompt, 200)
+    assert cached == uncached
+    assert np.abs(cached_logits - uncached_logits).max() <= 1e-4
+
+
+@pytest.mark.parametrize("preset,kv_heads", [("tiny", 4), ("tiny", 2), ("tiny", 1), ("seed-target", 4)])
+def test_lean_forward_matches_straightforward_reference(make_model, preset, kv_heads):
+    model, weights = make_model(preset, num_key_value_heads=kv_heads)
+    tokens = np.random.default_rng(3).integers(0, model.cfg.vocab_size, 40)
+    ref_cache = reference.DenseKVCache(model.cfg)
+    expected = np.concatenate([reference.forward(model.cfg, weights, tokens[:25], ref_cache),
+                               reference.forward(model.cfg, weights, tokens[25:], ref_cache)])
+    mgr = KVCacheManager(model.cfg, num_blocks=8, block_size=8)
+    seq = mgr.new_sequence()
+    got = np.concatenate([forward(model, tokens[:25], 0, mgr.append_slots(seq, tokens[:25])),
+                          forward(model, tokens[25:], 25, mgr.append_slots(seq, tokens[25:]))])
+    assert np.abs(got - expected).max() <= 1e-4 * max(1.0, np.abs(expected).max())
+
+
+def test_paged_equals_dense_for_random_block_layouts(tiny):
+    """Three sequences grow in a random interleaving, so their block tables are scattered in the pool."""
+    model, _ = tiny
+    rng = np.random.default_rng(7)
+    for trial in range(5):
+        mgr = KVCacheManager(model.cfg, num_blocks=40, block_size=8)
+        seqs = [mgr.new_sequence() for _ in range(3)]
+        tokens = [rng.integers(0, model.cfg.vocab_size, 90) for _ in range(3)]
+        outs = [[] for _ in range(3)]
+        while any(s.num_tokens < 90 for s in seqs):
+            i = int(rng.integers(3))
+            s = seqs[i]
+            if s.num_tokens == 90:
+                continue
+            n = int(min(rng.integers(1, 12), 90 - s.num_tokens))
+            chunk = tokens[i][s.num_tokens:s.num_tokens + n]
+            p0 = s.num_tokens
+            outs[i].append(forward(model, chunk, p0, mgr.append_slots(s, chunk)))
+        assert not all(s.contiguous for s in seqs), "the layout should be scattered"
+        for i in range(3):
+            dense = forward_no_cache(model, tokens[i])
+            assert np.abs(np.concatenate(outs[i]) - dense).max() <= 1e-4
+
+
+def test_block_sizes_give_the_same_logits(tiny):
+    model, _ = tiny
+    prompt = np.random.default_rng(5).integers(0, model.cfg.vocab_size, 30)
+    results = []
+    for bs in (8, 16, 32):
+        mgr = KVCacheManager(model.cfg, num_blocks=16, block_size=bs)
+        _, logits, _ = greedy_cached(model, mgr, prompt, 60)
+        results.append(logits)
+    assert np.abs(results[0] - results[1]).max() <= 1e-5
+    assert np.abs(results[0] - results[2]).max() <= 1e-5
+
+
+def test_position_beyond_context_is_a_clear_error(tiny):
+    model, _ = tiny
+    n = model.cfg.max_position_embeddings
+    with pytest.raises(ContextLengthError, match="max_position_embeddings"):
+        forward_no_cache(model, np.zeros(n + 1, int))
+    mgr = KVCacheManager(model.cfg, num_blocks=64, block_size=16)
+    seq = mgr.new_sequence()
+    forward(model, np.zeros(n, int), 0, mgr.append_slots(seq, np.zeros(n, int)))
+    with pytest.raises(ValueError, match="context"):
+        mgr.append_slots(seq, [1])
