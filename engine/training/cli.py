@@ -1,0 +1,97 @@
+"""`decoding-playground train`: retrain any shipped model (or the tiny CI model) from its preset.
+
+Wire-up: `add_parser(subparsers)` adds the `train` sub-command and sets `func=run`; or call
+`main(argv)` directly (`python -m engine.training.cli --preset ci-tiny`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from ..config import PRESETS, ModelConfig
+from .train import TrainConfig
+
+# Training recipes of the shipped models. The architecture of each is engine.config.PRESETS[name].
+RECIPES: dict[str, dict] = {
+    "target-mha": dict(steps=1500, batch_size=8, seq_len=512, lr=3e-3, warmup_steps=100,
+                       notes="the target, trained from scratch"),
+    "target-gqa": dict(steps=75, batch_size=8, seq_len=512, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1,
+                       eval_every=25, init_from="models/target-mha",
+                       notes="2 KV heads mean-pooled from target-mha, uptrained for 5% of its steps"),
+    "target-mqa": dict(steps=75, batch_size=8, seq_len=512, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1,
+                       eval_every=25, init_from="models/target-mha",
+                       notes="1 KV head mean-pooled from target-mha, uptrained for 5% of its steps"),
+    "draft": dict(steps=1500, batch_size=8, seq_len=512, lr=5e-3, warmup_steps=100,
+                  notes="the draft for speculative decoding, trained from scratch on the same corpus"),
+    "ci-tiny": dict(steps=30, batch_size=4, seq_len=64, lr=1e-2, warmup_steps=5, eval_every=10, eval_windows=4,
+                    ckpt_every=10, log_every=5, max_files=10, notes="a seconds-long run for CI"),
+}
+
+
+def _describe() -> str:
+    lines = ["presets (architecture from engine.config.PRESETS, recipe from engine.training.cli.RECIPES):"]
+    for name, r in RECIPES.items():
+        cfg = ModelConfig.from_name(name)
+        lines.append(
+            f"  {name:<11} {cfg.num_hidden_layers} layers x width {cfg.hidden_size}, {cfg.num_attention_heads} "
+            f"query / {cfg.num_key_value_heads} KV heads ({cfg.attention_kind}), {cfg.num_parameters():,} params; "
+            f"{r['steps']} steps x {r['batch_size']} x {r['seq_len']} tokens, lr {r['lr']:g}"
+            f"{', from ' + r['init_from'] if r.get('init_from') else ''}\n"
+            f"  {'':<11} {r['notes']}")
+    lines += ["",
+              "The corpus is the running interpreter's own stdlib sources (see engine/training/corpus.py).",
+              "Shipped models were trained in this order: target-mha, then target-gqa and target-mqa",
+              "(which start from models/target-mha), then draft. Set OPENBLAS_NUM_THREADS=1."]
+    return "\n".join(lines)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("train", help="retrain a shipped model (numpy, handwritten backprop)",
+                              description="Train a model of the shipped family from scratch in numpy.",
+                              epilog=_describe(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", required=True, choices=sorted(RECIPES), help="which model to train")
+    p.add_argument("--steps", type=int, help="optimizer steps (default: the recipe's)")
+    p.add_argument("--out", help="output checkpoint folder (default: models/NAME)")
+    p.add_argument("--state-dir", help="where the resumable training state goes (default: runs/NAME)")
+    p.add_argument("--resume", action="store_true", help="continue from STATE_DIR/state.npz if it exists")
+    p.add_argument("--seed", type=int, help="random seed (default 1337); same seed, same weights")
+    p.add_argument("--init-from", help="for GQA/MQA: the MHA checkpoint folder to mean-pool K/V heads from")
+
+
+def run(args: argparse.Namespace) -> int:
+    if os.environ.get("OPENBLAS_NUM_THREADS") != "1":
+        print("note: OPENBLAS_NUM_THREADS is not 1; on a shared 2-core machine this can be much slower",
+              file=sys.stderr)
+    from .train import train
+    recipe = dict(RECIPES[args.preset])
+    recipe.update({k: v for k, v in dict(steps=args.steps, seed=args.seed, init_from=args.init_from).items()
+                   if v is not None})
+    tc = TrainConfig(preset=args.preset, **recipe)
+    if args.steps is not None and args.steps < tc.warmup_steps * 5:
+        tc = replace(tc, warmup_steps=max(1, args.steps // 10))
+    out = Path(args.out or f"models/{args.preset}")
+    summary = train(tc, out, state_dir=args.state_dir or Path("runs") / out.name, resume=args.resume,
+                    log=lambda s: print(s, flush=True))
+    print(f"saved {out}/ (val loss {summary['val_loss']:.4f} nats/char, {summary['train_seconds'] / 60:.1f} min)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="decoding-playground train",
+                                description="Train a model of the shipped family from scratch in numpy.",
+                                epilog=_describe(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

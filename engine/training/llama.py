@@ -1,0 +1,107 @@
+"""The Llama decoder (LlamaForCausalLM) as a chain of the ops in `ops.py`, with its backward pass.
+
+`forward(params, cfg, ids, targets) -> loss, cache` and `backward(cache) -> grads` work on a batch
+of training windows [B, T] at positions 0..T-1. Parameter names and shapes are those of
+`engine.checkpoint.expected_shapes` (Hugging Face's), so a trained dict saves as a checkpoint as is.
+Q/K/V and gate/up are multiplied as one fused matrix each (one matmul instead of three / two).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import ModelConfig
+from . import ops
+
+
+def _layer_forward(x, p, pre, cfg, cos, sin):  # [B, T, C] -> [B, T, C], cache
+    B, T, C = x.shape
+    H, K, D, I = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+    eps = cfg.rms_norm_eps
+    h, c_n1 = ops.rmsnorm_forward(x, p[pre + "input_layernorm.weight"], eps)
+    wqkv = np.concatenate([p[pre + "self_attn.q_proj.weight"], p[pre + "self_attn.k_proj.weight"],
+                           p[pre + "self_attn.v_proj.weight"]])  # [(H + 2K) D, C]
+    qkv, c_qkv = ops.linear_forward(h, wqkv)  # [B, T, (H + 2K) D]
+    q = qkv[..., :H * D].reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
+    k = qkv[..., H * D:(H + K) * D].reshape(B, T, K, D).transpose(0, 2, 1, 3)  # [B, K, T, D]
+    v = np.ascontiguousarray(qkv[..., (H + K) * D:].reshape(B, T, K, D).transpose(0, 2, 1, 3))
+    q, c_rq = ops.rope_forward(q, cos, sin)
+    k, c_rk = ops.rope_forward(k, cos, sin)
+    a, c_att = ops.attention_forward(np.ascontiguousarray(q), np.ascontiguousarray(k), v)
+    y = a.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # heads concatenated
+    o, c_o = ops.linear_forward(y, p[pre + "self_attn.o_proj.weight"])
+    x = x + o
+    h2, c_n2 = ops.rmsnorm_forward(x, p[pre + "post_attention_layernorm.weight"], eps)
+    wgu = np.concatenate([p[pre + "mlp.gate_proj.weight"], p[pre + "mlp.up_proj.weight"]])  # [2I, C]
+    gu, c_gu = ops.linear_forward(h2, wgu)  # [B, T, 2I]
+    m, c_sw = ops.swiglu_forward(gu[..., :I], gu[..., I:])
+    d, c_d = ops.linear_forward(m, p[pre + "mlp.down_proj.weight"])
+    x = x + d
+    return x, (c_n1, c_qkv, c_rq, c_rk, c_att, c_o, c_n2, c_gu, c_sw, c_d)
+
+
+def _layer_backward(dx, cache, pre, cfg, g):  # dx [B, T, C] -> dx into the layer; fills g
+    c_n1, c_qkv, c_rq, c_rk, c_att, c_o, c_n2, c_gu, c_sw, c_d = cache
+    H, K, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    B, T, _ = dx.shape
+    # MLP branch (the residual passes dx through unchanged)
+    dm, g[pre + "mlp.down_proj.weight"] = ops.linear_backward(dx, c_d)
+    dg, du = ops.swiglu_backward(dm, c_sw)
+    dh2, dwgu = ops.linear_backward(np.concatenate([dg, du], -1), c_gu)
+    I = dg.shape[-1]
+    g[pre + "mlp.gate_proj.weight"], g[pre + "mlp.up_proj.weight"] = dwgu[:I], dwgu[I:]
+    dxn, g[pre + "post_attention_layernorm.weight"] = ops.rmsnorm_backward(dh2, c_n2)
+    dx = dx + dxn
+    # attention branch
+    dy, g[pre + "self_attn.o_proj.weight"] = ops.linear_backward(dx, c_o)
+    da = dy.reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
+    dq, dk, dv = ops.attention_backward(da, c_att)
+    dq = ops.rope_backward(dq, c_rq)
+    dk = ops.rope_backward(dk, c_rk)
+    dqkv = np.concatenate([dq.transpose(0, 2, 1, 3).reshape(B, T, H * D),
+                           dk.transpose(0, 2, 1, 3).reshape(B, T, K * D),
+                           dv.transpose(0, 2, 1, 3).reshape(B, T, K * D)], -1)  # [B, T, (H + 2K) D]
+    dh, dwqkv = ops.linear_backward(dqkv, c_qkv)
+    g[pre + "self_attn.q_proj.weight"] = dwqkv[:H * D]
+    g[pre + "self_attn.k_proj.weight"] = dwqkv[H * D:(H + K) * D]
+    g[pre + "self_attn.v_proj.weight"] = dwqkv[(H + K) * D:]
+    dxn, g[pre + "input_layernorm.weight"] = ops.rmsnorm_backward(dh, c_n1)
+    return dx + dxn
+
+
+def lm_head_weight(params, cfg: ModelConfig):
+    return params["model.embed_tokens.weight"] if cfg.tie_word_embeddings else params["lm_head.weight"]
+
+
+def forward(params, cfg: ModelConfig, ids, targets=None):
+    """ids [B, T] -> (mean cross-entropy in nats if targets [B, T] is given else logits [B, T, V], cache)."""
+    B, T = ids.shape
+    dtype = params["model.embed_tokens.weight"].dtype
+    cos, sin = ops.rope_tables(T, cfg.head_dim, cfg.rope_theta, dtype)
+    x, c_emb = ops.embedding_forward(ids, params["model.embed_tokens.weight"])
+    layer_caches = []
+    for layer in range(cfg.num_hidden_layers):
+        x, c = _layer_forward(x, params, f"model.layers.{layer}.", cfg, cos, sin)
+        layer_caches.append(c)
+    h, c_nf = ops.rmsnorm_forward(x, params["model.norm.weight"], cfg.rms_norm_eps)
+    logits, c_head = ops.linear_forward(h, lm_head_weight(params, cfg))  # [B, T, V]
+    if targets is None:
+        return logits, None
+    loss, c_ce = ops.cross_entropy_forward(logits.reshape(B * T, -1), targets.reshape(-1))
+    return loss, (c_emb, layer_caches, c_nf, c_head, c_ce, (B, T))
+
+
+def backward(cache, cfg: ModelConfig):
+    """Gradients of the mean loss for every parameter, as a dict with the parameter names."""
+    c_emb, layer_caches, c_nf, c_head, c_ce, (B, T) = cache
+    g = {}
+    dlogits = ops.cross_entropy_backward(1.0, c_ce).reshape(B, T, -1)
+    dh, dhead = ops.linear_backward(dlogits, c_head)
+    dx, g["model.norm.weight"] = ops.rmsnorm_backward(dh, c_nf)
+    for layer in reversed(range(cfg.num_hidden_layers)):
+        dx = _layer_backward(dx, layer_caches[layer], f"model.layers.{layer}.", cfg, g)
+    demb = ops.embedding_backward(dx, c_emb)
+    if cfg.tie_word_embeddings:
+        g["model.embed_tokens.weight"] = demb + dhead
+    else:
+        g["model.embed_tokens.weight"], g["lm_head.weight"] = demb, dhead
+    return g

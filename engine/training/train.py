@@ -1,0 +1,241 @@
+"""A flat training loop (nanoGPT style): get_batch, get_lr, estimate_loss, AdamW, checkpoints.
+
+The model math and its backward pass are in `llama.py` / `ops.py`; this file only feeds batches of
+random windows of the corpus through them and updates the weights. Everything is float32 and
+single-threaded BLAS, so the same seed gives the same weights bit for bit.
+
+Two things are written:
+  - `out/` : the Hugging Face checkpoint (config.json, model.safetensors in float16, tokenizer.json)
+             plus `training.json` (hyperparameters, corpus record, losses, time) for the model card;
+  - `state_dir/state.npz` : float32 weights, AdamW moments, step and the sampler's state, for --resume.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..checkpoint import init_weights, load_checkpoint, save_checkpoint
+from ..config import ModelConfig
+from . import llama
+from .corpus import load_corpus
+
+
+@dataclass
+class TrainConfig:
+    preset: str                      # the architecture: a name in engine.config.PRESETS
+    steps: int = 1000
+    batch_size: int = 8              # windows per step
+    seq_len: int = 512               # tokens per window (positions 0..seq_len-1)
+    lr: float = 2e-3                 # peak learning rate
+    min_lr_ratio: float = 0.1        # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 100
+    weight_decay: float = 0.1        # AdamW, on matrices only (not on norm weights)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0           # clip the global gradient norm
+    seed: int = 1337
+    eval_every: int = 100
+    eval_windows: int = 16           # fixed validation windows for the periodic estimate
+    ckpt_every: int = 200
+    init_from: str | None = None     # a checkpoint folder whose K/V heads are mean-pooled (Ainslie et al.)
+    max_files: int | None = None     # use only the first N stdlib files (tiny CI runs)
+    log_every: int = 10
+    notes: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+def get_batch(data, batch_size, seq_len, rng):  # -> ids, targets [B, T] (targets shifted by one)
+    starts = rng.integers(0, len(data) - seq_len - 1, batch_size)
+    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
+    w = data[idx].astype(np.int64)
+    return w[:, :-1], w[:, 1:]
+
+
+def get_lr(step, tc: TrainConfig):  # linear warmup, then cosine down to lr * min_lr_ratio
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    t = (step - tc.warmup_steps) / max(1, tc.steps - tc.warmup_steps)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
+    return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * coeff)
+
+
+def val_windows(val, n, seq_len):  # n fixed, evenly spaced windows of the validation split
+    starts = np.linspace(0, len(val) - seq_len - 1, n).astype(np.int64)
+    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
+    w = val[idx].astype(np.int64)
+    return w[:, :-1], w[:, 1:]
+
+
+def estimate_loss(params, cfg, windows, batch_size=8):  # mean nats per token over fixed windows
+    ids, tg = windows
+    total = 0.0
+    for i in range(0, len(ids), batch_size):
+        loss, _ = llama.forward(params, cfg, ids[i:i + batch_size], tg[i:i + batch_size])
+        total += float(loss) * len(ids[i:i + batch_size])
+    return total / len(ids)
+
+
+def full_val_loss(params, cfg, val, seq_len, batch_size=8):
+    """Mean nats/char over the whole validation split in consecutive non-overlapping windows."""
+    n = (len(val) - 1) // seq_len
+    idx = np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
+    w = val[idx].astype(np.int64)
+    return estimate_loss(params, cfg, (w[:, :-1], w[:, 1:]), batch_size), n * seq_len
+
+
+# --- AdamW ---------------------------------------------------------------------------------------
+def adamw_step(params, grads, m, v, step, lr, tc: TrainConfig):  # updates params, m, v in place
+    b1, b2 = tc.beta1, tc.beta2
+    c1, c2 = 1 - b1 ** (step + 1), 1 - b2 ** (step + 1)
+    for k, p in params.items():
+        g = grads[k]
+        m[k] *= b1
+        m[k] += (1 - b1) * g
+        v[k] *= b2
+        v[k] += (1 - b2) * (g * g)
+        if p.ndim == 2 and tc.weight_decay:
+            p *= np.float32(1 - lr * tc.weight_decay)
+        p -= np.float32(lr / c1) * m[k] / (np.sqrt(v[k] / np.float32(c2)) + np.float32(1e-8))
+
+
+def clip_grads(grads, max_norm):  # -> norm before clipping
+    norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    if max_norm and norm > max_norm:
+        s = np.float32(max_norm / (norm + 1e-6))
+        for g in grads.values():
+            g *= s
+    return norm
+
+
+# --- GQA / MQA from an MHA checkpoint (Ainslie et al. 2023) -------------------------------------
+def mean_pool_kv(weights, src: ModelConfig, dst: ModelConfig):
+    """Each new KV head is the mean of the G = src_kv / dst_kv consecutive old heads it replaces.
+
+    Query head j reads kv head j // (H / K), so query heads of one new group are exactly the ones
+    that read the pooled old heads."""
+    assert src.num_key_value_heads % dst.num_key_value_heads == 0
+    G = src.num_key_value_heads // dst.num_key_value_heads
+    out = dict(weights)
+    for k, w in weights.items():
+        if k.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
+            heads = w.reshape(dst.num_key_value_heads, G, src.head_dim, w.shape[-1])
+            out[k] = heads.mean(1).reshape(-1, w.shape[-1]).astype(np.float32)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+def progress_line(step, steps, loss, lr, tok_s, elapsed, eta):
+    n = 20
+    done = int(n * step / steps)
+    return (f"[{'#' * done}{'.' * (n - done)}] step {step:5d}/{steps} loss {loss:.4f} lr {lr:.2e} "
+            f"{tok_s:,.0f} tok/s elapsed {elapsed / 60:5.1f} min left {eta / 60:5.1f} min")
+
+
+def train(tc: TrainConfig, out: str | Path, state_dir: str | Path | None = None, resume: bool = False,
+          log=print, corpus=None, stop_at: int | None = None) -> dict | None:
+    """Train one model; returns the summary also written to out/training.json.
+
+    `stop_at` ends the run early after saving the state at that step (as an interrupted run would
+    be); it returns None then."""
+    out = Path(out)
+    state_dir = Path(state_dir) if state_dir else Path("runs") / out.name
+    state_dir.mkdir(parents=True, exist_ok=True)
+    train_ids, val_ids, tok, record = corpus or load_corpus(max_files=tc.max_files)
+    cfg = ModelConfig.from_name(tc.preset)
+    if tok.vocab_size > cfg.vocab_size:
+        raise ValueError(f"tokenizer has {tok.vocab_size} tokens, preset {tc.preset} only {cfg.vocab_size}")
+    windows = val_windows(val_ids, tc.eval_windows, min(tc.seq_len, len(val_ids) - 2))
+
+    loss_before = None
+    if tc.init_from:
+        src_cfg, src_w, _ = load_checkpoint(tc.init_from, with_tokenizer=False)
+        params = mean_pool_kv(src_w, src_cfg, cfg)
+        loss_before, _ = full_val_loss(params, cfg, val_ids, min(tc.seq_len, len(val_ids) - 2))
+        log(f"initialised from {tc.init_from} by mean-pooling {src_cfg.num_key_value_heads} -> "
+            f"{cfg.num_key_value_heads} KV heads: val loss before uptraining {loss_before:.4f}")
+    else:
+        params = init_weights(cfg, seed=tc.seed)
+    m = {k: np.zeros_like(p) for k, p in params.items()}
+    v = {k: np.zeros_like(p) for k, p in params.items()}
+    rng = np.random.default_rng(tc.seed)
+    step, history, train_seconds = 0, [], 0.0
+
+    state_file = state_dir / "state.npz"
+    if resume and state_file.exists():
+        st = np.load(state_file, allow_pickle=False)
+        meta = json.loads(str(st["meta"]))
+        params = {k: st["p/" + k] for k in params}
+        m = {k: st["m/" + k] for k in params}
+        v = {k: st["v/" + k] for k in params}
+        rng.bit_generator.state = meta["rng"]
+        step, history, train_seconds = meta["step"], meta["history"], meta["train_seconds"]
+        loss_before = meta.get("loss_before", loss_before)
+        log(f"resumed from {state_file} at step {step}")
+
+    def save_state():
+        arrays = {"p/" + k: a for k, a in params.items()}
+        arrays.update({"m/" + k: a for k, a in m.items()})
+        arrays.update({"v/" + k: a for k, a in v.items()})
+        meta = dict(step=step, history=history, train_seconds=train_seconds, rng=rng.bit_generator.state,
+                    loss_before=loss_before, train_config=asdict(tc))
+        tmp = state_dir / "state.tmp.npz"
+        np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)
+        tmp.replace(state_file)
+
+    log(f"training {tc.preset}: {cfg.num_parameters():,} parameters, {cfg.attention_kind}, "
+        f"{len(train_ids):,} train tokens, {tc.steps} steps x {tc.batch_size} x {tc.seq_len} tokens")
+    if step == 0:
+        history.append(dict(step=0, val_loss=round(estimate_loss(params, cfg, windows), 4), train_seconds=0.0))
+        log(f"step 0: val loss {history[0]['val_loss']:.4f} nats/char (fixed {tc.eval_windows} windows)")
+    t_last, tokens_since, loss_acc, n_acc = time.perf_counter(), 0, 0.0, 0
+    while step < tc.steps:
+        t0 = time.perf_counter()
+        lr = get_lr(step, tc)
+        ids, tg = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)
+        loss, cache = llama.forward(params, cfg, ids, tg)
+        grads = llama.backward(cache, cfg)
+        del cache
+        gnorm = clip_grads(grads, tc.grad_clip)
+        adamw_step(params, grads, m, v, step, lr, tc)
+        step += 1
+        train_seconds += time.perf_counter() - t0
+        tokens_since += ids.size
+        loss_acc, n_acc = loss_acc + float(loss), n_acc + 1
+        if not math.isfinite(float(loss)):
+            raise FloatingPointError(f"loss is {loss} at step {step}")
+        if step % tc.log_every == 0 or step == tc.steps:
+            now = time.perf_counter()
+            tok_s = tokens_since / (now - t_last)
+            eta = (tc.steps - step) * tc.batch_size * tc.seq_len / tok_s
+            log(progress_line(step, tc.steps, loss_acc / n_acc, lr, tok_s, train_seconds, eta)
+                + f" |g| {gnorm:.2f}")
+            t_last, tokens_since, loss_acc, n_acc = now, 0, 0.0, 0
+        if step % tc.eval_every == 0 or step == tc.steps:
+            vl = estimate_loss(params, cfg, windows)
+            history.append(dict(step=step, val_loss=round(vl, 4), train_seconds=round(train_seconds, 1)))
+            log(f"step {step}: val loss {vl:.4f} nats/char (fixed {tc.eval_windows} windows)")
+        if step % tc.ckpt_every == 0 or step == tc.steps or step == stop_at:
+            save_state()
+        if step == stop_at:
+            return None
+
+    t0 = time.perf_counter()
+    val_loss, val_tokens = full_val_loss(params, cfg, val_ids, min(tc.seq_len, len(val_ids) - 2))
+    log(f"final val loss over the whole validation split ({val_tokens:,} tokens): {val_loss:.4f} nats/char "
+        f"({time.perf_counter() - t0:.0f} s)")
+    save_checkpoint(out, cfg, params, tok)
+    summary = dict(name=out.name, preset=tc.preset, attention_kind=cfg.attention_kind,
+                   parameters=cfg.num_parameters(), config=cfg.to_hf_dict(), train_config=asdict(tc),
+                   corpus=record.to_dict(), steps=step, tokens_seen=step * tc.batch_size * tc.seq_len,
+                   train_seconds=round(train_seconds, 1), val_loss=round(val_loss, 4),
+                   val_tokens=val_tokens, val_loss_before_uptraining=(round(loss_before, 4)
+                                                                      if loss_before is not None else None),
+                   history=history, numpy=np.__version__, python=sys.version.split()[0])
+    (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
