@@ -24,66 +24,62 @@ F32 = np.float32
 BLOCK_SIZES = (8, 16, 32)
 
 
+def gather(a, slots):  # [2, nkv, num_slots, ...] -> [2, nkv, T, ...]
+    """Slots of a sequence: a view for a contiguous run, else one `take` (much cheaper than a[:, :, idx])."""
+    return a[:, :, slots] if isinstance(slots, slice) else a.take(slots, axis=2)
+
+
 class KVStore:
-    """K and V numbers for every slot of one pool, per layer, in one cache dtype."""
+    """K and V numbers for every slot of one pool, per layer, in one cache dtype.
+
+    NOTE: per layer one array kv[layer] of shape [2 (K, V), num_kv_heads, num_slots, head_dim], so that
+    one write stores both and one slice (or one take) reads both.
+    """
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: KVCacheDType):
         self.dtype, self.block_size = dtype, block_size
         self.num_slots = num_blocks * block_size
-        shape = (cfg.num_key_value_heads, self.num_slots, cfg.head_dim)
+        shape = (2, cfg.num_key_value_heads, self.num_slots, cfg.head_dim)
         L = cfg.num_hidden_layers
-        self.k = [np.zeros(shape, dtype.storage) for _ in range(L)]
-        self.v = [np.zeros(shape, dtype.storage) for _ in range(L)]
-        if dtype.scale == "per_token_head":
-            self.k_scale = [np.zeros(shape[:2], np.float16) for _ in range(L)]
-            self.v_scale = [np.zeros(shape[:2], np.float16) for _ in range(L)]
-        else:  # per-tensor (fp8) scales are fixed by the first write to each layer
-            self.k_scale = [None] * L
-            self.v_scale = [None] * L
+        self.kv = [np.zeros(shape, dtype.storage) for _ in range(L)]
+        if dtype.scale == "per_token_head":     # [2, nkv, num_slots] float16
+            self.scale = [np.zeros(shape[:3], np.float16) for _ in range(L)]
+        else:  # per-tensor (fp8): [2, 1, 1, 1] float32 for K and V, fixed by the first write to a layer
+            self.scale = [None] * L
 
     def nbytes(self) -> int:
         """Bytes held per slot times slots (fp8's two per-layer float32 scales are not per token)."""
-        per_token = [a for a in (*self.k, *self.v) if a is not None]
-        if self.dtype.scale == "per_token_head":
-            per_token += [*self.k_scale, *self.v_scale]
+        per_token = list(self.kv) + (list(self.scale) if self.dtype.scale == "per_token_head" else [])
         return sum(a.nbytes for a in per_token)
 
-    def write(self, layer: int, slots, k, v) -> None:  # slots: slice or [n] ints; k, v: [n, nkv, hd]
-        kt, vt = k.transpose(1, 0, 2), v.transpose(1, 0, 2)                   # [nkv, n, hd]
+    def write(self, layer: int, slots, kv) -> None:  # slots: slice or [n] ints; kv: [n, 2, nkv, hd]
+        kvt = kv.transpose(1, 2, 0, 3)                                          # [2, nkv, n, hd]
         kind = self.dtype.scale
         if kind == "none":
-            self.k[layer][:, slots] = kt
-            self.v[layer][:, slots] = vt
+            self.kv[layer][:, :, slots] = kvt
         elif kind == "per_token_head":
-            self.k[layer][:, slots], self.k_scale[layer][:, slots] = quantize_per_token_head(kt)
-            self.v[layer][:, slots], self.v_scale[layer][:, slots] = quantize_per_token_head(vt)
+            self.kv[layer][:, :, slots], self.scale[layer][:, :, slots] = quantize_per_token_head(kvt)
         else:
+            if self.scale[layer] is None:
+                amax = np.maximum(np.abs(kvt).max(axis=(1, 2, 3)), 1e-6)
+                self.scale[layer] = (amax / FP8_SCALE_DIVISOR).astype(F32).reshape(2, 1, 1, 1)
             fmax = F32(self.dtype.max_value)
-            if self.k_scale[layer] is None:
-                self.k_scale[layer] = F32(max(float(np.abs(kt).max()), 1e-6) / FP8_SCALE_DIVISOR["k"])
-                self.v_scale[layer] = F32(max(float(np.abs(vt).max()), 1e-6) / FP8_SCALE_DIVISOR["v"])
-            self.k[layer][:, slots] = np.clip(kt / self.k_scale[layer], -fmax, fmax)
-            self.v[layer][:, slots] = np.clip(vt / self.v_scale[layer], -fmax, fmax)
+            self.kv[layer][:, :, slots] = np.clip(kvt / self.scale[layer], -fmax, fmax)
 
-    def read(self, layer: int, slots):  # -> K, V float32 [nkv, T, hd]
+    def read(self, layer: int, slots):  # -> float32 [2 (K, V), nkv, T, hd]
         kind = self.dtype.scale
+        kv = gather(self.kv[layer], slots)
         if kind == "none":
-            K, V = self.k[layer][:, slots], self.v[layer][:, slots]
-            if self.dtype.name == "auto":
-                return K, V           # a view when slots is a slice: no copy at all
-            return K.astype(F32), V.astype(F32)
+            return kv if self.dtype.name == "auto" else kv.astype(F32)   # auto + slice: a view, no copy
         if kind == "per_token_head":
-            K = self.k[layer][:, slots].astype(F32) * self.k_scale[layer][:, slots, None]
-            V = self.v[layer][:, slots].astype(F32) * self.v_scale[layer][:, slots, None]
-            return K, V
-        return (self.k[layer][:, slots].astype(F32) * self.k_scale[layer],
-                self.v[layer][:, slots].astype(F32) * self.v_scale[layer])
+            return kv.astype(F32) * gather(self.scale[layer], slots)[..., None]
+        return kv.astype(F32) * self.scale[layer]
 
     def copy_slots(self, src, dst) -> None:
-        for arrays in (self.k, self.v, self.k_scale, self.v_scale):
+        for arrays in (self.kv, self.scale):
             for a in arrays:
-                if isinstance(a, np.ndarray) and a.ndim >= 2:
-                    a[:, dst] = a[:, src]
+                if isinstance(a, np.ndarray) and a.ndim >= 3:
+                    a[:, :, dst] = a[:, :, src]
 
 
 @dataclass
@@ -117,8 +113,8 @@ class SequenceKV:
     def __init__(self, store: KVStore, write_slots, read_slots):
         self.store, self.write_slots, self.read_slots = store, write_slots, read_slots
 
-    def write(self, layer, k, v):
-        self.store.write(layer, self.write_slots, k, v)
+    def write(self, layer, kv):
+        self.store.write(layer, self.write_slots, kv)
 
     def read(self, layer):
         return self.store.read(layer, self.read_slots)

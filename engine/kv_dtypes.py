@@ -44,7 +44,7 @@ KV_CACHE_DTYPES = {
 ALIASES = {"fp32": "auto", "float32": "auto", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
            "fp8": "fp8_e4m3", "int8": "int8_per_token_head"}
 # vLLM's calculate_kv_scales divides amax by these (K_SCALE_CONSTANT, V_SCALE_CONSTANT).
-FP8_SCALE_DIVISOR = {"k": 200.0, "v": 100.0}
+FP8_SCALE_DIVISOR = np.array([200.0, 100.0])
 
 
 def resolve_kv_cache_dtype(name: str) -> KVCacheDType:
@@ -63,7 +63,7 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: KVCacheDType | str) -> int:
     return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * per_head
 
 
-def quantize_per_token_head(x):  # [nkv, n, hd] float32 -> int8 [nkv, n, hd], float16 scale [nkv, n]
+def quantize_per_token_head(x):  # [..., hd] float32 -> int8 [..., hd], float16 scale [...]
     scale = (np.abs(x).max(axis=-1) / np.float32(127.0)).astype(np.float16)
     safe = np.maximum(scale.astype(np.float32), np.float32(1e-30))[..., None]
     return np.rint(x / safe).clip(-127, 127).astype(np.int8), scale

@@ -87,8 +87,11 @@ def rms_norm(x, c_eps):  # [n, C] -> [n, C] times 1/sqrt(C): the weight g and sq
     return x / np.sqrt(np.vecdot(x, x)[:, None] + c_eps)
 
 
-def apply_rope(x, cos, sin_signed, rotate_half_index):  # [n, h, hd], [n, 1, hd] x2 -> [n, h, hd]
-    return x * cos + x.take(rotate_half_index, axis=-1) * sin_signed
+def apply_rope_inplace(x, cos, sin_signed, rotate_half_index):  # [n, h, hd], [n, 1, hd] x2
+    rotated = x.take(rotate_half_index, axis=-1)       # x * cos + rotate_half(x) * sin
+    rotated *= sin_signed
+    x *= cos
+    x += rotated
 
 
 def softmax_inplace(s):  # [..., T] -> [..., T]
@@ -131,8 +134,8 @@ def causal_mask(n):  # -> [n, n]: 0 on and below the diagonal, -inf above
 def forward(model: Model, tokens, p0: int, kv=None):
     """Logits [n, V] for n new tokens at positions p0..p0+n-1.
 
-    kv: an object with `write(layer, k, v)` storing this call's keys/values [n, nkv, hd] and
-    `read(layer) -> (K, V)` returning [nkv, p0 + n, hd] float32 for the whole sequence so far
+    kv: an object with `write(layer, kv)` storing this call's keys and values [n, 2, nkv, hd] and
+    `read(layer) -> KV` returning them as [2, nkv, p0 + n, hd] float32 for the whole sequence so far
     (engine.kv_cache.SequenceKV reads through a block table). kv=None means no cache: this call
     must then cover the whole sequence (p0 = 0), and attention uses the keys it just computed.
     """
@@ -145,21 +148,21 @@ def forward(model: Model, tokens, p0: int, kv=None):
     if kv is None and p0 != 0:
         raise ValueError("without a KV cache the whole sequence must be passed (p0 = 0)")
     nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    qk_dim, i_dim = model.q_dim + model.kv_dim, cfg.intermediate_size
+    q_dim, qk_dim, i_dim = model.q_dim, model.q_dim + model.kv_dim, cfg.intermediate_size
     c_eps, idx = model.c_eps, model.rotate_half_index
     cos = model.cos[p0:p0 + n, None, :]                                            # [n, 1, hd]
     sin = model.sin_signed[p0:p0 + n, None, :]
     x = model.embed.take(tokens, axis=0)                                           # [n, C]
     for i, lw in enumerate(model.layers):
         qkv = rms_norm(x, c_eps) @ lw.w_qkv                                        # [n, (nq+2nkv) hd]
-        qk = apply_rope(qkv[:, :qk_dim].reshape(n, nq + nkv, hd), cos, sin, idx)
-        q, k = qk[:, :nq], qk[:, nq:]                                              # [n, nq|nkv, hd]
-        v = qkv[:, qk_dim:].reshape(n, nkv, hd)
+        apply_rope_inplace(qkv[:, :qk_dim].reshape(n, nq + nkv, hd), cos, sin, idx)
+        q = qkv[:, :q_dim].reshape(n, nq, hd)
+        new_kv = qkv[:, q_dim:].reshape(n, 2, nkv, hd)                             # K (roped) and V
         if kv is None:
-            K, V = k.transpose(1, 0, 2), v.transpose(1, 0, 2)                      # [nkv, n, hd]
+            K, V = new_kv.transpose(1, 2, 0, 3)                                    # [nkv, n, hd] x2
         else:
-            kv.write(i, k, v)
-            K, V = kv.read(i)                                                      # [nkv, p0+n, hd]
+            kv.write(i, new_kv)
+            K, V = kv.read(i)                                                      # [nkv, p0+n, hd] x2
         x = x + attention(q, K, V, p0) @ lw.w_o
         gate_up = rms_norm(x, c_eps) @ lw.w_gate_up                                # [n, 2 I]
         gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
