@@ -130,6 +130,11 @@ class BlockPool:
                 self.free_queue[block.block_id] = block
                 self.events.append(BlockEvent("free", block.block_id, self.name, seq_id))
 
+    def block_states(self) -> str:
+        """One letter per block: f free, c cached (free, prefix kept), u used, s shared (ref_cnt > 1)."""
+        return "".join("s" if b.ref_cnt > 1 else "u" if b.ref_cnt else "c" if b.block_hash else "f"
+                       for b in self.blocks)
+
     def drain_events(self) -> list[BlockEvent]:
         events, self.events = self.events, []
         return events

@@ -101,7 +101,7 @@ def softmax_inplace(s):  # [..., T] -> [..., T]
     return s
 
 
-def attention(q, k, v, p0):  # [n, nq, hd], [nkv, T, hd] x2, first new position -> [n, nq hd]
+def attention(q, k, v, p0, causal=True):  # [n, nq, hd], [nkv, T, hd] x2, first new position -> [n, nq hd]
     """Causal grouped-query attention of n new queries against T = p0 + n keys.
 
     Query head j reads KV head j // (nq // nkv) (Hugging Face's repeat_kv order), so the g query heads
@@ -116,7 +116,8 @@ def attention(q, k, v, p0):  # [n, nq, hd], [nkv, T, hd] x2, first new position 
         return (softmax_inplace(s) @ v).reshape(1, nq * hd)
     qg = q.reshape(n, nkv, g, hd).transpose(1, 0, 2, 3).reshape(nkv, n * g, hd)   # [nkv, n g, hd]
     s = (qg @ k.transpose(0, 2, 1)).reshape(nkv, n, g, T)                          # [nkv, n, g, T]
-    s[..., p0:] += causal_mask(n)[None, :, None, :]
+    if causal:  # False only for the teaching fault "no causal mask in verification"
+        s[..., p0:] += causal_mask(n)[None, :, None, :]
     o = softmax_inplace(s).reshape(nkv, n * g, T) @ v                              # [nkv, n g, hd]
     return o.reshape(nkv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, nq * hd)
 
@@ -131,7 +132,7 @@ def causal_mask(n):  # -> [n, n]: 0 on and below the diagonal, -inf above
     return m
 
 
-def forward(model: Model, tokens, p0: int, kv=None):
+def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True):
     """Logits [n, V] for n new tokens at positions p0..p0+n-1.
 
     kv: an object with `write(layer, kv)` storing this call's keys and values [n, 2, nkv, hd] and
@@ -163,7 +164,7 @@ def forward(model: Model, tokens, p0: int, kv=None):
         else:
             kv.write(i, new_kv)
             K, V = kv.read(i)                                                      # [nkv, p0+n, hd] x2
-        x = x + attention(q, K, V, p0) @ lw.w_o
+        x = x + attention(q, K, V, p0, causal) @ lw.w_o
         gate_up = rms_norm(x, c_eps) @ lw.w_gate_up                                # [n, 2 I]
         gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
         x = x + (gate * up / (1.0 + np.exp(-gate))) @ lw.w_down                    # SwiGLU: silu(g) u

@@ -1,0 +1,80 @@
+"""Speculative-decoding and latency figures, with vLLM's definitions.
+
+- acceptance_rate        = accepted draft tokens / draft tokens
+- mean_acceptance_length = 1 + accepted draft tokens / drafts (rounds that proposed something)
+- accepted_per_position  = how often draft position i (1-based) was accepted (vLLM's accepted_tokens_per_pos)
+- ttft                   = engine time from start to the first output token (prefill + first sample)
+- tpot                   = (elapsed - ttft) / (output tokens - 1)
+- itl                    = engine time between consecutive deliveries of tokens (one per round)
+All times are the engine's own: pauses, pacing and rendering between rounds are not counted.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+
+class SpecDecodeStats:
+    def __init__(self):
+        self.elapsed_s = 0.0
+        self.ttft_s: float | None = None
+        self.itl_s: list[float] = []
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_position: list[int] = []
+        self.target_forward_calls = self.draft_forward_calls = 0
+        self.target_s = self.draft_s = 0.0
+        self.target_ms_by_tokens: dict[int, list[float]] = defaultdict(list)   # the verify-cost curve
+        self.statuses: list[str] = []
+
+    def add_engine_time(self, seconds: float, first_token: bool = False) -> None:
+        self.elapsed_s += seconds
+        if first_token:
+            self.ttft_s = self.elapsed_s
+        else:
+            self.itl_s.append(seconds)
+
+    def target_forward(self, ms: float, num_tokens: int, prefill: bool = False) -> None:
+        self.target_forward_calls += 1
+        self.target_s += ms / 1e3
+        if not prefill:
+            self.target_ms_by_tokens[num_tokens].append(ms)
+
+    def draft_forward(self, ms: float, calls: int) -> None:
+        self.draft_forward_calls += calls
+        self.draft_s += ms / 1e3
+
+    def record_round(self, num_draft: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_draft:
+            self.accepted_per_position += [0] * (num_draft - len(self.accepted_per_position))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    def emit(self, status: str) -> None:
+        self.statuses.append(status)
+
+    def summary(self, num_output_tokens: int) -> dict:
+        ttft = self.ttft_s or 0.0
+        step = self.target_ms_by_tokens.get(1)
+        draft_step = self.draft_s * 1e3 / self.draft_forward_calls if self.draft_forward_calls else None
+        return {
+            "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
+            "mean_acceptance_length": 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None,
+            "accepted_per_position": list(self.accepted_per_position),
+            "target_forward_calls": self.target_forward_calls, "draft_forward_calls": self.draft_forward_calls,
+            "target_time_s": self.target_s, "draft_time_s": self.draft_s,
+            # c of Leviathan et al.: one draft step over one target step (needs plain target steps)
+            "draft_cost_ratio": draft_step / statistics.median(step) if step and draft_step else None,
+            "verify_ms_by_tokens": {n: statistics.median(v) for n, v in sorted(self.target_ms_by_tokens.items())},
+            "elapsed_s": self.elapsed_s, "ttft_s": self.ttft_s,
+            "tpot_s": (self.elapsed_s - ttft) / (num_output_tokens - 1) if num_output_tokens > 1 else None,
+            "ttft_ms": ttft * 1e3, "itl_ms": statistics.mean(self.itl_s) * 1e3 if self.itl_s else None,
+            "tokens_per_s": num_output_tokens / self.elapsed_s if self.elapsed_s else None,
+        }
+
+    def token_statuses(self, tokenizer, token_ids) -> list[dict]:
+        return [{"id": t, "text": tokenizer.token_text(t), "status": s} for t, s in zip(token_ids, self.statuses)]

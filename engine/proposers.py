@@ -1,0 +1,77 @@
+"""Proposers: where draft tokens come from. One interface, `propose(tokens, k) -> (tokens, q)`.
+
+q is [k, V]: the draft distribution each token was drawn from (a point mass for n-gram lookup and at
+temperature 0). `rollback(num_valid)` tells the proposer how many tokens of its context survived verification.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .runner import PagedRunner, RecomputeRunner
+from .sampling import probs_from_logits, sample
+from .speculative import ngram_propose
+
+
+def point_masses(tokens, vocab_size: int):  # [k] -> [k, V]
+    q = np.zeros((len(tokens), vocab_size))
+    q[np.arange(len(tokens)), tokens] = 1.0
+    return q
+
+
+class NgramProposer:
+    method = "ngram"
+
+    def __init__(self, vocab_size: int, prompt_lookup_min: int, prompt_lookup_max: int):
+        self.vocab_size, self.min_n, self.max_n = vocab_size, prompt_lookup_min, prompt_lookup_max
+        self.forward_calls, self.forward_s, self.logits = 0, 0.0, None
+
+    def propose(self, tokens, k, temperature, top_p, rng):
+        drafts = ngram_propose(tokens, k, self.min_n, self.max_n)
+        return drafts.tolist(), point_masses(drafts, self.vocab_size)
+
+    def rollback(self, num_valid: int) -> None:
+        pass
+
+    def free(self) -> None:
+        pass
+
+
+class DraftModelProposer:
+    """A small model proposes k tokens autoregressively; its own paged cache is rolled back after
+    verification. NOTE: the runner always holds a prefix of the session's tokens."""
+    method = "draft_model"
+
+    def __init__(self, runner: PagedRunner | RecomputeRunner):
+        self.runner = runner
+        self.display_q = None     # [k, V] temperature-1 distributions, for the inspector when greedy
+
+    @property
+    def forward_calls(self) -> int:
+        return self.runner.forward_calls
+
+    @property
+    def forward_s(self) -> float:
+        return self.runner.forward_s
+
+    def propose(self, tokens, k, temperature, top_p, rng):
+        runner = self.runner
+        logits = runner.extend(tokens[runner.num_tokens:])[-1]       # catch up (the first call prefills)
+        drafts, qs, raw = [], [], []
+        for i in range(k):
+            q = probs_from_logits(logits, temperature, top_p)
+            x = int(np.argmax(q)) if temperature == 0 else sample(q, rng)
+            drafts.append(x)
+            qs.append(q)
+            raw.append(logits)
+            if i < k - 1:
+                logits = runner.extend([x])[-1]
+        self.display_q = np.array(raw)
+        return drafts, np.array(qs)
+
+    def rollback(self, num_valid: int) -> None:
+        """Keep the first `num_valid` tokens held (context before the round + accepted drafts)."""
+        self.runner.truncate(min(self.runner.num_tokens, num_valid))
+        self.runner.commit()
+
+    def free(self) -> None:
+        self.runner.free()

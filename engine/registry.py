@@ -1,0 +1,121 @@
+"""The models a process serves, and the KV cache pools they share.
+
+`ModelRegistry` loads the shipped family from models/index.json (or takes models built in memory).
+`InferenceEngine` adds one KV cache manager per (model, cache dtype, block size), created on first
+use, so that sessions of the same model share blocks and the prefix cache.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkpoint import load_checkpoint
+from .config import ModelConfig
+from .kv_cache import KVCacheManager
+from .model import Model
+from .tokenizer import TextTokenizer
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    role: str                   # target | draft
+    cfg: ModelConfig
+    model: Model
+    tokenizer: TextTokenizer
+    path: str | None = None
+    meta: dict = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        c = self.cfg
+        return {"name": self.name, "role": self.role, "attention": c.attention_kind,
+                "num_hidden_layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
+                "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+                "head_dim": c.head_dim, "vocab_size": c.vocab_size,
+                "max_position_embeddings": c.max_position_embeddings,
+                "parameters": self.model.num_parameters, "path": self.path, **self.meta}
+
+
+class ModelRegistry:
+    def __init__(self, models: list[LoadedModel]):
+        if not any(m.role == "target" for m in models):
+            raise ValueError("no target model")
+        self.models = {m.name: m for m in models}
+
+    @classmethod
+    def from_dir(cls, models_dir: str | Path = MODELS_DIR) -> "ModelRegistry":
+        models_dir = Path(models_dir)
+        index = models_dir / "index.json"
+        if not index.is_file():
+            raise FileNotFoundError(f"{index}: no model index; train the models (decoding-playground train)")
+        entries = json.loads(index.read_text())
+        entries = entries.get("models", entries) if isinstance(entries, dict) else entries
+        loaded = []
+        for e in entries:
+            path = models_dir / Path(e["path"]).name
+            cfg, weights, tok = load_checkpoint(path)
+            meta = {k: v for k, v in e.items() if k not in ("name", "path", "role")}
+            loaded.append(LoadedModel(e["name"], e["role"], cfg, Model(cfg, weights), tok, str(path), meta))
+        return cls(loaded)
+
+    @property
+    def targets(self) -> list[LoadedModel]:
+        return [m for m in self.models.values() if m.role == "target"]
+
+    @property
+    def drafts(self) -> list[LoadedModel]:
+        return [m for m in self.models.values() if m.role == "draft"]
+
+    def default_target(self) -> LoadedModel:
+        mha = [m for m in self.targets if m.cfg.attention_kind == "MHA"]
+        return (mha or self.targets)[0]
+
+    def get(self, name: str | None) -> LoadedModel:
+        if name is None:
+            return self.default_target()
+        if name not in self.models:
+            raise KeyError(f"unknown model {name!r}; available: {', '.join(self.models)}")
+        return self.models[name]
+
+    def variants(self, target: LoadedModel) -> dict[int, LoadedModel]:
+        """Targets that differ from `target` only in num_key_value_heads (its MHA/GQA/MQA variants)."""
+        base = target.cfg.replace(num_key_value_heads=1)
+        return {m.cfg.num_key_value_heads: m for m in self.targets
+                if m.cfg.replace(num_key_value_heads=1) == base and m.tokenizer is not None}
+
+    def draft_for(self, target: LoadedModel) -> LoadedModel | None:
+        for d in self.drafts:
+            if d.cfg.vocab_size == target.cfg.vocab_size:
+                return d
+        return None
+
+
+class InferenceEngine:
+    """Models plus their shared KV pools. NOTE: one lock serialises engine work (one engine thread)."""
+
+    def __init__(self, registry: ModelRegistry, blocks_per_pool: int | None = None, max_sessions: int = 8):
+        self.registry = registry
+        self.blocks_per_pool = blocks_per_pool
+        self.max_sessions = max_sessions
+        self.managers: dict[tuple, KVCacheManager] = {}
+        self.lock = threading.RLock()
+
+    def manager(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> KVCacheManager:
+        key = (lm.name, kv_cache_dtype, block_size)
+        mgr = self.managers.get(key)
+        if mgr is None:
+            ctx_blocks = -(-lm.cfg.max_position_embeddings // block_size)
+            # each session holds at most one context of its own plus a round of lookahead
+            num_blocks = self.blocks_per_pool or self.max_sessions * (ctx_blocks + 2)
+            mgr = self.managers[key] = KVCacheManager(lm.cfg, num_blocks, block_size, kv_cache_dtype,
+                                                      name=f"{lm.role}:{lm.name}")
+        return mgr
+
+    def pool_stats(self) -> list[dict]:
+        return [{"name": m.pool.name, "kv_cache_dtype": m.dtype.name, "block_size": m.block_size,
+                 "num_blocks": m.pool.num_blocks, "used": m.pool.num_used_blocks,
+                 "cached": len(m.pool.cached)} for m in self.managers.values()]

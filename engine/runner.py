@@ -1,0 +1,107 @@
+"""A model runner: one sequence of one model, with or without a KV cache.
+
+`extend(tokens)` feeds new tokens after those already held and returns their logits; `truncate(n)`
+rolls back. `PagedRunner` keeps K/V in a paged cache (engine.kv_cache); `RecomputeRunner` keeps only
+the token ids and recomputes the whole sequence on every call (the seed's no-cache baseline).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .kv_cache import KVCacheManager
+from .model import Model, forward, forward_no_cache
+
+
+class PagedRunner:
+    def __init__(self, model: Model, manager: KVCacheManager, prefix_caching: bool = True):
+        self.model, self.manager, self.prefix_caching = model, manager, prefix_caching
+        self.seq = manager.new_sequence()
+        self.forward_calls = 0
+        self.forward_s = 0.0
+        self.cached_tokens = 0      # tokens served by the prefix cache (never computed here)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.seq.num_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids
+
+    def extend(self, tokens, causal: bool = True):  # -> logits [len(tokens) - cached, V] for the computed tail
+        """Feed tokens; the first call on an empty sequence may reuse cached prefix blocks.
+
+        Returns logits for the positions actually computed (the last one is always computed).
+        """
+        tokens = list(tokens)
+        if self.seq.num_tokens == 0 and self.prefix_caching and len(tokens) > 1:
+            self.cached_tokens = self.manager.match_prefix(self.seq, tokens)
+            tokens = tokens[self.cached_tokens:]
+        t = time.perf_counter()
+        p0 = self.seq.num_tokens
+        logits = forward(self.model, np.asarray(tokens), p0, self.manager.append_slots(self.seq, tokens),
+                         causal=causal)
+        self.forward_s += time.perf_counter() - t
+        self.forward_calls += 1
+        return logits
+
+    def truncate(self, n: int) -> None:
+        if n < self.seq.num_tokens:
+            self.manager.truncate(self.seq, n)
+
+    def commit(self) -> None:
+        if self.prefix_caching:
+            self.manager.commit(self.seq)
+
+    def free(self) -> None:
+        self.manager.free(self.seq)
+
+    def move_to(self, manager: KVCacheManager) -> "PagedRunner":
+        """The same tokens in another cache (another dtype or block size): K/V converted, not recomputed."""
+        new = PagedRunner(self.model, manager, self.prefix_caching)
+        tokens = self.seq.token_ids
+        if tokens:
+            src = self.manager.append_slots(self.seq, [])        # read view of all slots held
+            dst = manager.append_slots(new.seq, tokens)
+            for layer in range(self.model.cfg.num_hidden_layers):
+                kv = self.manager.store.read(layer, src.read_slots)          # [2, nkv, T, hd] float32
+                manager.store.write(layer, dst.write_slots, kv.transpose(2, 0, 1, 3))
+        new.forward_calls, new.forward_s = self.forward_calls, self.forward_s
+        new.commit()
+        self.free()
+        return new
+
+
+class RecomputeRunner:
+    """No KV cache: every call recomputes every position (what the cache saves is visible)."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.token_ids: list[int] = []
+        self.forward_calls = 0
+        self.forward_s = 0.0
+        self.cached_tokens = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def extend(self, tokens, causal: bool = True):  # `causal` is ignored: the mask fault needs a cache
+        tokens = list(tokens)
+        self.token_ids.extend(tokens)
+        t = time.perf_counter()
+        logits = forward_no_cache(self.model, self.token_ids)
+        self.forward_s += time.perf_counter() - t
+        self.forward_calls += 1
+        return logits[len(self.token_ids) - len(tokens):]
+
+    def truncate(self, n: int) -> None:
+        del self.token_ids[n:]
+
+    def commit(self) -> None:
+        pass
+
+    def free(self) -> None:
+        self.token_ids.clear()

@@ -1,0 +1,51 @@
+"""Turning logits into a distribution and a token: temperature, top-p, greedy.
+
+Target p and draft q are shaped by the same temperature and top-p, so that rejection sampling
+recovers exactly the distribution plain sampling from the target would give.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def softmax(logits, temperature: float = 1.0):  # [..., V] -> [..., V] float64 (probabilities are compared)
+    z = np.asarray(logits, np.float64) / temperature
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def probs_from_logits(logits, temperature: float, top_p: float = 1.0):  # [..., V] -> [..., V]
+    """The sampling distribution. Temperature 0 is greedy: all mass on the argmax (a point mass)."""
+    logits = np.asarray(logits)
+    if temperature == 0:
+        out = np.zeros(logits.shape, np.float64)
+        np.put_along_axis(out, logits.argmax(axis=-1)[..., None], 1.0, axis=-1)
+        return out
+    p = softmax(logits, temperature)
+    if top_p < 1.0:
+        p = top_p_filter(p, top_p)
+    return p
+
+
+def top_p_filter(p, top_p: float):  # [..., V] -> [..., V]
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (nucleus sampling)."""
+    order = np.argsort(-p, axis=-1, kind="stable")
+    sorted_p = np.take_along_axis(p, order, axis=-1)
+    before = np.cumsum(sorted_p, axis=-1) - sorted_p       # mass strictly before each token
+    keep_sorted = before < top_p                           # the top token is always kept
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    out = np.where(keep, p, 0.0)
+    return out / out.sum(axis=-1, keepdims=True)
+
+
+def sample(p, rng: np.random.Generator) -> int:
+    """One token from a normalised distribution by inverse CDF (the same draw numpy's choice makes)."""
+    cdf = np.cumsum(p)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(p) - 1))
+
+
+def top_k(p, k: int = 5):  # -> [(token, prob)] the k most likely tokens
+    idx = np.argsort(-p, kind="stable")[:k]
+    return [(int(i), float(p[i])) for i in idx]

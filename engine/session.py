@@ -1,0 +1,403 @@
+"""A generation session: prompt + settings in, a generator of typed events out.
+
+    session = GenerationSession(engine, "def main(", {"method": "draft_model"})
+    for event in session.events():
+        ...                                   # render; call session.update_settings({...}) any time
+
+NOTE (invariants between rounds):
+- `tokens` = prompt + output. The target runner holds K/V for tokens[:-1]: the last token is fed at
+  the start of the next round, together with the round's draft tokens (k+1 positions, one forward).
+- The draft runner holds a prefix of `tokens` (it is rolled back after every verification).
+- Settings changed with `update_settings` are validated at once and applied at the next round
+  boundary, which a SettingsApplied event reports.
+- Engine time (every figure shown) counts only this session's computation, never the time the
+  consumer of the generator spends between events (pacing, rendering, network).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from typing import Iterator
+
+import numpy as np
+
+from .block_pool import KVCacheFullError
+from .events import (DraftProposed, Done, Error, Event, KVBlocks, Metrics, Prefill, RoundDone, SettingsApplied,
+                     Started, TokenResult)
+from .kv_dtypes import kv_bytes_per_token
+from .metrics import SpecDecodeStats
+from .model import ContextLengthError
+from .proposers import DraftModelProposer, NgramProposer, point_masses
+from .registry import InferenceEngine, LoadedModel
+from .runner import PagedRunner, RecomputeRunner
+from .sampling import probs_from_logits, sample, softmax, top_k
+from .settings import LIVE_SETTINGS, MAX_PROMPT_CHARS, GenerationSettings, SettingsError
+from .speculative import verify
+
+MAX_GAMMA = 16
+_ids = itertools.count(1)
+
+
+class GenerationSession:
+    def __init__(self, engine: InferenceEngine, prompt: str, settings: GenerationSettings | dict | None = None,
+                 session_id: str | None = None):
+        if not isinstance(settings, GenerationSettings):
+            settings = GenerationSettings.parse(settings or {})
+        if not prompt:
+            raise SettingsError("prompt", "must not be empty")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise SettingsError("prompt", f"at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
+        self.engine, self.settings = engine, settings
+        self.id = session_id or uuid.uuid4().hex[:12]
+        try:
+            self.target_lm = engine.registry.get(settings.model)
+        except KeyError as e:
+            raise SettingsError("model", str(e.args[0])) from None
+        if self.target_lm.role != "target":
+            raise SettingsError("model", f"{settings.model!r} is a draft model; choose a target")
+        if settings.chat:
+            raise SettingsError("chat", f"{self.target_lm.name} has no chat template")
+        self.variants = engine.registry.variants(self.target_lm)
+        if settings.num_kv_heads is not None:
+            self._check_kv_heads(settings.num_kv_heads)
+            self.target_lm = self.variants[settings.num_kv_heads]
+        self.tokenizer = self.target_lm.tokenizer
+        self.draft_lm = engine.registry.draft_for(self.target_lm)
+        if settings.method == "draft_model" and self.draft_lm is None:
+            raise SettingsError("method", "no draft model shares this target's vocabulary")
+        self.prompt_ids = self.tokenizer.encode(prompt)
+        ctx = self.target_lm.cfg.max_position_embeddings
+        if len(self.prompt_ids) >= ctx:
+            raise SettingsError("prompt", f"{len(self.prompt_ids)} tokens; the model's context is {ctx}")
+        self.unknown_characters = self.tokenizer.unknown_characters(prompt)
+        self.tokens: list[int] = list(self.prompt_ids)
+        self.rng = np.random.default_rng(settings.seed)
+        self.k = settings.num_speculative_tokens
+        self.stats = SpecDecodeStats()
+        self.round = 0
+        self.finish_reason: str | None = None
+        self.target = None
+        self.proposer = None
+        self._pending: dict = {}
+        self._pending_lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._closed = False
+        self._seq_ids: set = set()
+
+    # --- control, callable from any thread ---------------------------------------------------------
+    def update_settings(self, changes: dict) -> GenerationSettings:
+        """Validate now (raises SettingsError), apply at the next round boundary."""
+        for name in sorted(set(changes) - LIVE_SETTINGS):
+            if name not in GenerationSettings.model_fields:
+                raise SettingsError(name, f"unknown setting; known: {', '.join(GenerationSettings.model_fields)}")
+            if GenerationSettings.parse({name: changes[name]}, base=self.settings) != self.settings:
+                raise SettingsError(name, "cannot change during a generation; start a new one")
+        with self._pending_lock:
+            merged = {**self._pending, **{k: v for k, v in changes.items() if k in LIVE_SETTINGS}}
+            new = GenerationSettings.parse(merged, base=self.settings)
+            if new.num_kv_heads is not None:
+                self._check_kv_heads(new.num_kv_heads)
+            if new.method == "draft_model" and self.draft_lm is None:
+                raise SettingsError("method", "no draft model shares this target's vocabulary")
+            self._pending = merged
+        return new
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def close(self) -> None:
+        """Free every block this session holds (idempotent)."""
+        with self.engine.lock:
+            if self._closed:
+                return
+            self._closed = True
+            for r in (self.target, getattr(self.proposer, "runner", None)):
+                if r is not None:
+                    r.free()
+            self._drain_block_events()
+
+    # --- the generator -----------------------------------------------------------------------------
+    def events(self) -> Iterator[Event]:
+        try:
+            yield self._started()
+            with self.engine.lock:
+                t = time.perf_counter()
+                out = self._prefill()
+                self.stats.add_engine_time(time.perf_counter() - t, first_token=True)
+                out += self._after_round()
+            yield from out
+            while self.finish_reason is None:
+                if self._cancel.is_set():
+                    self.finish_reason = "cancelled"
+                    break
+                with self.engine.lock:
+                    t = time.perf_counter()
+                    out = self._apply_pending() + self._round()
+                    self.stats.add_engine_time(time.perf_counter() - t)
+                    out += self._after_round()
+                yield from out
+            yield Done(self.summary())
+        except (KVCacheFullError, ContextLengthError, ValueError) as e:
+            self.finish_reason = "error"
+            yield Error(str(e))
+        finally:
+            self.close()
+
+    # --- steps -------------------------------------------------------------------------------------
+    def _started(self) -> Started:
+        return Started(self.id, self.settings.model_dump(), self.target_lm.describe(),
+                       self.draft_lm.describe() if self.draft_lm else None,
+                       [{"id": t, "text": self.tokenizer.token_text(t)} for t in self.prompt_ids],
+                       self.unknown_characters)
+
+    def _make_runner(self, lm: LoadedModel):
+        s = self.settings
+        if not s.kv_cache:
+            return RecomputeRunner(lm.model)
+        runner = PagedRunner(lm.model, self.engine.manager(lm, s.kv_cache_dtype, s.block_size),
+                             s.enable_prefix_caching)
+        self._seq_ids.add((runner.manager.pool.name, runner.seq.seq_id))
+        return runner
+
+    def _make_proposer(self):
+        s = self.settings
+        if s.method == "draft_model":
+            return DraftModelProposer(self._make_runner(self.draft_lm))
+        if s.method == "ngram":
+            return NgramProposer(self.target_lm.cfg.vocab_size, s.prompt_lookup_min, s.prompt_lookup_max)
+        return None
+
+    def _prefill(self) -> list[Event]:
+        self.target = self._make_runner(self.target_lm)
+        self.proposer = self._make_proposer()
+        t = time.perf_counter()
+        logits = self.target.extend(self.tokens)[-1]
+        ms = (time.perf_counter() - t) * 1e3
+        self.stats.target_forward(ms, len(self.tokens), prefill=True)
+        events: list[Event] = [Prefill("target", len(self.tokens), self.target.cached_tokens, ms)]
+        self.target.commit()
+        t = self._sample_target(logits)
+        events.append(self._target_token(t, logits, position=1))
+        self._emit([t], ["target"])
+        return events
+
+    def _round(self) -> list[Event]:
+        """One speculative round (or one plain decode step when nothing is proposed)."""
+        self.round += 1
+        s = self.settings
+        remaining = s.max_tokens - self.num_output_tokens
+        room = self.target_lm.cfg.max_position_embeddings - len(self.tokens)
+        k = min(self.k, remaining - 1, room - 1) if self.proposer is not None else 0
+        drafts, q, draft_ms = [], None, 0.0
+        events: list[Event] = []
+        if k > 0:
+            calls_before = self.proposer.forward_calls
+            t = time.perf_counter()
+            drafts, q = self.proposer.propose(self.tokens, k, s.temperature, s.top_p, self.rng)
+            draft_ms = (time.perf_counter() - t) * 1e3
+            self.stats.draft_forward(draft_ms, self.proposer.forward_calls - calls_before)
+        if not drafts:
+            return events + self._plain_step(draft_ms)
+        events.append(DraftProposed(self.round, self.proposer.method, [
+            {"id": x, "text": self.tokenizer.token_text(x), "q": float(q[i, x])} for i, x in enumerate(drafts)],
+            draft_ms))
+        old_len = len(self.tokens)
+        t = time.perf_counter()
+        logits = self.target.extend([self.tokens[-1]] + drafts, causal=s.fault != "no_causal_mask")
+        target_ms = (time.perf_counter() - t) * 1e3
+        self.stats.target_forward(target_ms, len(drafts) + 1)
+        greedy = s.temperature == 0
+        p = probs_from_logits(logits, s.temperature, s.top_p)
+        verdicts, residual = verify(drafts, q, p, self.rng, greedy, s.fault != "unnormalized_residual")
+        n_acc = sum(v.status == "accepted" for v in verdicts)
+        self.stats.record_round(len(drafts), n_acc)
+        # display distributions: at temperature 0 the decision uses point masses; show softmax(T=1)
+        p_show = softmax(logits) if greedy else p
+        q_show = softmax(self.proposer.display_q) if greedy and self.proposer.method == "draft_model" else q
+        for v in verdicts:
+            i = v.position - 1
+            tr = TokenResult(self.round, v.position, v.token_id, self.tokenizer.token_text(v.token_id), v.status,
+                             float(p_show[i, v.token_id]),
+                             float(q_show[i, v.token_id]) if v.q is not None and i < len(drafts) else None,
+                             v.accept_prob, v.r, self._top(p_show[i]),
+                             self._top(q_show[i]) if i < len(drafts) else [])
+            if v.status == "resampled" and residual is not None:
+                tr.residual_top = self._top(residual)
+            events.append(tr)
+        emitted = [v for v in verdicts if v.status != "rejected"]
+        if s.fault != "no_truncate":          # the fault keeps the rejected drafts' K/V in the cache
+            self.target.truncate(old_len + n_acc)
+        self._emit([v.token_id for v in emitted], [v.status for v in emitted])
+        self.target.commit()
+        self.proposer.rollback(old_len + n_acc)
+        if s.num_speculative_tokens_schedule == "heuristic":   # Hugging Face's assistant schedule
+            self.k = min(MAX_GAMMA, self.k + 2) if n_acc == len(drafts) else max(1, self.k - 1)
+        events.append(RoundDone(self.round, len(drafts), n_acc, len(emitted), len(drafts) + 1, target_ms,
+                                draft_ms, target_ms + draft_ms))
+        return events
+
+    def _plain_step(self, draft_ms: float) -> list[Event]:
+        t = time.perf_counter()
+        logits = self.target.extend([self.tokens[-1]])[-1]
+        target_ms = (time.perf_counter() - t) * 1e3
+        self.stats.target_forward(target_ms, 1)
+        tok = self._sample_target(logits)
+        events = [self._target_token(tok, logits, position=1)]
+        self._emit([tok], ["target"])
+        self.target.commit()
+        if self.proposer is not None:
+            self.proposer.rollback(len(self.tokens) - 1)
+        events.append(RoundDone(self.round, 0, 0, 1, 1, target_ms, draft_ms, target_ms + draft_ms))
+        return events
+
+    def _sample_target(self, logits) -> int:
+        s = self.settings
+        p = probs_from_logits(logits, s.temperature, s.top_p)
+        return int(np.argmax(p)) if s.temperature == 0 else sample(p, self.rng)
+
+    def _target_token(self, tok: int, logits, position: int) -> TokenResult:
+        s = self.settings
+        p = softmax(logits) if s.temperature == 0 else probs_from_logits(logits, s.temperature, s.top_p)
+        return TokenResult(self.round, position, tok, self.tokenizer.token_text(tok), "target", float(p[tok]),
+                           None, None, None, self._top(p))
+
+    def _emit(self, new_tokens: list[int], statuses: list[str]) -> None:
+        """Append output tokens, stopping exactly at EOS, max_tokens or the context limit."""
+        s, eos = self.settings, self.target_lm.cfg.eos_token_id
+        for tok, status in zip(new_tokens, statuses):
+            self.tokens.append(tok)
+            self.stats.emit(status)
+            if eos is not None and tok == eos:
+                self.finish_reason = "stop"
+            elif self.num_output_tokens >= s.max_tokens:
+                self.finish_reason = "length"
+            elif len(self.tokens) >= self.target_lm.cfg.max_position_embeddings:
+                self.finish_reason = "context"
+            if self.finish_reason:
+                break
+
+    def _after_round(self) -> list[Event]:
+        return [self._kv_event(), Metrics(self.metrics())]
+
+    # --- live settings -----------------------------------------------------------------------------
+    def _check_kv_heads(self, n: int) -> None:
+        if n not in self.variants:
+            raise SettingsError("num_kv_heads", f"{n} is not available for this model; "
+                                f"choose one of {sorted(self.variants)}")
+
+    def _apply_pending(self) -> list[Event]:
+        with self._pending_lock:
+            changes, self._pending = self._pending, {}
+        if not changes:
+            return []
+        old, new = self.settings, GenerationSettings.parse(changes, base=self.settings)
+        changed = {k: v for k, v in new.model_dump().items() if v != getattr(old, k)}
+        if not changed:
+            return []
+        self.settings = new
+        notes, t = [], time.perf_counter()
+        if "num_speculative_tokens" in changed:
+            self.k = new.num_speculative_tokens
+        if "enable_prefix_caching" in changed:
+            for r in (self.target, getattr(self.proposer, "runner", None)):
+                if isinstance(r, PagedRunner):
+                    r.prefix_caching = new.enable_prefix_caching
+        if {"num_kv_heads", "kv_cache"} & changed.keys() or (
+                not new.kv_cache and {"kv_cache_dtype", "block_size"} & changed.keys()):
+            if "num_kv_heads" in changed and new.num_kv_heads is not None:
+                self.target_lm = self.variants[new.num_kv_heads]
+            self.target.free()
+            self.target = self._make_runner(self.target_lm)
+            if new.kv_cache:
+                self.target.extend(self.tokens[:-1])
+                self.target.commit()
+                notes.append(f"target {self.target_lm.name} ({self.target_lm.cfg.attention_kind}) re-prefilled "
+                             f"{len(self.tokens) - 1} tokens")
+            else:
+                self.target.token_ids = list(self.tokens[:-1])   # nothing to compute until the next step
+                notes.append("KV cache off: every step recomputes the whole sequence")
+            if isinstance(self.proposer, DraftModelProposer):
+                self.proposer.free()
+                self.proposer = self._make_proposer()
+        elif {"kv_cache_dtype", "block_size"} & changed.keys() and isinstance(self.target, PagedRunner):
+            for holder in (self, self.proposer):
+                runner = getattr(holder, "target" if holder is self else "runner", None)
+                if isinstance(runner, PagedRunner):
+                    lm = self.target_lm if holder is self else self.draft_lm
+                    moved = runner.move_to(self.engine.manager(lm, new.kv_cache_dtype, new.block_size))
+                    self._seq_ids.add((moved.manager.pool.name, moved.seq.seq_id))
+                    if holder is self:
+                        self.target = moved
+                    else:
+                        holder.runner = moved
+            notes.append(f"KV cache re-quantized to {new.kv_cache_dtype}, block size {new.block_size}: "
+                         f"{kv_bytes_per_token(self.target_lm.cfg, new.kv_cache_dtype):,} bytes/token")
+        if {"method", "prompt_lookup_min", "prompt_lookup_max"} & changed.keys():
+            if self.proposer is not None:
+                self.proposer.free()
+            self.proposer = self._make_proposer()
+            notes.append(f"proposer: {new.method}")
+        cost_ms = (time.perf_counter() - t) * 1e3
+        return [SettingsApplied(changed, notes, cost_ms)]
+
+    # --- figures -----------------------------------------------------------------------------------
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.tokens) - len(self.prompt_ids)
+
+    def _top(self, p, k: int = 5) -> list:
+        return [[i, self.tokenizer.token_text(i), prob] for i, prob in top_k(p, k)]
+
+    def _drain_block_events(self) -> list[dict]:
+        out = []
+        for mgr in self.engine.managers.values():
+            for e in mgr.pool.drain_events():
+                if (e.pool, e.seq_id) in self._seq_ids:
+                    out.append({"kind": e.kind, "block_id": e.block_id, "pool": e.pool})
+        return out
+
+    def _kv_event(self) -> KVBlocks:
+        pools = []
+        for role, runner in (("target", self.target), ("draft", getattr(self.proposer, "runner", None))):
+            if isinstance(runner, PagedRunner):
+                m = runner.manager
+                pools.append({"role": role, "name": m.pool.name, "num_blocks": m.pool.num_blocks,
+                              "block_size": m.block_size, "kv_cache_dtype": m.dtype.name,
+                              "bytes_per_token": m.bytes_per_token, "used": m.pool.num_used_blocks,
+                              "block_table": runner.seq.block_table, "block_states": m.pool.block_states()})
+        return KVBlocks(self._drain_block_events(), pools)
+
+    def kv_figures(self) -> dict:
+        s, cfg = self.settings, self.target_lm.cfg
+        bpt = kv_bytes_per_token(cfg, s.kv_cache_dtype) if s.kv_cache else 0
+        held = self.target.num_tokens if s.kv_cache else 0
+        blocks = len(self.target.seq.blocks) if isinstance(self.target, PagedRunner) else 0
+        return {"dtype": s.kv_cache_dtype if s.kv_cache else "none", "num_kv_heads": cfg.num_key_value_heads,
+                "block_size": s.block_size, "bytes_per_token": bpt, "bytes_used": held * bpt,
+                "blocks_allocated": blocks, "bytes_allocated": blocks * s.block_size * bpt}
+
+    def metrics(self) -> dict:
+        m = self.stats.summary(self.num_output_tokens)
+        kv = self.kv_figures()
+        m.update(kv_cache_bytes=kv["bytes_used"], kv_bytes_per_token=kv["bytes_per_token"],
+                 kv_blocks_used=kv["blocks_allocated"], num_output_tokens=self.num_output_tokens,
+                 num_speculative_tokens=self.k)
+        return m
+
+    def summary(self) -> dict:
+        out_ids = self.tokens[len(self.prompt_ids):]
+        cfg = self.target_lm.cfg
+        m = self.stats.summary(self.num_output_tokens)
+        return {
+            "text": self.tokenizer.decode(out_ids), "num_output_tokens": len(out_ids),
+            "finish_reason": self.finish_reason, "tokens": self.stats.token_statuses(self.tokenizer, out_ids),
+            **m, "kv_cache": self.kv_figures(),
+            "model": {"name": self.target_lm.name, "num_hidden_layers": cfg.num_hidden_layers,
+                      "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
+                      "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+                      "vocab_size": cfg.vocab_size},
+            "draft_model": self.draft_lm.name if self.draft_lm and self.settings.method == "draft_model" else None,
+            "settings": self.settings.model_dump(),
+        }

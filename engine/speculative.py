@@ -1,0 +1,111 @@
+"""Speculative decoding: proposing draft tokens, and verifying them exactly against the target.
+
+Notation follows Leviathan et al. (2023): p is the target's distribution, q the draft's, gamma (vLLM's
+num_speculative_tokens) the number of draft tokens per round.
+
+Verification of one round, given k draft tokens x_1..x_k with q_i(x_i) and the target's p_1..p_{k+1}
+from one forward over k+1 positions:
+- for i = 1..k: draw r ~ U(0, 1); accept x_i if r < min(1, p_i(x_i) / q_i(x_i))
+- at the first rejection, sample from the residual norm(max(0, p_i - q_i)) and stop
+- if all k are accepted, sample a bonus token from p_{k+1}
+Every emitted token is then distributed exactly as p (Chen et al. 2023, Theorem 1). At temperature 0
+p and q are point masses on their argmax, and the same rule becomes "accept while the draft token
+equals the target's argmax, then emit the target's argmax".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .sampling import sample
+
+
+def acceptance_probability(p_x: float, q_x: float) -> float:
+    """min(1, p(x) / q(x)); q(x) > 0 because the draft proposed x."""
+    return 1.0 if p_x >= q_x else p_x / q_x
+
+
+def residual_distribution(p, q, normalize: bool = True):  # [V], [V] -> [V]
+    """norm(max(0, p - q)): what to sample after a rejection. Falls back to p when p == q exactly."""
+    r = np.maximum(p - q, 0.0)
+    if not normalize:          # the teaching fault "unnormalised residual"
+        return r
+    total = r.sum()
+    return r / total if total > 0 else p
+
+
+def first_token_distribution(p, q):  # [V], [V] -> [V]
+    """The exact distribution of a round's first emitted token, by enumerating the draft's choice.
+
+    sum_x q(x) [a(x) delta_x + (1 - a(x)) residual] with a(x) = min(1, p(x)/q(x)). Equals p (Theorem 1).
+    """
+    out = np.zeros_like(p, dtype=np.float64)
+    res = residual_distribution(p, q)
+    for x in np.flatnonzero(q):
+        a = acceptance_probability(p[x], q[x])
+        out[x] += q[x] * a
+        out += q[x] * (1 - a) * res
+    return out
+
+
+@dataclass
+class TokenVerdict:
+    """What happened to one position of a round."""
+    token_id: int
+    status: str               # accepted | rejected | resampled | bonus
+    p: float                  # p(x) under the target (as shaped by temperature / top-p)
+    q: float | None           # q(x) under the draft (None for target-only tokens)
+    accept_prob: float | None  # min(1, p(x)/q(x)) for draft tokens
+    r: float | None           # the uniform draw compared with accept_prob (None when greedy)
+    position: int             # 1-based draft position; k+1 for the bonus
+
+
+def verify(draft_tokens, q_probs, p_probs, rng: np.random.Generator, greedy: bool,
+           normalize_residual: bool = True) -> tuple[list[TokenVerdict], np.ndarray | None]:
+    """Verify k draft tokens. q_probs: [k, V] the draft's distributions; p_probs: [k+1, V] the target's.
+
+    Returns the verdicts in order (accepted..., then rejected + resampled, or a bonus) and, after a
+    rejection, the residual distribution the replacement was drawn from (for the token inspector).
+    """
+    verdicts = []
+    k = len(draft_tokens)
+    for i, x in enumerate(draft_tokens):
+        p, q = p_probs[i], q_probs[i]
+        a = acceptance_probability(p[x], q[x])
+        r = None if greedy else float(rng.random())
+        accepted = (a == 1.0) if greedy else (r < a)
+        verdicts.append(TokenVerdict(int(x), "accepted" if accepted else "rejected", float(p[x]), float(q[x]),
+                                     a, r, i + 1))
+        if not accepted:
+            res = residual_distribution(p, q, normalize_residual)
+            if greedy:
+                t = int(np.argmax(p))
+            elif normalize_residual:
+                t = sample(res, rng)
+            else:   # the teaching fault: numpy itself refuses, as it did in the seed article
+                t = int(rng.choice(len(res), p=res))
+            verdicts.append(TokenVerdict(t, "resampled", float(p[t]), float(q[t]), None, None, i + 1))
+            return verdicts, res
+    p = p_probs[k]
+    t = int(np.argmax(p)) if greedy else sample(p, rng)
+    verdicts.append(TokenVerdict(t, "bonus", float(p[t]), None, None, None, k + 1))
+    return verdicts, None
+
+
+def ngram_propose(context, k: int, min_n: int, max_n: int) -> np.ndarray:
+    """Prompt lookup (vLLM's `ngram`): find the longest suffix n-gram (max_n down to min_n) that also
+    occurs earlier in the context, and propose the (up to) k tokens that followed its latest earlier
+    occurrence. Returns an empty array when nothing matches.
+    """
+    ctx = np.asarray(context, dtype=np.int64)
+    L = len(ctx)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        suffix = ctx[L - n:]
+        windows = np.lib.stride_tricks.sliding_window_view(ctx[:L - 1], n)   # starts 0 .. L-1-n
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        hits = hits[hits + n < L]               # something must follow the match
+        if len(hits):
+            start = hits[-1] + n
+            return ctx[start:start + k].copy()
+    return np.zeros(0, dtype=np.int64)

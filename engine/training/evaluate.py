@@ -1,0 +1,55 @@
+"""How well a draft agrees with a target at temperature 0, measured on held-out text.
+
+Two numbers, both on the validation split (files the models never trained on):
+- `acceptance_rate`: run speculative greedy decoding (draft proposes k tokens greedily, the target
+  verifies them in one forward; accept while they equal the target's argmax, then take the target's
+  token) from prompts cut from the validation text; accepted / proposed. `mean_acceptance_length`
+  is the mean number of tokens emitted per target forward (accepted + 1).
+- `top1_agreement`: teacher-forced, the fraction of positions of validation windows where
+  argmax(draft) == argmax(target).
+Uses the engine's inference forward (`engine.model.forward_no_cache`), so it measures what ships.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..model import Model, forward_no_cache
+
+
+def speculative_greedy(target: Model, draft: Model, prompt, max_tokens=128, k=4):
+    """-> (generated tokens, proposed, accepted, target forwards)."""
+    seq = list(prompt)
+    proposed = accepted = rounds = 0
+    while len(seq) - len(prompt) < max_tokens:
+        kk = min(k, max_tokens - (len(seq) - len(prompt)))
+        props = []
+        for _ in range(kk):  # the draft proposes greedily
+            props.append(int(np.argmax(forward_no_cache(draft, seq + props)[-1])))
+        logits = forward_no_cache(target, seq + props)[len(seq) - 1:]  # [kk + 1, V]: one verification
+        best = logits.argmax(-1)
+        n = 0
+        while n < kk and props[n] == best[n]:
+            n += 1
+        seq += props[:n] + [int(best[n])]  # accepted tokens, then the target's correction or bonus token
+        proposed, accepted, rounds = proposed + kk, accepted + n, rounds + 1
+    return seq[len(prompt):], proposed, accepted, rounds
+
+
+def acceptance(target: Model, draft: Model, val_ids, n_prompts=16, prompt_len=64, max_tokens=128, k=4):
+    starts = np.linspace(0, len(val_ids) - prompt_len - 1, n_prompts).astype(int)
+    proposed = accepted = rounds = emitted = 0
+    for s in starts:
+        out, p, a, r = speculative_greedy(target, draft, [int(t) for t in val_ids[s:s + prompt_len]], max_tokens, k)
+        proposed, accepted, rounds, emitted = proposed + p, accepted + a, rounds + r, emitted + len(out)
+    return dict(acceptance_rate=round(accepted / proposed, 4), mean_acceptance_length=round(emitted / rounds, 3),
+                num_speculative_tokens=k, prompts=n_prompts, prompt_len=prompt_len, max_tokens=max_tokens)
+
+
+def top1_agreement(target: Model, draft: Model, val_ids, n_windows=16, window=512):
+    starts = np.linspace(0, len(val_ids) - window - 1, n_windows).astype(int)
+    same = total = 0
+    for s in starts:
+        w = val_ids[s:s + window].astype(np.int64)
+        same += int((forward_no_cache(target, w).argmax(-1) == forward_no_cache(draft, w).argmax(-1)).sum())
+        total += window
+    return round(same / total, 4)

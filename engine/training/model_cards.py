@@ -1,0 +1,169 @@
+"""Write the model cards (models/<name>/README.md), models/README.md and models/index.json from the
+`training.json` each training run leaves, plus the draft's greedy acceptance against each target.
+
+    OPENBLAS_NUM_THREADS=1 python -m engine.training.model_cards [--models-dir models]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from ..checkpoint import load_checkpoint
+from ..model import Model
+from .corpus import load_corpus
+from .evaluate import acceptance, top1_agreement
+
+TARGETS = ["target-mha", "target-gqa", "target-mqa"]
+DRAFT = "draft"
+ROLE = {"target-mha": "target", "target-gqa": "target", "target-mqa": "target", "draft": "draft"}
+
+LOADING = """## Loading it elsewhere
+
+The folder is a Hugging Face Llama checkpoint (`LlamaForCausalLM`, float16 safetensors) with a
+`tokenizers` tokenizer, so it loads unchanged in other Llama tooling:
+
+```python
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+model = LlamaForCausalLM.from_pretrained("models/{name}", torch_dtype="float32")
+tok = PreTrainedTokenizerFast(tokenizer_file="models/{name}/tokenizer.json", eos_token="<|endoftext|>",
+                              unk_token="\\ufffd")
+ids = tok("def __init__(self", return_tensors="pt").input_ids
+print(tok.decode(model.generate(ids, max_new_tokens=64, do_sample=False)[0]))
+```
+
+In this project: `engine.checkpoint.load_checkpoint("models/{name}")` -> (config, float32 weights,
+tokenizer), then `engine.model.Model(config, weights)`.
+"""
+
+
+def fmt_minutes(s):
+    return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+
+def card(name, t, acc=None) -> str:
+    c, tc, corpus = t["config"], t["train_config"], t["corpus"]
+    lines = [f"# {name}", "",
+             f"A character-level Llama ({t['attention_kind']}) trained from scratch in numpy with handwritten "
+             f"backprop (`engine/training`) on Python {corpus['python_version']}'s standard-library sources. "
+             f"Role in the playground: **{ROLE.get(name, 'model')}**. {tc.get('notes', '').capitalize()}.", "",
+             "| | |", "|---|---|",
+             f"| parameters | {t['parameters']:,} |",
+             f"| layers x width | {c['num_hidden_layers']} x {c['hidden_size']} (intermediate {c['intermediate_size']}) |",
+             f"| heads | {c['num_attention_heads']} query, {c['num_key_value_heads']} key/value, head dim {c['head_dim']} |",
+             f"| context | {c['max_position_embeddings']} tokens (trained on windows of {tc['seq_len']}) |",
+             f"| vocabulary | {c['vocab_size']} characters (id 0 `<|endoftext|>`, id 1 U+FFFD for unknown) |",
+             f"| validation loss | **{t['val_loss']:.4f} nats/char** over the whole validation split "
+             f"({t['val_tokens']:,} tokens) |"]
+    if t.get("val_loss_before_uptraining") is not None:
+        lines.append(f"| before uptraining | {t['val_loss_before_uptraining']:.4f} nats/char right after "
+                     f"mean-pooling the K/V heads of `{Path(tc['init_from']).name}` (same measure) |")
+    lines += [f"| training | {t['steps']} steps x {tc['batch_size']} windows x {tc['seq_len']} tokens = "
+              f"{t['tokens_seen']:,} tokens; AdamW (lr {tc['lr']:g}, betas {tc['beta1']}/{tc['beta2']}, weight decay "
+              f"{tc['weight_decay']}), warmup {tc['warmup_steps']} + cosine to {tc['min_lr_ratio']:g} x lr, "
+              f"clip {tc['grad_clip']}, seed {tc['seed']} |",
+              f"| training time | {fmt_minutes(t['train_seconds'])} on this machine (2 shared cores, 1 BLAS thread, "
+              f"numpy {t['numpy']}, Python {t['python']}) |", ""]
+    if acc:
+        lines += ["## Greedy acceptance against each target", "",
+                  "Speculative decoding at temperature 0 from prompts cut from the validation text "
+                  f"({acc['_setup']}). acceptance rate = accepted / proposed draft tokens; mean acceptance length = "
+                  "tokens emitted per target forward; top-1 agreement = teacher-forced argmax agreement on "
+                  "validation windows.", "",
+                  "| target | acceptance rate | mean acceptance length | top-1 agreement |", "|---|---|---|---|"]
+        for tgt in TARGETS:
+            if tgt in acc:
+                a = acc[tgt]
+                lines.append(f"| {tgt} | {a['acceptance_rate']:.3f} | {a['mean_acceptance_length']:.2f} | "
+                             f"{a['top1_agreement']:.3f} |")
+        lines.append("")
+    lines += ["## Corpus", "",
+              f"{corpus['selection']} in `{corpus['stdlib_dir']}` (Python {corpus['python_version']}): "
+              f"{corpus['train_files']} training files ({corpus['train_chars']:,} characters), "
+              f"{corpus['val_files']} validation files ({corpus['val_chars']:,} characters); "
+              f"{corpus['unknown_chars']} characters outside printable ASCII + tab + newline became U+FFFD. "
+              f"sha256 `{corpus['sha256']}` (over file names and contents; a different Python version gives "
+              "a different corpus and a different hash).", "",
+              "## Reproduce", "", "```sh",
+              f"OPENBLAS_NUM_THREADS=1 decoding-playground train --preset {t['preset']}"
+              + (f"   # needs models/{Path(tc['init_from']).name} first" if tc.get("init_from") else ""),
+              "```", "", "Validation loss during training (fixed windows):", "",
+              " ".join(f"{h['step']}: {h['val_loss']:.3f}" for h in t["history"]), "",
+              LOADING.format(name=name)]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--models-dir", default="models")
+    ap.add_argument("--prompts", type=int, default=16)
+    args = ap.parse_args(argv)
+    root = Path(args.models_dir)
+    names = [n for n in TARGETS + [DRAFT] if (root / n / "training.json").exists()]
+    info = {n: json.loads((root / n / "training.json").read_text()) for n in names}
+    acc = {}
+    if DRAFT in info:
+        _, val_ids, _, _ = load_corpus()
+        draft = Model(*load_checkpoint(root / DRAFT, with_tokenizer=False)[:2])
+        for tgt in [n for n in TARGETS if n in info]:
+            t0 = time.perf_counter()
+            target = Model(*load_checkpoint(root / tgt, with_tokenizer=False)[:2])
+            a = acceptance(target, draft, val_ids, n_prompts=args.prompts)
+            a["top1_agreement"] = top1_agreement(target, draft, val_ids)
+            acc[tgt] = a
+            print(f"draft vs {tgt}: {a} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if acc:
+            a = next(iter(acc.values()))
+            acc["_setup"] = (f"{a['prompts']} prompts of {a['prompt_len']} characters, {a['max_tokens']} new tokens "
+                             f"each, {a['num_speculative_tokens']} speculative tokens per round")
+    index = []
+    for n in names:
+        t = info[n]
+        (root / n / "README.md").write_text(card(n, t, acc if n == DRAFT else None))
+        entry = dict(name=n, path=f"{root.name}/{n}", role=ROLE[n], attention_kind=t["attention_kind"],
+                     parameters=t["parameters"], val_loss=t["val_loss"],
+                     num_hidden_layers=t["config"]["num_hidden_layers"], hidden_size=t["config"]["hidden_size"],
+                     num_attention_heads=t["config"]["num_attention_heads"],
+                     num_key_value_heads=t["config"]["num_key_value_heads"],
+                     max_position_embeddings=t["config"]["max_position_embeddings"],
+                     train_seconds=t["train_seconds"], steps=t["steps"])
+        if t.get("val_loss_before_uptraining") is not None:
+            entry["val_loss_before_uptraining"] = t["val_loss_before_uptraining"]
+        if n == DRAFT and acc:
+            entry["acceptance_rate"] = {k: v["acceptance_rate"] for k, v in acc.items() if not k.startswith("_")}
+        index.append(entry)
+    (root / "index.json").write_text(json.dumps({"models": index}, indent=2) + "\n")
+    write_overview(root, info, acc)
+    print(f"wrote {len(names)} model cards, {root}/README.md and {root}/index.json")
+
+
+def write_overview(root, info, acc):
+    lines = ["# Shipped models", "",
+             "One family of character-level Llama models (Hugging Face layout), trained from scratch in numpy "
+             "with handwritten backprop on Python's own standard-library sources (`engine/training`). "
+             "Each folder has `config.json`, `model.safetensors` (float16), `tokenizer.json`, `training.json` "
+             "(the run's full record) and a model card (`README.md`). `index.json` lists them for "
+             "`decoding-playground models`.", "",
+             "| name | role | attention | layers x width | heads (q/kv) | parameters | val loss (nats/char) | training time |",
+             "|---|---|---|---|---|---|---|---|"]
+    for n, t in info.items():
+        c = t["config"]
+        extra = (f" (before uptraining {t['val_loss_before_uptraining']:.3f})"
+                 if t.get("val_loss_before_uptraining") is not None else "")
+        lines.append(f"| [{n}]({n}/README.md) | {ROLE[n]} | {t['attention_kind']} | {c['num_hidden_layers']} x "
+                     f"{c['hidden_size']} | {c['num_attention_heads']}/{c['num_key_value_heads']} | "
+                     f"{t['parameters']:,} | {t['val_loss']:.4f}{extra} | {fmt_minutes(t['train_seconds'])} |")
+    if acc:
+        lines += ["", "Draft greedy acceptance rate (speculative decoding at temperature 0 on held-out text, "
+                  f"{acc['_setup']}): " + ", ".join(f"{k} {v['acceptance_rate']:.3f}" for k, v in acc.items()
+                                                     if not k.startswith("_")) + "."]
+    lines += ["", "GQA and MQA were made from the MHA checkpoint as Ainslie et al. (2023) do: mean-pool the K and V "
+              "projection heads, then uptrain for about 5% of the original steps.", "",
+              "Retrain any of them with `decoding-playground train --preset NAME` (`--help` explains the presets; "
+              "targets first, GQA/MQA start from `models/target-mha`). Set `OPENBLAS_NUM_THREADS=1`.", ""]
+    (root / "README.md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Speculative decoding: exactness of greedy and of rejection sampling, n-gram lookup, no leaks."""
+import numpy as np
+import pytest
+
+from engine.sampling import probs_from_logits, sample, top_p_filter
+from engine.session import GenerationSession
+from engine.speculative import first_token_distribution, ngram_propose, verify
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
+
+
+def run(engine, prompt=PROMPT, **settings):
+    s = GenerationSession(engine, prompt, settings)
+    events = list(s.events())
+    assert events[-1].type == "done", events[-1]
+    return s, events, events[-1].summary
+
+
+def no_blocks_used(engine):
+    return all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
+
+
+@pytest.mark.parametrize("draft", ["other", "twin"])
+@pytest.mark.parametrize("method,gamma", [("draft_model", 1), ("draft_model", 3), ("draft_model", 7),
+                                          ("ngram", 2), ("ngram", 5)])
+def test_greedy_speculative_equals_plain_greedy(family, draft, method, gamma):
+    engine = family(draft=draft)
+    _, _, plain = run(engine, method="none", max_tokens=80)
+    _, events, spec = run(engine, method=method, num_speculative_tokens=gamma, max_tokens=80)
+    assert spec["text"] == plain["text"]
+    assert spec["num_output_tokens"] == 80
+    statuses = {t.status for t in events if t.type == "token"}
+    if method == "draft_model" and draft == "twin":
+        assert spec["acceptance_rate"] == 1.0 and "bonus" in statuses
+    if method == "draft_model" and draft == "other":
+        assert "rejected" in statuses and "resampled" in statuses
+    assert no_blocks_used(engine)
+
+
+def test_gamma_changed_mid_generation_keeps_greedy_output_and_sizes_rounds(family):
+    engine = family(draft="twin")
+    _, _, plain = run(engine, method="none", max_tokens=90)
+    s = GenerationSession(engine, PROMPT, {"method": "draft_model", "num_speculative_tokens": 2,
+                                           "max_tokens": 90})
+    sizes, applied = [], None
+    for e in s.events():
+        if e.type == "round":
+            sizes.append(e.num_draft_tokens)
+            if len(sizes) == 3:
+                s.update_settings({"num_speculative_tokens": 5})
+        if e.type == "settings_applied":
+            applied = len(sizes)
+        if e.type == "done":
+            summary = e.summary
+    assert summary["text"] == plain["text"]
+    assert applied == 3                       # reported at the next round boundary
+    assert sizes[:3] == [2, 2, 2] and sizes[3] == 5
+
+
+def test_kv_cache_off_gives_the_same_greedy_text(family):
+    engine = family()
+    _, _, cached = run(engine, method="draft_model", max_tokens=40)
+    _, _, recomputed = run(engine, method="draft_model", kv_cache=False, max_tokens=40)
+    assert cached["text"] == recomputed["text"]
+
+
+def test_exact_distribution_of_the_first_token_equals_p():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        p, q = rng.dirichlet(np.ones(12) * 0.5), rng.dirichlet(np.ones(12) * 0.5)
+        q[rng.integers(12)] = 0
+        q /= q.sum()
+        assert np.abs(first_token_distribution(p, q) - p).max() <= 1e-12
+
+
+def test_rejection_sampler_200k_samples_matches_p():
+    """Tolerance: with 200,000 samples over 8 outcomes the TVD of direct sampling from p is ~0.003;
+    we allow 3x that, and check the acceptance rate against sum(min(p, q)) to +-0.005 (~2.5 sigma)."""
+    rng = np.random.default_rng(42)
+    p = np.array([0.30, 0.20, 0.15, 0.12, 0.10, 0.07, 0.04, 0.02])
+    q = np.array([0.10, 0.25, 0.05, 0.20, 0.10, 0.10, 0.15, 0.05])
+    n, counts, accepted = 200_000, np.zeros(8), 0
+    p2 = np.stack([p, p])
+    for _ in range(n):
+        x = sample(q, rng)
+        verdicts, _ = verify([x], q[None], p2, rng, greedy=False)
+        counts[verdicts[0].token_id if verdicts[0].status == "accepted" else verdicts[1].token_id] += 1
+        accepted += verdicts[0].status == "accepted"
+    tvd = 0.5 * np.abs(counts / n - p).sum()
+    direct = np.bincount([sample(p, rng) for _ in range(n)], minlength=8) / n
+    assert tvd <= 3 * max(0.5 * np.abs(direct - p).sum(), 0.003)
+    assert abs(accepted / n - np.minimum(p, q).sum()) <= 0.005
+
+
+def test_temperature_and_top_p_shape_p_and_q_alike():
+    logits = np.array([2.0, 1.0, 0.5, -1.0])
+    g = probs_from_logits(logits, 0, 1.0)
+    assert g.tolist() == [1.0, 0.0, 0.0, 0.0]
+    hot = probs_from_logits(logits, 2.0, 1.0)
+    cold = probs_from_logits(logits, 0.5, 1.0)
+    assert hot[0] < cold[0]
+    nucleus = top_p_filter(probs_from_logits(logits, 1.0), 0.8)
+    assert nucleus[-1] == 0 and abs(nucleus.sum() - 1) < 1e-12
+
+
+def test_ngram_lookup():
+    ctx = [1, 2, 3, 4, 9, 1, 2, 3, 4, 7, 1, 2, 3]
+    assert ngram_propose(ctx, 3, 1, 4).tolist() == [4, 7, 1]      # latest earlier match of [1, 2, 3]
+    assert ngram_propose([5, 6, 7], 3, 1, 4).tolist() == []
+    assert ngram_propose([1, 2, 1], 4, 2, 2).tolist() == []         # needs a 2-token match
+    assert ngram_propose([1, 2, 1], 4, 1, 1).tolist() == [2, 1]
+
+
+def test_sampled_generation_is_reproducible_with_a_seed(family):
+    engine = family()
+    a = run(engine, method="draft_model", temperature=0.8, seed=7, max_tokens=50)[2]["text"]
+    b = run(engine, method="draft_model", temperature=0.8, seed=7, max_tokens=50)[2]["text"]
+    c = run(engine, method="draft_model", temperature=0.8, seed=8, max_tokens=50)[2]["text"]
+    assert a == b and a != c
+
+
+def test_no_leaks_after_stops_errors_and_disconnects(family):
+    engine = family(eos_token_id=3)
+    run(engine, method="draft_model", max_tokens=200)                         # stops at EOS or length
+    s = GenerationSession(engine, PROMPT, {"method": "draft_model", "temperature": 1.0, "max_tokens": 200})
+    gen = s.events()
+    for _ in range(7):
+        next(gen)
+    assert not no_blocks_used(engine)
+    gen.close()                                                               # the client went away
+    assert no_blocks_used(engine)
+    s = GenerationSession(family(blocks_per_pool=3), PROMPT * 3, {"method": "draft_model"})
+    events = list(s.events())                                                 # pool too small
+    assert events[-1].type == "error" and "exhausted" in events[-1].message
+    assert no_blocks_used(s.engine)
+
+
+def test_stops_exactly_at_max_tokens_inside_a_round(family):
+    engine = family(draft="twin")
+    for n in (1, 2, 5, 13):
+        _, _, summary = run(engine, method="draft_model", num_speculative_tokens=4, max_tokens=n)
+        assert summary["num_output_tokens"] == n and summary["finish_reason"] == "length"
