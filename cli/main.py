@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     be.set_defaults(func=cmd_bench)
 
+    from cli import generate
+    generate.add_parsers(sub)
+
     try:
         from engine.training import cli as training_cli
     except ImportError:

@@ -1,0 +1,164 @@
+"""`generate`, `check-distribution` and `models`: the engine from the command line."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+from engine.registry import MODELS_DIR, InferenceEngine, ModelRegistry
+from engine.sampling import probs_from_logits, sample
+from engine.session import GenerationSession
+from engine.settings import GenerationSettings, SettingsError
+from engine.speculative import verify
+from engine.model import forward_no_cache
+
+BOOL_SETTINGS = {"chat", "kv_cache", "enable_prefix_caching"}
+
+
+def add_settings_arguments(p) -> None:
+    """One --flag per generation setting (dashes for underscores); unset flags keep the defaults."""
+    for name, field in GenerationSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if name in BOOL_SETTINGS:
+            p.add_argument(flag, dest=name, default=None, choices=["true", "false"],
+                           help=f"true/false (default {str(field.default).lower()})")
+        else:
+            p.add_argument(flag, dest=name, default=None, help=f"{field.description or ''} (default {field.default})")
+
+
+def settings_from_args(args) -> dict:
+    return {name: getattr(args, name) for name in GenerationSettings.model_fields
+            if getattr(args, name, None) is not None}
+
+
+def load_engine(models_dir) -> InferenceEngine:
+    return InferenceEngine(ModelRegistry.from_dir(models_dir or MODELS_DIR), max_sessions=1)
+
+
+def cmd_generate(args) -> int:
+    engine = load_engine(args.models_dir)
+    try:
+        session = GenerationSession(engine, args.prompt, settings_from_args(args))
+    except SettingsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    last = None
+    for event in session.events():
+        last = event
+        if event.type == "token" and event.status != "rejected" and not args.json:
+            print(event.text, end="", flush=True)
+    if last.type == "error":
+        print(f"\nerror: {last.message}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(last.summary, indent=2))
+    else:
+        s = last.summary
+        extra = f", acceptance {s['acceptance_rate']:.2f}" if s["acceptance_rate"] is not None else ""
+        print(f"\n\n[{s['num_output_tokens']} tokens, {s['tokens_per_s']:.0f} tok/s{extra}, "
+              f"finish: {s['finish_reason']}]", file=sys.stderr)
+    return 0
+
+
+def tvd(counts, p) -> float:
+    return 0.5 * float(np.abs(counts / counts.sum() - p).sum())
+
+
+def check_distribution(engine: InferenceEngine, prompt: str, samples: int, temperature: float, seed: int,
+                       progress=None) -> dict:
+    """The first seed's experiment: one round with gamma = 1 from `prompt`, `samples` times.
+
+    Speculative sampling (draft x ~ q, verified against p by `engine.speculative.verify`), direct sampling
+    from p, and draft-only sampling from q, each compared with p by total variation distance.
+    """
+    if temperature <= 0:
+        raise SettingsError("temperature", "the distribution check needs temperature > 0")
+    target = engine.registry.default_target()
+    draft = engine.registry.draft_for(target)
+    ids = target.tokenizer.encode(prompt)
+    p = probs_from_logits(forward_no_cache(target.model, ids)[-1], temperature)
+    q = probs_from_logits(forward_no_cache(draft.model, ids)[-1], temperature)
+    rng = np.random.default_rng(seed)
+    V = len(p)
+    spec, accepted = np.zeros(V), 0
+    p2 = np.stack([p, p])
+    t = time.perf_counter()
+    for i in range(samples):
+        x = sample(q, rng)
+        verdicts, _ = verify([x], q[None], p2, rng, greedy=False)
+        first = verdicts[0] if verdicts[0].status == "accepted" else verdicts[1]
+        spec[first.token_id] += 1
+        accepted += verdicts[0].status == "accepted"
+        if progress and (i + 1) % 20000 == 0:
+            progress(i + 1, samples)
+    direct = np.bincount(rng.choice(V, size=samples, p=p), minlength=V).astype(float)
+    draft_only = np.bincount(rng.choice(V, size=samples, p=q), minlength=V).astype(float)
+    top = np.argsort(-p)[:8]
+    tok = target.tokenizer
+    return {"prompt": prompt, "samples": samples, "temperature": temperature, "seed": seed,
+            "target": target.name, "draft": draft.name,
+            "acceptance_rate": accepted / samples, "theory_sum_min_p_q": float(np.minimum(p, q).sum()),
+            "tvd_speculative": tvd(spec, p), "tvd_direct": tvd(direct, p), "tvd_draft_only": tvd(draft_only, p),
+            "seconds": time.perf_counter() - t,
+            "top_tokens": [{"text": tok.token_text(int(i)), "p": float(p[i]), "q": float(q[i]),
+                            "speculative": float(spec[i] / samples)} for i in top]}
+
+
+def cmd_check_distribution(args) -> int:
+    engine = load_engine(args.models_dir)
+    try:
+        r = check_distribution(engine, args.prompt, args.samples, args.temperature, args.seed,
+                               None if args.json else lambda i, n: print(f"  {i:,}/{n:,}", file=sys.stderr))
+    except SettingsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"{r['prompt']!r} T={r['temperature']} samples={r['samples']:,} ({r['target']} vs draft {r['draft']})")
+    print(f"accept={r['acceptance_rate']:.4f} theory_sum_min(p,q)={r['theory_sum_min_p_q']:.4f} "
+          f"TVD(spec,p)={r['tvd_speculative']:.4f} TVD(direct,p)={r['tvd_direct']:.4f} "
+          f"TVD(draft_only,p)={r['tvd_draft_only']:.4f}")
+    for t in r["top_tokens"]:
+        print(f"  {t['text']!r:>8}  p={t['p']:.4f}  q={t['q']:.4f}  speculative={t['speculative']:.4f}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    registry = ModelRegistry.from_dir(args.models_dir or MODELS_DIR)
+    rows = [m.describe() | {"config": m.cfg.to_hf_dict()} for m in registry.models.values()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        loss = r.get("val_loss")
+        print(f"{r['name']:<12} {r['role']:<6} {r['attention']:<3} {r['num_hidden_layers']} layers x "
+              f"{r['hidden_size']}, {r['num_attention_heads']}q/{r['num_key_value_heads']}kv heads, "
+              f"{r['parameters']:,} params, val loss {loss if loss is None else f'{loss:.3f}'}  {r['path']}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    g = sub.add_parser("generate", help="one generation from the command line")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--json", action="store_true", help="print the JSON summary (docs/protocol.md)")
+    g.add_argument("--models-dir", default=None)
+    add_settings_arguments(g)
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("check-distribution",
+                       help="the seed's experiment: does speculative sampling reproduce the target's distribution?")
+    c.add_argument("--prompt", required=True)
+    c.add_argument("--samples", type=int, default=200_000)
+    c.add_argument("--temperature", type=float, default=1.0)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--models-dir", default=None)
+    c.set_defaults(func=cmd_check_distribution)
+
+    m = sub.add_parser("models", help="the shipped models")
+    m.add_argument("--json", action="store_true")
+    m.add_argument("--models-dir", default=None)
+    m.set_defaults(func=cmd_models)
