@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run, a few seconds)")
     be.add_argument("--json", action="store_true", help="print the results as JSON")
     be.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    be.add_argument("--models-dir", default=None, help="models for the speculative sweep (default: models/)")
     be.set_defaults(func=cmd_bench)
 
     from cli import generate

@@ -1,0 +1,171 @@
+"""The speculative-decoding part of `bench engine`: the first seed's k x temperature sweep.
+
+For every (k, temperature): 8 prompts (the first 16 characters of held-out lines) x 96 tokens, run with
+the draft model and with plain decoding, in the same run, repeated and interleaved; reported with the
+seed's columns plus two predictions:
+- flat-verify bound (Leviathan et al., Theorem 3.8): E / (k c + 1), as if verifying k+1 tokens cost one step;
+- curve prediction: E / (k c + t(k+1)/t(1)), with this machine's measured verify-cost curve t(n).
+where E = (1 - a^(k+1)) / (1 - a) is the expected number of tokens per target call at acceptance a.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from engine.kv_cache import KVCacheManager
+from engine.model import forward
+from engine.registry import InferenceEngine
+from engine.session import GenerationSession
+
+KS = (1, 2, 3, 4, 6, 8)
+TEMPERATURES = (0.0, 0.7, 1.0)
+REPEATING_PROMPT = ("    def get(self, key):\n        return self.data[key]\n\n"
+                    "    def set(self, key, value):\n        self.data[key] = value\n\n"
+                    "    def get(self, key):\n        return self.data[key]\n\n    def set(self, key, value):\n")
+NON_REPEATING_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    parser = "
+
+
+def held_out_prompts(n: int = 8, length: int = 16) -> list[str]:
+    """The first `length` characters of n evenly spaced lines of the validation split (files never trained on)."""
+    from engine.training.corpus import VAL_EVERY, stdlib_files
+    lines = []
+    for i, f in enumerate(stdlib_files()):
+        if i % VAL_EVERY == VAL_EVERY - 1:
+            lines += [ln for ln in f.read_text(encoding="utf-8", errors="replace").splitlines()
+                      if len(ln) >= length and ln.isascii() and ln[:length].strip()]
+    idx = np.linspace(0, len(lines) - 1, n).astype(int)
+    return [lines[i][:length] for i in idx]
+
+
+def verify_curve(lm, context: int = 100, ns=(1, 2, 3, 4, 5, 7, 9), repeats: int = 21) -> dict[int, float]:
+    """Median ms of one target forward over n new tokens at a context of `context` tokens."""
+    cfg = lm.cfg
+    tokens = np.random.default_rng(0).integers(2, cfg.vocab_size, context + max(ns))
+    mgr = KVCacheManager(cfg, num_blocks=(context + max(ns)) // 16 + 2, block_size=16)
+    seq = mgr.new_sequence()
+    forward(lm.model, tokens[:context], 0, mgr.append_slots(seq, tokens[:context]))
+    times = {n: [] for n in ns}
+    for _ in range(repeats):
+        for n in ns:
+            new = tokens[context:context + n]
+            t = time.perf_counter()
+            for _ in range(5):
+                forward(lm.model, new, context, mgr.append_slots(seq, new))
+                mgr.truncate(seq, context)
+            times[n].append((time.perf_counter() - t) / 5 * 1e3)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def run_prompts(engine, prompts, max_tokens, **settings):
+    """-> (engine seconds, summaries) for one pass over the prompts."""
+    total, summaries = 0.0, []
+    for p in prompts:
+        events = list(GenerationSession(engine, p, {"max_tokens": max_tokens, **settings}).events())
+        if events[-1].type != "done":
+            raise RuntimeError(events[-1].message)
+        s = events[-1].summary
+        total += s["elapsed_s"]
+        summaries.append(s)
+    return total, summaries
+
+
+def sweep(engine: InferenceEngine, quick: bool) -> dict:
+    target = engine.registry.default_target()
+    draft = engine.registry.draft_for(target)
+    curve = verify_curve(target, repeats=7 if quick else 21)
+    draft_step = verify_curve(draft, ns=(1,), repeats=7 if quick else 21)[1]
+    c = draft_step / curve[1]
+    prompts = held_out_prompts()[:2 if quick else 8]
+    max_tokens, repeats = (32, 1) if quick else (96, 3)
+    ks = (2, 4) if quick else KS
+    temps = (0.0,) if quick else TEMPERATURES
+    by_temperature = []
+    for temp in temps:
+        rows = []
+        base_times, spec_times = [], {k: [] for k in ks}
+        base_text, spec_sum = None, {}
+        for _ in range(repeats):    # interleave baseline and every k within each repeat
+            t, base = run_prompts(engine, prompts, max_tokens, method="none", temperature=temp)
+            base_times.append(t)
+            base_text = [s["text"] for s in base]
+            for k in ks:
+                t, spec = run_prompts(engine, prompts, max_tokens, method="draft_model", temperature=temp,
+                                      num_speculative_tokens=k)
+                spec_times[k].append(t)
+                spec_sum[k] = spec
+        base_t = statistics.median(base_times)
+        for k in ks:
+            s = spec_sum[k]
+            accepted = sum(x["num_accepted_tokens"] for x in s)
+            proposed = sum(x["num_draft_tokens"] for x in s)
+            drafts = sum(x["num_drafts"] for x in s)
+            # rounds that ended in a rejection: every judged-and-rejected token stops its round
+            rejected = sum(x["num_drafts"] for x in s) - sum(
+                sum(1 for t in x["tokens"] if t["status"] == "bonus") for x in s)
+            alpha = accepted / (accepted + rejected) if accepted + rejected else 0.0
+            out_tokens = sum(x["num_output_tokens"] for x in s)
+            target_calls = sum(x["target_forward_calls"] - 1 for x in s)    # minus the prefill
+            e = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
+            rows.append({
+                "k": k, "alpha": alpha, "accepted_per_proposed": accepted / proposed,
+                "mean_acceptance_length": 1 + accepted / drafts,
+                "tokens_per_target_call": out_tokens / target_calls, "formula_E": e,
+                "flat_verify_bound": e / (k * c + 1),
+                "curve_prediction": e / (k * c + curve_at(curve, k + 1) / curve[1]),
+                "speedup": base_t / statistics.median(spec_times[k]),
+                "identical_to_greedy": [x["text"] for x in s] == base_text if temp == 0 else None,
+            })
+        by_temperature.append({"temperature": temp, "baseline_s": base_t,
+                               "baseline_tok_s": len(prompts) * max_tokens / base_t, "rows": rows})
+    ngram = []
+    for name, prompt in (("repeating", REPEATING_PROMPT), ("non_repeating", NON_REPEATING_PROMPT)):
+        b, spec = [], []
+        for _ in range(repeats):
+            tb, base = run_prompts(engine, [prompt], max_tokens, method="none")
+            ts, sp = run_prompts(engine, [prompt], max_tokens, method="ngram", num_speculative_tokens=4,
+                                 prompt_lookup_min=2, prompt_lookup_max=4)
+            b.append(tb)
+            spec.append(ts)
+        ngram.append({"prompt": name, "speedup": statistics.median(b) / statistics.median(spec),
+                      "acceptance_rate": sp[0]["acceptance_rate"],
+                      "mean_acceptance_length": sp[0]["mean_acceptance_length"],
+                      "identical_to_greedy": sp[0]["text"] == base[0]["text"]})
+    return {"target": target.name, "draft": draft.name, "c": c, "draft_step_ms": draft_step,
+            "verify_curve_ms": curve, "verify_curve_ratio": {n: v / curve[1] for n, v in curve.items()},
+            "prompts": prompts, "max_tokens": max_tokens, "by_temperature": by_temperature, "ngram": ngram}
+
+
+def curve_at(curve: dict[int, float], n: int) -> float:
+    """t(n) from the measured curve, linearly interpolated between measured sizes."""
+    if n in curve:
+        return curve[n]
+    xs = sorted(curve)
+    return float(np.interp(n, xs, [curve[x] for x in xs]))
+
+
+def markdown(r: dict) -> str:
+    ratio = r["verify_curve_ratio"]
+    lines = [f"Target `{r['target']}`, draft `{r['draft']}`: one draft step {r['draft_step_ms']:.3f} ms, "
+             f"c = {r['c']:.2f}. Verify-cost curve t(n)/t(1) at a 100-token context: "
+             + ", ".join(f"{n}: {v:.2f}" for n, v in ratio.items())
+             + f" (t(1) = {r['verify_curve_ms'][1]:.3f} ms).", "",
+             f"{len(r['prompts'])} prompts (first 16 characters of held-out lines) x {r['max_tokens']} tokens.", ""]
+    for t in r["by_temperature"]:
+        lines += [f"Temperature {t['temperature']}: baseline {t['baseline_s']:.2f} s ({t['baseline_tok_s']:.0f} tok/s).",
+                  "", "| k | alpha | accepted/proposed | tokens/target call | formula E | flat-verify bound "
+                  "| curve prediction | measured speedup | identical to greedy |", "|---|---|---|---|---|---|---|---|---|"]
+        for row in t["rows"]:
+            ident = "" if row["identical_to_greedy"] is None else str(row["identical_to_greedy"])
+            lines.append(f"| {row['k']} | {row['alpha']:.3f} | {row['accepted_per_proposed']:.3f} | "
+                         f"{row['tokens_per_target_call']:.2f} | {row['formula_E']:.2f} | "
+                         f"{row['flat_verify_bound']:.2f}x | {row['curve_prediction']:.2f}x | "
+                         f"{row['speedup']:.2f}x | {ident} |")
+        lines.append("")
+    lines += ["n-gram prompt lookup (k = 4, prompt_lookup_min 2, max 4), temperature 0:", "",
+              "| prompt | acceptance rate | mean acceptance length | speedup | identical to greedy |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {n['prompt']} | {n['acceptance_rate'] or 0:.3f} | {n['mean_acceptance_length'] or 1:.2f} | "
+              f"{n['speedup']:.2f}x | {n['identical_to_greedy']} |" for n in r["ngram"]]
+    return "\n".join(lines)
