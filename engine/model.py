@@ -171,6 +171,55 @@ def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True):
     return rms_norm(x, c_eps) @ model.lm_head                                      # [n, V]
 
 
+def _slot_array(slots):  # a slice or int array of slots -> int array
+    return np.arange(slots.start, slots.stop) if isinstance(slots, slice) else np.asarray(slots)
+
+
 def forward_no_cache(model: Model, tokens):
     """The seed's baseline: recompute every position of the sequence; logits [T, V]."""
     return forward(model, np.asarray(tokens), 0, None)
+
+
+def forward_batch(model: Model, requests):
+    """Several sequences' new tokens in one computation (continuous batching).
+
+    requests: [(tokens, p0, kv)], each as for `forward`. Every matrix product runs once over all rows
+    of all sequences; only attention, which reads each sequence's own cache, runs per sequence.
+    Returns [logits [n_i, V]] in request order; equal to calling `forward` on each.
+    """
+    cfg = model.cfg
+    nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q_dim, qk_dim, i_dim = model.q_dim, model.q_dim + model.kv_dim, cfg.intermediate_size
+    c_eps, idx = model.c_eps, model.rotate_half_index
+    sizes = [len(t) for t, _, _ in requests]
+    for (t, p0, _), n in zip(requests, sizes):
+        if p0 + n > cfg.max_position_embeddings:
+            raise ContextLengthError(f"positions {p0}..{p0 + n - 1} exceed the model's context of "
+                                     f"{cfg.max_position_embeddings} tokens (max_position_embeddings)")
+    N = sum(sizes)
+    bounds = np.cumsum([0] + sizes)
+    positions = np.concatenate([np.arange(p0, p0 + n) for (_, p0, _), n in zip(requests, sizes)])
+    cos, sin = model.cos[positions, None, :], model.sin_signed[positions, None, :]      # [N, 1, hd]
+    x = model.embed.take(np.concatenate([np.asarray(t) for t, _, _ in requests]), axis=0)   # [N, C]
+    # One write of all new K/V per layer when every sequence lives in the same store (the usual case).
+    stores = {id(kv.store) for _, _, kv in requests}
+    store = requests[0][2].store if len(stores) == 1 else None
+    if store is not None:
+        write_slots = np.concatenate([_slot_array(kv.write_slots) for _, _, kv in requests])
+    for i, lw in enumerate(model.layers):
+        qkv = rms_norm(x, c_eps) @ lw.w_qkv                                        # [N, (nq+2nkv) hd]
+        apply_rope_inplace(qkv[:, :qk_dim].reshape(N, nq + nkv, hd), cos, sin, idx)
+        if store is not None:
+            store.write(i, write_slots, qkv[:, q_dim:].reshape(N, 2, nkv, hd))
+        att = np.empty((N, q_dim), np.float32)
+        for (_, p0, kv), a, b in zip(requests, bounds[:-1], bounds[1:]):
+            if store is None:
+                kv.write(i, qkv[a:b, q_dim:].reshape(b - a, 2, nkv, hd))
+            K, V = kv.read(i)
+            att[a:b] = attention(qkv[a:b, :q_dim].reshape(b - a, nq, hd), K, V, p0)
+        x = x + att @ lw.w_o
+        gate_up = rms_norm(x, c_eps) @ lw.w_gate_up
+        gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
+        x = x + (gate * up / (1.0 + np.exp(-gate))) @ lw.w_down
+    logits = rms_norm(x, c_eps) @ model.lm_head
+    return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
