@@ -20,7 +20,7 @@ from engine.checkpoint import init_weights
 from engine.config import ModelConfig
 from engine.kv_cache import KVCacheManager, KVStore
 from engine.kv_dtypes import KV_CACHE_DTYPES, kv_bytes_per_token
-from engine.model import Model, attention, forward, forward_no_cache
+from engine.model import Model, attention, forward, forward_batch, forward_no_cache
 from engine.registry import MODELS_DIR, InferenceEngine, ModelRegistry
 
 from cli import bench_spec
@@ -190,6 +190,34 @@ def gqa_attention(quick: bool) -> list[dict]:
     return rows
 
 
+def batched_decode(cfg: ModelConfig, quick: bool, batch: int = 64) -> dict:
+    """One decode step for `batch` sequences (contexts 20-120): one by one vs one batched computation."""
+    model, _ = bench_model(cfg)
+    rng = np.random.default_rng(5)
+    mgr = KVCacheManager(cfg, num_blocks=batch * 9, block_size=16)
+    seqs, new = [], [rng.integers(0, cfg.vocab_size, 1) for _ in range(batch)]
+    for _ in range(batch):
+        s, t = mgr.new_sequence(), rng.integers(0, cfg.vocab_size, int(rng.integers(20, 120)))
+        forward(model, t, 0, mgr.append_slots(s, t))
+        seqs.append(s)
+
+    def one_by_one():
+        for s, t in zip(seqs, new):
+            p0 = s.num_tokens
+            forward(model, t, p0, mgr.append_slots(s, t))
+            mgr.truncate(s, p0)
+
+    def batched():
+        reqs = [(t, s.num_tokens, mgr.append_slots(s, t)) for s, t in zip(seqs, new)]
+        forward_batch(model, reqs)
+        for s, (_, p0, _) in zip(seqs, reqs):
+            mgr.truncate(s, p0)
+
+    r = interleaved({"one": one_by_one, "batched": batched}, 3 if quick else 9)
+    return {"preset": cfg.name, "sequences": batch, "one_by_one_ms": r["one"], "batched_ms": r["batched"],
+            "ratio": r["one"] / r["batched"]}
+
+
 def kv_bytes(cfg: ModelConfig) -> list[dict]:
     return [{"kv_cache_dtype": name, "bytes_per_token": kv_bytes_per_token(cfg, name),
              "bytes_at_512": kv_bytes_per_token(cfg, name) * 512} for name in KV_CACHE_DTYPES]
@@ -224,6 +252,7 @@ def run_engine(quick: bool, models_dir=None) -> dict:
         "prefix_reuse": prefix_reuse(model, quick),
         "gqa_attention": gqa_attention(quick),
         "kv_bytes": kv_bytes(cfg),
+        "batched_decode": [batched_decode(ModelConfig.from_name(p), quick) for p in ("seed-target", "target-mha")],
     }
     try:
         registry = ModelRegistry.from_dir(models_dir or MODELS_DIR)
@@ -283,6 +312,10 @@ def engine_markdown(r: dict) -> str:
     lines += ["", "KV bytes for this model:", "", "| kv_cache_dtype | bytes/token | bytes at 512 tokens |",
               "|---|---|---|"]
     lines += [f"| {b['kv_cache_dtype']} | {b['bytes_per_token']:,} | {b['bytes_at_512']:,} |" for b in r["kv_bytes"]]
+    lines += ["", "Continuous batching: one decode step for 64 sequences (contexts 20-120):", "",
+              "| model preset | one by one ms | batched ms | ratio |", "|---|---|---|---|"]
+    lines += [f"| {b['preset']} | {b['one_by_one_ms']:.2f} | {b['batched_ms']:.2f} | {b['ratio']:.2f}x |"
+              for b in r["batched_decode"]]
     if r.get("speculative"):
         lines += ["", "### Speculative decoding (the first seed's sweep)", "", bench_spec.markdown(r["speculative"])]
     return "\n".join(lines)
