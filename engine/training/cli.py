@@ -16,15 +16,15 @@ from .train import TrainConfig
 
 # Training recipes of the shipped models. The architecture of each is engine.config.PRESETS[name].
 RECIPES: dict[str, dict] = {
-    "target-mha": dict(steps=1500, batch_size=8, seq_len=512, lr=3e-3, warmup_steps=100,
+    "target-mha": dict(steps=4800, batch_size=4, seq_len=512, lr=3e-3, warmup_steps=100, eval_every=200,
                        notes="the target, trained from scratch"),
-    "target-gqa": dict(steps=75, batch_size=8, seq_len=512, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1,
-                       eval_every=25, init_from="models/target-mha",
+    "target-gqa": dict(steps=240, batch_size=4, seq_len=512, lr=1e-3, warmup_steps=20, min_lr_ratio=0.1,
+                       eval_every=40, init_from="models/target-mha",
                        notes="2 KV heads mean-pooled from target-mha, uptrained for 5% of its steps"),
-    "target-mqa": dict(steps=75, batch_size=8, seq_len=512, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1,
-                       eval_every=25, init_from="models/target-mha",
+    "target-mqa": dict(steps=240, batch_size=4, seq_len=512, lr=1e-3, warmup_steps=20, min_lr_ratio=0.1,
+                       eval_every=40, init_from="models/target-mha",
                        notes="1 KV head mean-pooled from target-mha, uptrained for 5% of its steps"),
-    "draft": dict(steps=1500, batch_size=8, seq_len=512, lr=5e-3, warmup_steps=100,
+    "draft": dict(steps=3000, batch_size=8, seq_len=512, lr=5e-3, warmup_steps=100, eval_every=250,
                   notes="the draft for speculative decoding, trained from scratch on the same corpus"),
     "ci-tiny": dict(steps=30, batch_size=4, seq_len=64, lr=1e-2, warmup_steps=5, eval_every=10, eval_windows=4,
                     ckpt_every=10, log_every=5, max_files=10, notes="a seconds-long run for CI"),
