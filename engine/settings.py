@@ -59,6 +59,12 @@ class GenerationSettings(BaseModel):
     def _empty_heads(cls, v):
         return None if v in ("", None) else v
 
+    @field_validator("block_size", mode="before")
+    @classmethod
+    def _block_size_from_text(cls, v):
+        """Form and query-string values arrive as text; a Literal of ints would refuse "16"."""
+        return int(v) if isinstance(v, str) and v.strip().isdigit() else v
+
     @field_validator("prompt_lookup_max")
     @classmethod
     def _lookup_range(cls, v: int, info: ValidationInfo) -> int:
