@@ -17,6 +17,30 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 ARTIFACTS_DIR = PROJECT_DIR / "test-artifacts"
 
 
+@pytest.fixture(scope="session")
+def models_dir() -> Path:
+    """The models the app serves in tests: the shipped ones (models/), unless DECODING_PLAYGROUND_MODELS_DIR
+    points elsewhere. Tests must not depend on which tokens they write, only on what the engine reports."""
+    from app.config import AppConfig
+
+    path = AppConfig.from_env().models_dir
+    if not (path / "index.json").is_file():
+        pytest.fail(f"no models at {path} (models/index.json): train them (decoding-playground train) "
+                    "or set DECODING_PLAYGROUND_MODELS_DIR")
+    return path
+
+
+@pytest.fixture(scope="session")
+def live_server(models_dir):
+    """Base URL (http://127.0.0.1:PORT) of a real uvicorn server running the app with the models."""
+    from app.config import AppConfig
+    from app.main import create_app
+    from live_server import serve
+
+    with serve(create_app(AppConfig(models_dir=models_dir))) as base_url:
+        yield base_url
+
+
 @pytest.fixture
 def client():
     """An in-memory client for the app (no real socket: see pitfalls.md before testing websockets with it)."""

@@ -15,7 +15,8 @@ def test_page_loads_htmx_from_our_origin_without_errors(live_server, page, artif
     assert page.title() == "Decoding Playground"
     assert page.evaluate("typeof window.htmx") == "object"
     assert page.evaluate("window.htmx.version").startswith("2.")
-    assert page.locator("#engine-placeholder").is_visible()
+    assert page.locator("#stream").is_visible()
+    page.wait_for_selector("#conn[data-connected='1']")     # the websocket is open (our origin: accepted)
 
     name = "index" if path == "/" else path.strip("/")
     page.screenshot(path=str(artifacts_dir / f"page-smoke-{name}.png"), full_page=True)
@@ -24,4 +25,5 @@ def test_page_loads_htmx_from_our_origin_without_errors(live_server, page, artif
     requested_hosts = {urlsplit(url).hostname for url in page.recorder.requests}
     assert requested_hosts == {"127.0.0.1"}, page.recorder.requests
     requested_paths = {urlsplit(url).path for url in page.recorder.requests}
-    assert {"/static/vendor/htmx.min.js", "/static/vendor/ws.js", "/static/app.css"} <= requested_paths
+    assert {"/static/vendor/htmx.min.js", "/static/vendor/ws.js", "/static/app.css", "/static/playground.js",
+            "/ws"} <= requested_paths

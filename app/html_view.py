@@ -1,0 +1,430 @@
+"""`/ws`: the page's form messages in (htmx-ext-ws `ws-send`), HTML fragments out (swapped out-of-band by id).
+
+Client messages are the playground form's fields as JSON (values as strings, a checkbox with its hidden
+"false" twin as a list) plus `HEADERS`; buttons add `action` through `hx-vals`. A message without an
+action is a change of the form: live settings go to the running session, the others apply next run.
+
+Server messages: one per batch of items (coalesced), each top-level element with an `id` and
+`hx-swap-oob`. Tokens are appended to #stream; the status, the draft lane, gauges and KV cells are
+replaced by id, and only their latest state in a batch is sent. docs/protocol.md lists every id.
+
+NOTE (invariants): the view remembers per connection what it last rendered (gauge texts, each KV
+block's state) and sends only what changed; a KV pool seen for the first time (or another dtype /
+block size) is sent whole.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from app.connection import Batch, Command, CommandError, Connection, Notice, parse_speed
+from app.page import DEFAULT_SPEED, FORM_SETTINGS
+from app.state import Playground
+from app.templating import templates
+from engine.settings import LIVE_SETTINGS
+
+METRICS = ("acceptance_rate", "mean_acceptance_length", "ttft_ms", "itl_ms", "tokens_per_s", "kv_cache_bytes",
+           "kv_bytes_per_token", "kv_blocks_used")
+ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")
+STATE_LETTERS = {"f": "free", "c": "cached", "u": "used", "s": "shared"}
+FULL_GRID_ABOVE = 96           # more changed cells than this: send the whole grid in one element
+SETTING_LABELS = {"num_speculative_tokens": "γ", "kv_cache_dtype": "KV dtype", "num_kv_heads": "KV heads",
+                  "enable_prefix_caching": "prefix caching", "kv_cache": "KV cache", "block_size": "block size",
+                  "temperature": "temperature", "top_p": "top-p", "method": "method", "max_tokens": "max tokens",
+                  "prompt_lookup_min": "n-gram min", "prompt_lookup_max": "n-gram max",
+                  "num_speculative_tokens_schedule": "γ schedule"}
+
+_macros = None
+
+
+def macros():
+    """The fragment macros of templates/_fragments.html (autoescaped: it is an .html template)."""
+    global _macros
+    if _macros is None:
+        _macros = templates.env.get_template("_fragments.html").module
+    return _macros
+
+
+def fmt_metric(name: str, value) -> str:
+    """A gauge's text: the plain current value (no unit, no thousands separator), or '–'."""
+    if value is None:
+        return "–"
+    if name in ("kv_cache_bytes", "kv_bytes_per_token", "kv_blocks_used"):
+        return str(int(value))
+    if name == "tokens_per_s":
+        return f"{value:.0f}"
+    if name in ("ttft_ms", "itl_ms"):
+        return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
+    return f"{value:.2f}"
+
+
+def human_bytes(n) -> str | None:
+    if n is None:
+        return None
+    for unit, size in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def setting_text(name: str, value) -> str:
+    label = SETTING_LABELS.get(name, name)
+    if isinstance(value, bool):
+        value = "on" if value else "off"
+    elif value is None:
+        value = "model's own"
+    return f"{label} = {value}"
+
+
+@dataclass
+class RenderedPool:
+    key: tuple                  # (pool name, kv_cache_dtype, block_size): one KV cache manager
+    states: str
+    table: frozenset
+    pool: dict
+
+
+@dataclass
+class Frame:
+    """What one outgoing message will hold."""
+    replace: dict = field(default_factory=dict)          # element id -> html (the latest wins)
+    appends: dict = field(default_factory=dict)          # target id -> [html] in order
+    kv_events: list = field(default_factory=list)
+    kv_snapshot: bool = False
+    metrics: dict | None = None
+
+    def append(self, target: str, html: str) -> None:
+        self.appends.setdefault(target, []).append(html)
+
+
+class HtmlView:
+    default_speed = float(DEFAULT_SPEED)
+
+    def __init__(self, playground: Playground):
+        self.playground = playground
+        self.form: dict = {}
+        self.form_prompt: str | None = None
+        self.kv: dict[str, RenderedPool] = {}
+        self.gauges: dict[str, str] = {}
+        self.status = {"state": "idle", "round": 0, "tokens": 0, "gamma": None, "finish": None}
+        self.lane: dict | None = None
+        self.run_id: int | None = None
+        self._conn: Connection | None = None
+
+    # --- client messages -------------------------------------------------------------------------
+    def hello(self, conn: Connection) -> None:
+        conn.notice("hello")
+
+    def parse(self, text: str, conn: Connection) -> list[Command]:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CommandError(f"not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise CommandError("expected the playground form as a JSON object")
+        data.pop("HEADERS", None)
+        action = data.pop("action", None)
+        if isinstance(action, list):
+            action = action[-1]
+        fields = {k: (v[-1] if isinstance(v, list) and v else v) for k, v in data.items()}
+        settings = {k: fields[k] for k in FORM_SETTINGS if k in fields}
+        prompt = fields.get("prompt")
+        speed = parse_speed(fields["speed"]) if "speed" in fields else "keep"
+        if action in (None, "", "settings"):
+            return self._form_changed(settings, prompt, speed, conn)
+        if action not in ACTIONS:
+            raise CommandError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
+        if action in ("toggle", "start", "step") and prompt is not None:
+            starting = action == "start" or conn.state in ("idle", "done")
+            if starting:
+                self.form, self.form_prompt = settings, prompt
+        return [Command(action, prompt=prompt, settings=settings, speed=speed)]
+
+    def _form_changed(self, settings: dict, prompt: str | None, speed, conn: Connection) -> list[Command]:
+        old, self.form = self.form, settings
+        old_prompt, self.form_prompt = self.form_prompt, prompt
+        commands = [Command("speed", speed=speed)] if speed != "keep" and speed != conn.speed else []
+        if conn.state not in ("running", "paused"):
+            return commands
+        changed = {k: v for k, v in settings.items() if old.get(k) != v}
+        live = {k: v for k, v in changed.items() if k in LIVE_SETTINGS}
+        for name in sorted(set(changed) - set(live)):
+            conn.notice("note", kind="next_run", text=f"{name} = {changed[name] or '–'}: applies to the next run")
+        if prompt is not None and old_prompt is not None and prompt != old_prompt:
+            conn.notice("note", kind="next_run", text="the new prompt applies to the next run")
+        if live:
+            commands.append(Command("settings", settings=live))
+        return commands
+
+    # --- server messages -------------------------------------------------------------------------
+    def render(self, items: list, conn: Connection) -> list[str]:
+        m = macros()
+        self._conn = conn
+        frame = Frame()
+        status_before = dict(self.status)
+        current = conn.run.run_id if conn.run else None
+        for item in items:
+            if isinstance(item, Notice):
+                self._notice(item, frame, conn)
+            elif isinstance(item, Batch) and item.run_id == current:
+                for event in item.events:
+                    getattr(self, "_on_" + event.type, self._on_other)(event, frame, item.run_id)
+        if frame.kv_events or frame.kv_snapshot:
+            self._render_kv(frame)
+        if frame.metrics is not None:
+            self._render_gauges(frame.metrics, frame)
+        if self.status != status_before:
+            frame.replace["run-status"] = m.status(self._status_view())
+        parts = list(frame.replace.values())
+        for target, htmls in frame.appends.items():
+            parts.append(f'<div id="{target}-append" hx-swap-oob="beforeend:#{target}">{"".join(htmls)}</div>')
+        return ["".join(parts)] if parts else []
+
+    def _status_view(self) -> dict:
+        s = self.status
+        labels = {"idle": "Ready", "running": "Running", "paused": "Paused", "stopping": "Stopping",
+                  "done": "Done", "error": "Error"}
+        detail = []
+        if s["state"] != "idle":
+            detail.append(f"round {s['round']}")
+            detail.append(f"{s['tokens']} tokens")
+            if s["gamma"] is not None and s["state"] != "done":
+                detail.append(f"γ {s['gamma']}")
+            if s["finish"]:
+                detail.append({"length": "max tokens reached", "stop": "end of text", "cancelled": "stopped",
+                               "context": "context full"}.get(s["finish"], s["finish"]))
+        return {"state": s["state"], "round": s["round"], "label": labels.get(s["state"], s["state"]),
+                "detail": " · ".join(detail)}
+
+    # --- notices -----------------------------------------------------------------------------------
+    def _notice(self, item: Notice, frame: Frame, conn: Connection) -> None:
+        m, d = macros(), item.data
+        if item.type == "hello":
+            frame.replace["conn"] = m.conn("connected")
+            frame.replace["run-status"] = m.status(self._status_view())
+        elif item.type == "state":
+            # before the run's first event is shown, and after its last, the events decide the state
+            if self.status["state"] in ("running", "paused", "stopping") and d["state"] in ("running", "paused",
+                                                                                           "stopping"):
+                self.status["state"] = d["state"]
+        elif item.type == "settings_queued":
+            text = ", ".join(setting_text(k, v) for k, v in d["changes"].items())
+            frame.append("notes", m.note("settings_queued", f"{text}: queued, applies at the next round"))
+        elif item.type == "note":
+            frame.append("notes", m.note(d.get("kind", "note"), d["text"]))
+        elif item.type == "error":
+            frame.replace["error"] = m.error(d["message"])
+            frame.append("notes", m.note("error", d["message"]))
+        elif item.type == "reset":
+            self.run_id, self.lane = None, None
+            self.status = {"state": "idle", "round": 0, "tokens": 0, "gamma": None, "finish": None}
+            frame.replace["stream"] = m.stream_empty()
+            frame.appends.pop("stream", None)
+            frame.replace["draft-lane"] = m.lane_empty("The draft lane shows each round's proposal and verdicts.")
+            frame.replace["chart-feed"] = m.chart_reset("reset")
+            frame.appends.pop("chart-feed", None)
+            frame.replace["summary"] = m.summary(None)
+            frame.replace["error"] = m.error(None)
+            frame.metrics = {}
+            frame.kv_snapshot = True
+
+    # --- engine events -----------------------------------------------------------------------------
+    def _on_started(self, e, frame: Frame, run_id: int) -> None:
+        m = macros()
+        self.run_id, self.lane = run_id, None
+        self.status = {"state": "paused" if self._conn.paused else "running", "round": 0, "tokens": 0, "gamma": e.settings["num_speculative_tokens"]
+                       if e.settings["method"] != "none" else None, "finish": None}
+        frame.replace["stream"] = m.stream(e.prompt_tokens, run_id)
+        frame.appends.pop("stream", None)
+        frame.replace["draft-lane"] = m.lane_empty("Prefill next: the prompt goes through the target in one forward.")
+        frame.replace["chart-feed"] = m.chart_reset(run_id)
+        frame.appends.pop("chart-feed", None)
+        frame.replace["summary"] = m.summary(None)
+        frame.replace["error"] = m.error(None)
+        frame.metrics = {}
+        md = e.model
+        info = (f"{md['name']}: {md['num_hidden_layers']} layers × width {md['hidden_size']}, "
+                f"{md['num_attention_heads']} query heads, {md['num_key_value_heads']} KV heads ({md['attention']})")
+        if e.draft_model and e.settings["method"] == "draft_model":
+            info += f" · draft {e.draft_model['name']}: {e.draft_model['num_hidden_layers']} layers × width " \
+                    f"{e.draft_model['hidden_size']}"
+        frame.replace["model-info"] = m.model_info(info)
+        frame.append("notes", m.note("started", f"new run: {len(e.prompt_tokens)} prompt tokens, "
+                                                f"{e.settings['method'].replace('_', ' ')}, seed {e.settings['seed']}"))
+        if e.unknown_characters:
+            chars = " ".join(repr(c) for c in e.unknown_characters[:10])
+            frame.append("notes", m.note("unknown_characters", f"not in the vocabulary, shown as �: {chars}"))
+
+    def _on_prefill(self, e, frame: Frame, run_id: int) -> None:
+        cached = f", {e.num_cached_tokens} from the prefix cache" if e.num_cached_tokens else ""
+        frame.append("notes", macros().note("prefill", f"prefill ({e.model}): {e.num_tokens} tokens{cached} "
+                                                       f"in {e.ms:.2f} ms", 0))
+        self.lane = {"round": 0, "method": "prefill", "drafts": [], "final": None,
+                     "why": "prefill: the first token comes from the target", "verdict": ""}
+
+    def _on_draft(self, e, frame: Frame, run_id: int) -> None:
+        self.lane = {"round": e.round, "method": e.method, "final": None, "why": "", "verdict": "",
+                     "drafts": [{"text": t["text"], "q": t["q"], "status": "unverified", "accept_prob": None,
+                                 "r": None} for t in e.tokens]}
+
+    def _on_token(self, e, frame: Frame, run_id: int) -> None:
+        frame.append("stream", macros().token(e))
+        if e.status != "rejected":
+            self.status["tokens"] += 1
+        lane = self.lane
+        if lane is None or lane["round"] != e.round:
+            lane = self.lane = {"round": e.round, "method": "none", "drafts": [], "final": None, "verdict": "",
+                                "why": "no draft: the target decodes one token"}
+        if e.status in ("accepted", "rejected") and e.position <= len(lane["drafts"]):
+            d = lane["drafts"][e.position - 1]
+            d.update(status=e.status, accept_prob=e.accept_prob, r=e.r)
+        else:
+            lane["final"] = e
+
+    def _on_round(self, e, frame: Frame, run_id: int) -> None:
+        m = macros()
+        self.status["round"] = e.round
+        frame.append("chart-feed", m.chart_point(e))
+        lane = self.lane
+        if lane is not None and lane["round"] == e.round:
+            if lane["drafts"]:
+                lane["verdict"] = (f"{e.num_accepted} of {e.num_draft_tokens} accepted"
+                                   + (", bonus token" if e.num_accepted == e.num_draft_tokens else ", resampled")
+                                   + f" · {e.verify_tokens} positions in one target forward")
+            elif lane["method"] == "none" and self.form.get("method") == "ngram":
+                lane["why"] = "no draft: the n-gram was not found earlier, the target decodes one token"
+            frame.replace["draft-lane"] = m.lane(lane)
+
+    def _on_kv(self, e, frame: Frame, run_id: int) -> None:
+        frame.kv_events.append(e)
+
+    def _on_metrics(self, e, frame: Frame, run_id: int) -> None:
+        frame.metrics = e.values
+        self.status["tokens"] = e.values.get("num_output_tokens", self.status["tokens"])
+        if self.status["gamma"] is not None or e.values.get("num_drafts"):
+            self.status["gamma"] = e.values.get("num_speculative_tokens")
+        if self.lane is not None and self.lane["round"] == 0 and self.lane["final"] is not None:
+            frame.replace["draft-lane"] = macros().lane(self.lane)
+
+    def _on_settings_applied(self, e, frame: Frame, run_id: int) -> None:
+        m = macros()
+        round_ = self.status["round"] + 1
+        text = ", ".join(setting_text(k, v) for k, v in e.changes.items())
+        if "method" in e.changes:
+            self.status["gamma"] = None if e.changes["method"] == "none" else self.status["gamma"]
+        if "num_speculative_tokens" in e.changes:
+            self.status["gamma"] = e.changes["num_speculative_tokens"]
+        frame.append("stream", m.mark("settings_applied", "⚙ " + text, round_))
+        cost = f" (cost {e.cost_ms:.1f} ms: {'; '.join(e.notes)})" if e.notes else ""
+        frame.append("notes", m.note("settings_applied", f"{text} took effect{cost}", round_))
+
+    def _on_done(self, e, frame: Frame, run_id: int) -> None:
+        s = e.summary
+        self.status.update(state="done", finish=s.get("finish_reason"), tokens=s["num_output_tokens"])
+        parts = [f"{s['num_output_tokens']} tokens in {s['elapsed_s'] * 1e3:.0f} ms of engine time"]
+        if s.get("tokens_per_s"):
+            parts.append(f"{s['tokens_per_s']:.0f} tokens/s")
+        if s.get("acceptance_rate") is not None:
+            parts.append(f"acceptance rate {s['acceptance_rate']:.2f}, mean acceptance length "
+                         f"{s['mean_acceptance_length']:.2f}")
+        parts.append(f"{s['target_forward_calls']} target forwards")
+        title = {"length": "Done: max tokens.", "stop": "Done: end of text.", "cancelled": "Stopped.",
+                 "context": "Done: context full."}.get(s.get("finish_reason"), "Done.")
+        frame.replace["summary"] = macros().summary({"title": title, "text": " · ".join(parts)})
+        frame.kv_snapshot = True          # the session's blocks are freed now: show it
+
+    def _on_error(self, e, frame: Frame, run_id: int) -> None:
+        self.status["state"] = "error"
+        frame.replace["error"] = macros().error(e.message)
+        frame.append("notes", macros().note("error", e.message))
+        frame.kv_snapshot = True
+
+    def _on_other(self, e, frame: Frame, run_id: int) -> None:
+        pass
+
+    # --- gauges ------------------------------------------------------------------------------------
+    def _render_gauges(self, values: dict, frame: Frame) -> None:
+        m = macros()
+        for name in METRICS:
+            text = fmt_metric(name, values.get(name))
+            if self.gauges.get(name) != text:
+                self.gauges[name] = text
+                human = human_bytes(values.get(name)) if name in ("kv_cache_bytes",) else None
+                if name == "kv_cache_bytes" and values.get(name) is None:
+                    human = ""
+                frame.replace["m-" + name] = m.gauge(name, text, human)
+
+    # --- the KV block map --------------------------------------------------------------------------
+    def _engine_pool(self, key: tuple) -> dict | None:
+        """The current state of a pool this view has drawn (after the session freed its blocks)."""
+        engine = self.playground.engine
+        for mgr in list(engine.managers.values()) if engine else []:
+            if (mgr.pool.name, mgr.dtype.name, mgr.block_size) == key:
+                return {"name": mgr.pool.name, "num_blocks": mgr.pool.num_blocks, "block_size": mgr.block_size,
+                        "kv_cache_dtype": mgr.dtype.name, "bytes_per_token": mgr.bytes_per_token,
+                        "used": mgr.pool.num_used_blocks, "block_table": [], "block_states": mgr.pool.block_states()}
+        return None
+
+    def _render_kv(self, frame: Frame) -> None:
+        pools: dict[str, dict] = {}
+        if frame.kv_events:
+            pools = {p["role"]: p for p in frame.kv_events[-1].pools}
+        if frame.kv_snapshot or frame.kv_events:
+            for role, old in self.kv.items():
+                if role not in pools or frame.kv_snapshot:
+                    snap = self._engine_pool(old.key)
+                    if snap is not None and (role not in pools or frame.kv_snapshot):
+                        pools[role] = snap
+        last_event: dict[tuple, str] = {}
+        for e in frame.kv_events:
+            for be in e.events:
+                last_event[(be["pool"], be["block_id"])] = be["kind"]
+        m = macros()
+        for role in ("target", "draft"):
+            pool = pools.get(role)
+            if pool is None:
+                if role in self.kv or not self.kv:
+                    frame.replace[f"kv-{role}-grid"] = m.kv_unused(role, f"No {role} KV cache in use"
+                                                                  + (" (method: no draft model)" if role == "draft" else
+                                                                     " (KV cache off: recomputing)"))
+                    frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, None, 0)
+                    self.kv.pop(role, None)
+                continue
+            key = (pool["name"], pool["kv_cache_dtype"], pool["block_size"])
+            states, table = pool["block_states"], frozenset(pool["block_table"])
+            old = self.kv.get(role)
+            cells = []
+            full = old is None or old.key != key
+            for i, letter in enumerate(states):
+                mine = i in table
+                ev = last_event.get((pool["name"], i)) if not full else None
+                if not full and ev is None and old.states[i] == letter and ((i in old.table) == mine):
+                    continue
+                if ev is None and not full and old.states[i] != letter:
+                    ev = _transition(old.states[i], letter)
+                cells.append({"id": i, "state": STATE_LETTERS[letter], "event": ev, "mine": mine})
+            if full or len(cells) > FULL_GRID_ABOVE:
+                if not full:       # keep this frame's events on the changed cells
+                    changed = {c["id"]: c for c in cells}
+                    cells = [changed.get(i) or {"id": i, "state": STATE_LETTERS[s], "event": None, "mine": i in table}
+                             for i, s in enumerate(states)]
+                frame.replace[f"kv-{role}-grid"] = m.kv_grid(role, pool, cells)
+            else:
+                for c in cells:
+                    frame.replace[f"kv-{role}-{c['id']}"] = m.kv_cell(role, c, True)
+            if full or old.pool.get("used") != pool["used"] or old.table != table or frame.kv_snapshot:
+                frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, pool, len(table))
+            self.kv[role] = RenderedPool(key, states, table, pool)
+
+
+def _transition(old: str, new: str) -> str | None:
+    """The block event a change of state implies, when the engine reported none (e.g. after close)."""
+    if new in "fc" and old in "us":
+        return "free"
+    if new == "u" and old in "fc":
+        return "cache_hit" if old == "c" else "allocate"
+    if new == "s":
+        return "share"
+    if new == "c" and old == "f":
+        return "cache"
+    return None

@@ -1,0 +1,106 @@
+"""`/api/ws`: client messages as JSON objects with a `type`, engine events out as JSON objects.
+
+The vocabulary is documented in docs/protocol.md. Engine events are sent as `event.to_dict()` gives
+them (one message each), `done` additionally carries the summary's fields at its top level (the
+fields of `generate --json`); the connection adds `state`, `settings_queued` and `error`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from app.connection import Batch, Command, CommandError, Connection, Notice, parse_speed
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StartMessage(_Message):
+    type: Literal["start"]
+    prompt: str
+    settings: dict[str, Any] = Field(default_factory=dict)
+    speed: float | str | None = "max"
+    paused: bool = False
+
+
+class SettingsMessage(_Message):
+    type: Literal["settings"]
+    settings: dict[str, Any]
+
+
+class SpeedMessage(_Message):
+    type: Literal["speed"]
+    speed: float | str | None
+
+
+class ControlMessage(_Message):
+    type: Literal["pause", "resume", "step", "stop", "reset"]
+
+
+ClientMessage = TypeAdapter(Annotated[Union[StartMessage, SettingsMessage, SpeedMessage, ControlMessage],
+                                      Field(discriminator="type")])
+MESSAGE_TYPES = ("start", "settings", "pause", "resume", "step", "stop", "reset", "speed")
+
+
+def _validation_message(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"] if not str(x).endswith("Message"))
+    if err["type"] == "union_tag_invalid":
+        return f"type: unknown message type {err.get('input', {}).get('type')!r}; expected one of {', '.join(MESSAGE_TYPES)}"
+    if err["type"] == "union_tag_not_found":
+        return f"type: every message needs a 'type', one of {', '.join(MESSAGE_TYPES)}"
+    if err["type"] == "extra_forbidden":
+        return f"{loc}: unknown field"
+    return f"{loc}: {err['msg']}"
+
+
+def _plain(value):
+    """json.dumps fallback for numpy scalars and other number-likes."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def dumps(obj: dict) -> str:
+    return json.dumps(obj, default=_plain, separators=(",", ":"))
+
+
+class JsonView:
+    default_speed = None      # programs want full speed unless they ask for pacing
+
+    def parse(self, text: str, conn: Connection) -> list[Command]:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CommandError(f"not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise CommandError("a message is a JSON object with a 'type'")
+        try:
+            msg = ClientMessage.validate_python(data)
+        except ValidationError as e:
+            raise CommandError(_validation_message(e)) from None
+        if isinstance(msg, StartMessage):
+            return [Command("start", prompt=msg.prompt, settings=msg.settings, speed=parse_speed(msg.speed),
+                            paused=msg.paused)]
+        if isinstance(msg, SettingsMessage):
+            return [Command("settings", settings=msg.settings)]
+        if isinstance(msg, SpeedMessage):
+            return [Command("speed", speed=parse_speed(msg.speed))]
+        return [Command(msg.type)]
+
+    def render(self, items: list, conn: Connection) -> list[str]:
+        out = []
+        current = conn.run.run_id if conn.run else None
+        for item in items:
+            if isinstance(item, Notice):
+                out.append(dumps({"type": item.type, **item.data}))
+            elif isinstance(item, Batch) and item.run_id == current:
+                for event in item.events:
+                    d = event.to_dict()
+                    if d["type"] == "done":
+                        d = {"type": "done", **d["summary"], "summary": d["summary"]}
+                    out.append(dumps(d))
+        return out

@@ -1,0 +1,146 @@
+"""The page's state from its URL: every setting, the prompt, `autoplay`, `speed`, `theme`, `hide`, `presenter`.
+
+A URL reproduces a demo: the server renders the form with the URL's values (validated by the engine's
+own settings model), and static/playground.js keeps the URL in step when the controls change. Values
+that do not validate are ignored and listed on the page, so a broken link still opens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.presets import DEFAULT_PROMPT, PRESETS
+from app.state import Playground
+from engine.kv_dtypes import KV_CACHE_DTYPES
+from engine.settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
+
+# Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
+FORM_SETTINGS = ["model", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
+                 "num_speculative_tokens_schedule", "prompt_lookup_min", "prompt_lookup_max", "kv_cache",
+                 "kv_cache_dtype", "num_kv_heads", "block_size", "enable_prefix_caching"]
+BOOL_SETTINGS = {"kv_cache", "enable_prefix_caching", "chat"}
+SPEEDS = [("0.5", "½ round/s"), ("1", "1 round/s"), ("2", "2 rounds/s"), ("5", "5 rounds/s"),
+          ("10", "10 rounds/s"), ("25", "25 rounds/s"), ("max", "full speed")]
+DEFAULT_SPEED = "5"
+THEMES = ("light", "dark")
+# Parts of the page that `hide` can name (TensorFlow Playground's `_hide`).
+HIDEABLE = ("header", "prompt", "presets", "controls", "settings", "legend", "stream", "draft", "kv", "gauges",
+            "chart", "notes", "footer")
+
+
+def _truthy(value: str | None) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
+def form_value(name: str, value) -> str:
+    """A setting's value as the form field holds it."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value)) if name not in ("temperature", "top_p") else f"{value:g}"
+    return str(value)
+
+
+@dataclass
+class PageState:
+    values: dict[str, str]                 # form value of every setting, and "prompt"
+    defaults: dict[str, str]
+    autoplay: bool = False
+    speed: str = DEFAULT_SPEED
+    theme: str = "light"
+    presenter: bool = False
+    hide: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def hidden(self, part: str) -> bool:
+        return part in self.hide
+
+
+def defaults() -> dict[str, str]:
+    base = GenerationSettings()
+    out = {name: form_value(name, getattr(base, name)) for name in FORM_SETTINGS}
+    out["prompt"] = DEFAULT_PROMPT
+    return out
+
+
+def page_state(query, playground: Playground) -> PageState:
+    """Validate the query string (a starlette QueryParams or a dict) into the page's state."""
+    state = PageState(values=defaults(), defaults=defaults())
+    valid: dict = {}
+    for name in FORM_SETTINGS:
+        if name not in query:
+            continue
+        raw = query.get(name)
+        try:
+            parsed = GenerationSettings.parse({name: raw})
+        except SettingsError as e:
+            state.warnings.append(f"ignored {name}={raw!r} from the URL: {e}")
+            continue
+        valid[name] = getattr(parsed, name)
+    try:                                                 # cross-field rules (e.g. lookup min <= max)
+        GenerationSettings.parse(valid)
+    except SettingsError as e:
+        state.warnings.append(f"ignored {e.setting} from the URL: {e}")
+        valid.pop(e.setting, None)
+    registry = playground.registry
+    if registry is not None:
+        if valid.get("model") is not None and valid["model"] not in {m.name for m in registry.targets}:
+            state.warnings.append(f"ignored model={valid.pop('model')!r} from the URL: not a target model here")
+        target = registry.get(valid.get("model"))
+        if valid.get("num_kv_heads") is not None and valid["num_kv_heads"] not in registry.variants(target):
+            state.warnings.append(f"ignored num_kv_heads={valid.pop('num_kv_heads')} from the URL: "
+                                  f"{target.name} has variants {sorted(registry.variants(target))}")
+    for name, value in valid.items():
+        state.values[name] = form_value(name, value)
+
+    if "prompt" in query:
+        prompt = query.get("prompt", "")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            state.warnings.append(f"prompt from the URL cut to {MAX_PROMPT_CHARS} characters")
+            prompt = prompt[:MAX_PROMPT_CHARS]
+        state.values["prompt"] = prompt
+    state.autoplay = _truthy(query.get("autoplay"))
+    speed = query.get("speed")
+    if speed is not None:
+        if speed in {s for s, _ in SPEEDS}:
+            state.speed = speed
+        else:
+            state.warnings.append(f"ignored speed={speed!r} from the URL: one of {', '.join(s for s, _ in SPEEDS)}")
+    theme = query.get("theme")
+    if theme is not None:
+        if theme in THEMES:
+            state.theme = theme
+        else:
+            state.warnings.append(f"ignored theme={theme!r} from the URL: light or dark")
+    state.presenter = _truthy(query.get("presenter"))
+    hide = []
+    for raw in (query.getlist("hide") if hasattr(query, "getlist") else [query.get("hide", "")]):
+        hide += [h.strip() for h in (raw or "").split(",") if h.strip()]
+    unknown = [h for h in hide if h not in HIDEABLE]
+    if unknown:
+        state.warnings.append(f"ignored hide={','.join(unknown)} from the URL: parts are {', '.join(HIDEABLE)}")
+    state.hide = [h for h in HIDEABLE if h in hide]
+    return state
+
+
+def page_context(query, playground: Playground, embed: bool) -> dict:
+    registry = playground.registry
+    state = page_state(query, playground)
+    targets, variants, draft = [], [], None
+    if registry is not None:
+        targets = [{"name": m.name, "label": f"{m.name} ({m.cfg.attention_kind}, {m.model.num_parameters:,} parameters)"}
+                   for m in registry.targets]
+        target = registry.get(state.values["model"] or None)
+        variants = [{"value": str(n), "label": f"{n} — {lm.cfg.attention_kind}"}
+                    for n, lm in sorted(registry.variants(target).items(), reverse=True)]
+        d = registry.draft_for(target)
+        draft = d.name if d else None
+    return {
+        "state": state, "embed": embed, "presets": PRESETS, "speeds": SPEEDS,
+        "targets": targets, "kv_head_variants": variants, "draft_name": draft,
+        "kv_cache_dtypes": list(KV_CACHE_DTYPES), "load_error": playground.load_error,
+        "hideable": HIDEABLE, "max_prompt_chars": MAX_PROMPT_CHARS,
+        "max_tokens_limit": GenerationSettings.model_fields["max_tokens"].metadata[1].le
+        if len(GenerationSettings.model_fields["max_tokens"].metadata) > 1 else 4096,
+    }

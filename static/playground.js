@@ -1,0 +1,290 @@
+/* Decoding Playground — the JavaScript HTML cannot do: keyboard shortcuts, presets, the URL kept in step
+   with the controls, the latency chart, keeping the DOM bounded on long runs, and the figures that
+   `decoding-playground bench page` reads (window.playgroundStats). htmx and its websocket extension do
+   everything else: the form is sent with ws-send, the server's fragments are swapped by id. */
+(function () {
+  'use strict'
+
+  var MAX_STREAM_NODES = 3000   // tokens and marks kept in #stream; older ones are dropped
+  var MAX_NOTES = 80
+  var MAX_CHART_POINTS = 160
+
+  function $(id) { return document.getElementById(id) }
+
+  // --- figures for benchmarks and tests --------------------------------------------------------------
+  var stats = window.playgroundStats = {
+    run: null, tokens: 0, rejected: 0, messages: 0,
+    firstTokenAt: null, lastTokenAt: null, doneAt: null, longTasks: []
+  }
+  try {
+    new PerformanceObserver(function (list) {
+      list.getEntries().forEach(function (e) { stats.longTasks.push({ start: e.startTime, duration: e.duration }) })
+    }).observe({ type: 'longtask', buffered: true })
+  } catch (e) { /* no long-task timing in this browser */ }
+
+  function resetStats(run) {
+    stats.run = run; stats.tokens = 0; stats.rejected = 0
+    stats.firstTokenAt = null; stats.lastTokenAt = null; stats.doneAt = null
+  }
+
+  function watchStream(wrap) {
+    new MutationObserver(function (mutations) {
+      var now = performance.now()
+      for (var i = 0; i < mutations.length; i++) {
+        var added = mutations[i].addedNodes
+        for (var j = 0; j < added.length; j++) {
+          var node = added[j]
+          if (node.id === 'stream') { resetStats(node.dataset.run); continue }
+          if (!node.classList || !node.classList.contains('tok')) continue
+          if (node.dataset.tokenStatus === 'rejected') { stats.rejected++; continue }
+          stats.tokens++
+          if (stats.firstTokenAt === null) stats.firstTokenAt = now
+          stats.lastTokenAt = now
+        }
+      }
+    }).observe(wrap, { childList: true, subtree: true })
+  }
+
+  // --- keyboard: space play / pause, right arrow one round, r reset --------------------------------------
+  var SHORTCUTS = { ' ': 'btn-toggle', Spacebar: 'btn-toggle', ArrowRight: 'btn-step', r: 'btn-reset', R: 'btn-reset' }
+
+  function typing(target) {
+    if (!target || !target.tagName) return false
+    if (target.isContentEditable) return true
+    if (target.tagName === 'TEXTAREA' || target.tagName === 'SELECT') return true
+    return target.tagName === 'INPUT' && target.type !== 'checkbox'
+  }
+
+  document.addEventListener('keydown', function (ev) {
+    if (ev.ctrlKey || ev.metaKey || ev.altKey || typing(ev.target)) return
+    var id = SHORTCUTS[ev.key]
+    if (!id) return
+    ev.preventDefault()   // also keeps a focused button from being "clicked" by the space bar
+    if (ev.repeat) return
+    var button = $(id)
+    if (button && !button.disabled) button.click()
+  })
+  document.addEventListener('keyup', function (ev) {
+    if (ev.key === ' ' && ev.target && ev.target.tagName === 'BUTTON') ev.preventDefault()
+  })
+
+  // --- the form: presets, view options, the URL -----------------------------------------------------------
+  function setValue(el, value) {
+    if (el.type === 'checkbox') el.checked = value === 'true' || value === true
+    else el.value = value
+  }
+
+  function fieldValue(el) {
+    return el.type === 'checkbox' ? (el.checked ? 'true' : 'false') : el.value
+  }
+
+  function syncUrl() {
+    var form = $('controls')
+    if (!form) return
+    var current = new URLSearchParams(location.search)
+    var params = new URLSearchParams()
+    form.querySelectorAll('[name][data-default]').forEach(function (el) {
+      var value = fieldValue(el)
+      if (value !== el.dataset.default) params.set(el.name, value)
+    })
+    var theme = $('f-theme')
+    if (theme && theme.value !== 'light') params.set('theme', theme.value)
+    var presenter = $('f-presenter')
+    if (presenter && presenter.checked) params.set('presenter', '1')
+    ;['autoplay', 'hide'].forEach(function (name) {   // not controls on the page: kept as the link had them
+      if (current.has(name)) params.set(name, current.get(name))
+    })
+    var query = params.toString()
+    var url = location.pathname + (query ? '?' + query : '')
+    if (url !== location.pathname + location.search) history.replaceState(null, '', url)
+    var embed = $('embed-link')
+    if (embed) embed.href = '/embed' + (query ? '?' + query : '')
+  }
+
+  function applyViewOptions() {
+    var theme = $('f-theme')
+    if (theme) document.documentElement.dataset.theme = theme.value
+    var presenter = $('f-presenter')
+    if (presenter) document.body.classList.toggle('presenter', presenter.checked)
+    var hideRejected = $('f-hide-rejected')
+    var playground = $('playground')
+    if (hideRejected && playground) playground.classList.toggle('hide-rejected', hideRejected.checked)
+  }
+
+  function applyPreset(select) {
+    var option = select.selectedOptions[0]
+    if (!option || !option.value) return
+    var form = $('controls')
+    form.querySelectorAll('.settings [name][data-default]').forEach(function (el) { setValue(el, el.dataset.default) })
+    form.elements.prompt.value = option.dataset.prompt
+    var settings = JSON.parse(option.dataset.settings)
+    Object.keys(settings).forEach(function (name) {
+      var el = form.querySelector('[name="' + name + '"][data-default]')
+      if (el) setValue(el, String(settings[name]))
+    })
+    var hint = $('preset-hint')
+    if (hint) hint.textContent = option.dataset.hint
+  }
+
+  // --- the latency chart (engine ms per round) ----------------------------------------------------------------
+  var chart = { reset: null, points: [], pending: false }
+
+  function drainChart() {
+    var feed = $('chart-feed')
+    if (!feed) return
+    var dirty = false
+    if (feed.dataset.reset !== chart.reset) { chart.reset = feed.dataset.reset; chart.points = []; dirty = true }
+    if (feed.firstElementChild) {
+      for (var el = feed.firstElementChild; el; el = el.nextElementSibling) {
+        chart.points.push({
+          round: +el.dataset.round, target: +el.dataset.targetMs, draft: +el.dataset.draftMs,
+          emitted: +el.dataset.emitted
+        })
+      }
+      feed.replaceChildren()
+      if (chart.points.length > MAX_CHART_POINTS) chart.points.splice(0, chart.points.length - MAX_CHART_POINTS)
+      dirty = true
+    }
+    if (dirty && !chart.pending) { chart.pending = true; requestAnimationFrame(drawChart) }
+  }
+
+  function niceMax(v) {
+    if (!(v > 0)) return 1
+    var p = Math.pow(10, Math.floor(Math.log10(v)))
+    var steps = [1, 2, 2.5, 5, 10]
+    for (var i = 0; i < steps.length; i++) if (steps[i] * p >= v) return steps[i] * p
+    return 10 * p
+  }
+
+  function drawChart() {
+    chart.pending = false
+    var canvas = $('latency-chart')
+    if (!canvas || !canvas.offsetParent) return
+    var dpr = window.devicePixelRatio || 1
+    var W = Math.max(200, Math.round(canvas.clientWidth) || 560), H = Math.round(W * 0.45)
+    if (canvas.width !== W * dpr || canvas.height !== H * dpr) {
+      canvas.width = W * dpr; canvas.height = H * dpr; canvas.style.height = H + 'px'
+    }
+    var ctx = canvas.getContext('2d')
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0)
+    var css = getComputedStyle(document.documentElement)
+    var color = function (name) { return css.getPropertyValue(name).trim() }
+    ctx.clearRect(0, 0, W, H)
+    var left = 40, right = 6, top = 8, bottom = 18
+    var pts = chart.points
+    var max = 0
+    pts.forEach(function (p) { max = Math.max(max, p.target + p.draft) })
+    max = niceMax(max * 1.05)
+    var plotH = H - top - bottom, plotW = W - left - right
+    ctx.font = '11px system-ui, sans-serif'
+    ctx.fillStyle = color('--muted')
+    ctx.strokeStyle = color('--chart-grid')
+    ctx.lineWidth = 1
+    for (var g = 0; g <= 4; g++) {
+      var y = top + plotH - plotH * g / 4
+      ctx.beginPath(); ctx.moveTo(left, y + 0.5); ctx.lineTo(W - right, y + 0.5); ctx.stroke()
+      var label = max * g / 4
+      ctx.fillText((label >= 10 ? label.toFixed(0) : label.toPrecision(2)) + (g === 4 ? ' ms' : ''), 2, y + 4)
+    }
+    if (!pts.length) {
+      ctx.fillText('Rounds appear here as they run.', left + 8, top + plotH / 2)
+      return
+    }
+    var n = Math.max(pts.length, 40)
+    var step = plotW / n
+    var barW = Math.max(1, step * 0.78)
+    var scale = plotH / max
+    pts.forEach(function (p, i) {
+      var x = left + i * step
+      var hd = p.draft * scale, ht = p.target * scale
+      ctx.fillStyle = color('--chart-draft')
+      ctx.fillRect(x, top + plotH - hd, barW, hd)
+      ctx.fillStyle = color('--chart-target')
+      ctx.fillRect(x, top + plotH - hd - ht, barW, ht)
+    })
+    ctx.strokeStyle = color('--chart-line')
+    ctx.lineWidth = 2
+    ctx.beginPath()
+    pts.forEach(function (p, i) {
+      var perToken = (p.target + p.draft) / Math.max(1, p.emitted)
+      var x = left + i * step + barW / 2, y = top + plotH - Math.min(perToken, max) * scale
+      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y)
+    })
+    ctx.stroke()
+    ctx.fillStyle = color('--muted')
+    ctx.fillText('round ' + pts[0].round, left, H - 6)
+    var lastLabel = 'round ' + pts[pts.length - 1].round
+    ctx.fillText(lastLabel, W - right - ctx.measureText(lastLabel).width, H - 6)
+  }
+
+  // --- keeping the DOM bounded, and the stream scrolled to its end -------------------------------------------
+  var follow = { stream: true, notes: true }
+
+  function nearBottom(el) { return el.scrollTop + el.clientHeight >= el.scrollHeight - 40 }
+
+  function trim() {
+    var stream = $('stream')
+    if (stream && stream.childElementCount > MAX_STREAM_NODES) {
+      var excess = stream.childElementCount - MAX_STREAM_NODES
+      var first = stream.querySelector('.tok, .mark')
+      while (excess-- > 0 && first) {
+        var next = first.nextElementSibling
+        first.remove()
+        first = next
+      }
+      if (!stream.querySelector('.trimmed')) {
+        var marker = document.createElement('span')
+        marker.className = 'mark trimmed'
+        marker.textContent = '… earlier tokens dropped from the page'
+        stream.insertBefore(marker, stream.querySelector('.tok, .mark'))
+      }
+    }
+    var notes = $('notes')
+    while (notes && notes.childElementCount > MAX_NOTES) notes.firstElementChild.remove()
+  }
+
+  document.addEventListener('htmx:wsBeforeMessage', function () {
+    var wrap = $('stream-wrap'), notes = $('notes')
+    follow.stream = !wrap || nearBottom(wrap)
+    follow.notes = !notes || nearBottom(notes)
+  })
+
+  document.addEventListener('htmx:wsAfterMessage', function () {
+    stats.messages++
+    var status = $('run-status')
+    if (status && status.dataset.state === 'done' && stats.doneAt === null) stats.doneAt = performance.now()
+    drainChart()
+    trim()
+    var wrap = $('stream-wrap'), notes = $('notes')
+    if (wrap && follow.stream) wrap.scrollTop = wrap.scrollHeight
+    if (notes && follow.notes) notes.scrollTop = notes.scrollHeight
+  })
+
+  // --- autoplay: press play once the websocket is open ----------------------------------------------------------
+  var autoplayed = false
+  document.addEventListener('htmx:wsOpen', function () {
+    var playground = $('playground')
+    if (autoplayed || !playground || playground.dataset.autoplay !== '1') return
+    autoplayed = true
+    $('btn-toggle').click()
+  })
+
+  document.addEventListener('DOMContentLoaded', function () {
+    var form = $('controls')
+    var wrap = $('stream-wrap')
+    if (wrap) watchStream(wrap)
+    if (form) {
+      form.addEventListener('change', function (ev) {
+        if (ev.target && ev.target.id === 'preset') {
+          applyPreset(ev.target)
+          // the preset's change event is already on its way to the form's ws-send: it carries the new values
+        }
+        applyViewOptions()
+        syncUrl()
+      }, true)   // capture: runs before htmx's listener reads the form
+      form.addEventListener('input', syncUrl)
+    }
+    applyViewOptions()
+    drawChart()
+  })
+})()

@@ -1,0 +1,194 @@
+"""The page's HTML and the JSON API, in memory: URL state, hidden parts, themes, embedding, models, stats."""
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.config import AppConfig, normalize_origin
+from app.main import create_app
+
+
+class Form(HTMLParser):
+    """Field values of the page's form, as a browser would submit them; and every element's attributes."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.values: dict[str, str] = {}
+        self.elements: list[tuple[str, dict]] = []
+        self._select: str | None = None
+        self._textarea: str | None = None
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.elements.append((tag, a))
+        name = a.get("name")
+        if tag == "input" and name:
+            if a.get("type") == "checkbox":
+                if "checked" in a:
+                    self.values[name] = a.get("value", "on")
+            elif a.get("type") == "hidden":
+                self.values.setdefault(name, a.get("value", ""))
+            else:
+                self.values[name] = a.get("value", "")
+        elif tag == "select":
+            self._select = name
+        elif tag == "option" and self._select and "selected" in a:
+            self.values[self._select] = a.get("value", "")
+        elif tag == "textarea" and name:
+            self._textarea = name
+            self.values[name] = ""
+
+    def handle_endtag(self, tag):
+        if tag == "select":
+            self._select = None
+        if tag == "textarea":
+            self._textarea = None
+
+    def handle_data(self, data):
+        if self._textarea:
+            self.values[self._textarea] += data
+
+    def by_id(self, id_: str) -> dict | None:
+        return next((a for _, a in self.elements if a.get("id") == id_), None)
+
+
+@pytest.fixture(scope="module")
+def app_client(models_dir):
+    with TestClient(create_app(AppConfig(models_dir=models_dir, embed_frame_ancestors="https://slides.example"))) as c:
+        yield c
+
+
+def test_every_setting_is_a_form_field_named_as_the_contract(app_client):
+    form = Form(app_client.get("/").text)
+    for name in ["model", "prompt", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
+                 "prompt_lookup_min", "prompt_lookup_max", "kv_cache", "kv_cache_dtype", "num_kv_heads", "block_size",
+                 "enable_prefix_caching", "speed"]:
+        assert name in form.values, name
+    assert form.values["method"] == "draft_model" and form.values["num_speculative_tokens"] == "4"
+    assert form.values["kv_cache"] == "true" and form.values["block_size"] == "16"
+
+
+def test_url_settings_are_rendered_into_the_form(app_client):
+    url = ("/?method=ngram&num_speculative_tokens=7&temperature=0.5&seed=42&kv_cache_dtype=int8&block_size=32"
+           "&kv_cache=false&enable_prefix_caching=false&num_kv_heads=1&max_tokens=77&top_p=0.9"
+           "&prompt=for%20i%20in%20x%3A%0A&speed=max&theme=dark")
+    html = app_client.get(url).text
+    form = Form(html)
+    assert form.values["method"] == "ngram"
+    assert form.values["num_speculative_tokens"] == "7"
+    assert form.values["temperature"] == "0.5" and form.values["top_p"] == "0.9"
+    assert form.values["seed"] == "42" and form.values["max_tokens"] == "77"
+    assert form.values["kv_cache_dtype"] == "int8_per_token_head"      # alias resolved
+    assert form.values["block_size"] == "32" and form.values["num_kv_heads"] == "1"
+    assert form.values["kv_cache"] == "false" and form.values["enable_prefix_caching"] == "false"
+    assert form.values["prompt"] == "for i in x:\n"
+    assert form.values["speed"] == "max"
+    assert 'data-theme="dark"' in html
+    assert "warning-banner" not in html
+
+
+@pytest.mark.parametrize("query, needle", [
+    ("num_speculative_tokens=99", "num_speculative_tokens"),
+    ("temperature=hot", "temperature"),
+    ("block_size=12", "block_size"),
+    ("num_kv_heads=5", "num_kv_heads"),
+    ("model=nope", "model"),
+    ("speed=warp", "speed"),
+    ("theme=sepia", "theme"),
+    ("hide=everything", "hide"),
+    ("prompt_lookup_min=5&prompt_lookup_max=2", "prompt_lookup"),
+])
+def test_a_bad_url_value_is_ignored_with_a_visible_warning(app_client, query, needle):
+    response = app_client.get("/?" + query)
+    assert response.status_code == 200
+    assert "warning-banner" in response.text and needle in response.text
+    assert Form(response.text).values["num_speculative_tokens"] == "4"
+
+
+def test_hide_presenter_and_autoplay(app_client):
+    html = app_client.get("/?hide=settings,notes,header&presenter=1&autoplay=1").text
+    form = Form(html)
+    hidden = {a.get("data-part") for _, a in form.elements if "data-part" in a and "hidden" in a}
+    assert hidden == {"settings", "notes", "header"}
+    assert form.by_id("playground")["data-autoplay"] == "1"
+    body = next(a for t, a in form.elements if t == "body")
+    assert "presenter" in body["class"].split()
+    # hidden parts stay in the page: the websocket's fragments still find their targets
+    for target in ["notes", "stream", "run-status", "draft-lane", "kv-target-grid", "m-kv_bytes_per_token"]:
+        assert form.by_id(target) is not None, target
+
+
+def test_page_fragment_targets_exist_in_both_views(app_client):
+    for path in ("/", "/embed"):
+        form = Form(app_client.get(path).text)
+        for target in ["stream", "draft-lane", "run-status", "error", "summary", "conn", "model-info", "notes",
+                       "chart-feed", "kv-target-grid", "kv-target-caption", "kv-draft-grid", "kv-draft-caption",
+                       "mh-kv_cache_bytes"]:
+            assert form.by_id(target) is not None, (path, target)
+        metrics = {a["data-metric"] for _, a in form.elements if "data-metric" in a}
+        assert len(metrics) == 8
+
+
+def test_embed_framing_is_configurable_and_the_page_is_not_embeddable_elsewhere(app_client):
+    embed = app_client.get("/embed")
+    assert "frame-ancestors https://slides.example" in embed.headers["content-security-policy"]
+    assert "x-frame-options" not in embed.headers
+    assert "site-header" not in embed.text
+    assert "frame-ancestors 'self'" in app_client.get("/").headers["content-security-policy"]
+
+
+def test_api_models_lists_targets_with_their_kv_head_variants(app_client):
+    body = app_client.get("/api/models").json()
+    models = {m["name"]: m for m in body["models"]}
+    targets = [m for m in models.values() if m["role"] == "target"]
+    assert targets and any(m["role"] == "draft" for m in models.values())
+    for t in targets:
+        assert t["num_key_value_heads"] in t["kv_head_variants"]
+    assert {m["attention"] for m in targets} >= {"MHA", "MQA"}
+
+
+def test_api_stats_reports_sessions_and_blocks(app_client):
+    stats = app_client.get("/api/stats").json()
+    assert {"sessions", "kv_blocks_used", "kv_blocks_total"} <= stats.keys()
+    assert stats["sessions"] == 0 and stats["kv_blocks_used"] == 0
+
+
+def test_missing_models_leave_the_page_up_with_the_reason(tmp_path):
+    with TestClient(create_app(AppConfig(models_dir=tmp_path))) as client:
+        page = client.get("/")
+        assert page.status_code == 200 and "no models loaded" in page.text
+        assert client.get("/api/models").json()["models"] == []
+        with client.websocket_connect("/api/ws") as ws:
+            ws.send_json({"type": "start", "prompt": "x"})
+            error = ws.receive_json()
+            assert error["type"] == "error" and "no models" in error["message"]
+
+
+@pytest.mark.parametrize("raw, origin", [
+    ("http://Example.org:80/", "http://example.org"),
+    ("https://example.org:443", "https://example.org"),
+    ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+])
+def test_origins_are_normalized_for_exact_comparison(raw, origin):
+    assert normalize_origin(raw) == origin
+
+
+@pytest.mark.parametrize("raw", ["null", "example.org", "http://example.org/path", "http://"])
+def test_not_an_origin(raw):
+    with pytest.raises(ValueError):
+        normalize_origin(raw)
+
+
+def test_config_from_environment(tmp_path):
+    config = AppConfig.from_env({"DECODING_PLAYGROUND_MODELS_DIR": str(tmp_path),
+                                 "DECODING_PLAYGROUND_ALLOWED_ORIGINS": "https://a.example, http://b.example:8080",
+                                 "DECODING_PLAYGROUND_MAX_SESSIONS": "3",
+                                 "DECODING_PLAYGROUND_FRAME_ANCESTORS": "'self' https://a.example"})
+    assert config.models_dir == tmp_path and config.max_sessions == 3
+    assert config.allowed_origins == ("https://a.example", "http://b.example:8080")
+    assert config.embed_frame_ancestors == "'self' https://a.example"
+    with pytest.raises(ValueError):
+        AppConfig(embed_frame_ancestors="*; script-src *")

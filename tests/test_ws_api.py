@@ -1,0 +1,382 @@
+"""`/api/ws` against a real uvicorn server with the `websockets` client (see tests/live_server.py for why).
+
+The tests never depend on which tokens a model writes: only on what the engine reports about them.
+Waits are bounded (`asyncio.wait_for`); "nothing arrives" is checked over a short, stated window.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from contextlib import asynccontextmanager
+
+import pytest
+import websockets
+from websockets.exceptions import InvalidStatus
+
+RECV_TIMEOUT_S = 20.0
+QUIET_S = 0.4            # window in which a paused generation must send nothing
+
+
+def ws_url(base_url: str, path: str = "/api/ws") -> str:
+    return base_url.replace("http://", "ws://") + path
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+class Client:
+    def __init__(self, ws):
+        self.ws = ws
+        self.seen: list[dict] = []
+
+    async def send(self, **message) -> None:
+        await self.ws.send(json.dumps(message))
+
+    async def recv(self, timeout: float = RECV_TIMEOUT_S) -> dict:
+        message = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        self.seen.append(message)
+        return message
+
+    async def until(self, *types: str, timeout: float = 60.0) -> dict:
+        """Receive until a message of one of `types` arrives (each receive bounded, the total too)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {types} within {timeout} s; last: {[m['type'] for m in self.seen[-10:]]}")
+            message = await self.recv(min(left, RECV_TIMEOUT_S))
+            if message["type"] in types:
+                return message
+
+    async def quiet(self, seconds: float = QUIET_S) -> list[dict]:
+        """Everything that arrives within `seconds` (expected: nothing)."""
+        got = []
+        try:
+            while True:
+                got.append(await self.recv(seconds))
+        except asyncio.TimeoutError:
+            return got
+
+
+@asynccontextmanager
+async def connect(base_url: str, path: str = "/api/ws", **kwargs):
+    async with websockets.connect(ws_url(base_url, path), max_size=2 ** 22, open_timeout=10, **kwargs) as ws:
+        yield Client(ws)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def wait_for_stats(base_url: str, predicate, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = get_json(base_url + "/api/stats")
+        if predicate(stats):
+            return stats
+        if time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+PROMPT = "def main(argv):\n    "
+
+
+# --- bad input: an error event, and the same connection then works ------------------------------------
+@pytest.mark.parametrize("bad, needle", [
+    ("this is not json", "not valid JSON"),
+    ("[1, 2, 3]", "JSON object"),
+    (json.dumps({"prompt": "x"}), "type"),
+    (json.dumps({"type": "dance"}), "unknown message type"),
+    (json.dumps({"type": "start"}), "prompt"),
+    (json.dumps({"type": "start", "prompt": "x", "settings": {"gamma": 3}}), "gamma"),
+    (json.dumps({"type": "start", "prompt": "x", "settings": {"num_speculative_tokens": 99}}),
+     "num_speculative_tokens"),
+    (json.dumps({"type": "start", "prompt": "x", "settings": {"temperature": -1}}), "temperature"),
+    (json.dumps({"type": "start", "prompt": "x", "settings": {"kv_cache_dtype": "int3"}}), "kv_cache_dtype"),
+    (json.dumps({"type": "start", "prompt": "x", "settings": {"block_size": 12}}), "block_size"),
+    (json.dumps({"type": "start", "prompt": ""}), "prompt"),
+    (json.dumps({"type": "start", "prompt": "x" * 9000}), "prompt"),
+    (json.dumps({"type": "start", "prompt": "x", "speed": "warp"}), "speed"),
+    (json.dumps({"type": "pause"}), "no generation"),
+    (json.dumps({"type": "settings", "settings": {"num_speculative_tokens": 2}}), "no generation"),
+])
+def test_bad_input_gets_an_error_event_and_the_connection_then_completes_a_generation(live_server, bad, needle):
+    async def scenario():
+        async with connect(live_server) as c:
+            await c.ws.send(bad)
+            error = await c.recv()
+            assert error["type"] == "error", error
+            assert needle.lower() in error["message"].lower(), error
+            await c.send(type="start", prompt=PROMPT, settings={"max_tokens": 12})
+            done = await c.until("done")
+            assert done["num_output_tokens"] >= 1
+            assert done["finish_reason"] in ("length", "stop")
+            assert not [m for m in c.seen if m["type"] == "error" and m is not error]
+
+    run(scenario())
+
+
+def test_unknown_setting_error_names_the_setting_and_the_known_ones(live_server):
+    async def scenario():
+        async with connect(live_server) as c:
+            await c.send(type="start", prompt=PROMPT, settings={"num_spec_tokens": 3})
+            error = await c.recv()
+            assert error["type"] == "error" and error["setting"] == "num_spec_tokens"
+            assert "num_speculative_tokens" in error["message"]      # the known settings are listed
+
+    run(scenario())
+
+
+# --- a normal generation ------------------------------------------------------------------------------------
+SUMMARY_FIELDS = {"text", "num_output_tokens", "tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                  "acceptance_rate", "mean_acceptance_length", "accepted_per_position", "target_forward_calls",
+                  "draft_forward_calls", "elapsed_s", "ttft_s", "tpot_s", "kv_cache", "model", "settings"}
+
+
+def test_a_generation_streams_events_in_order_and_ends_with_the_summary(live_server):
+    async def scenario():
+        async with connect(live_server) as c:
+            await c.send(type="start", prompt=PROMPT,
+                         settings={"max_tokens": 24, "method": "draft_model", "num_speculative_tokens": 3})
+            done = await c.until("done")
+            types = [m["type"] for m in c.seen]
+            assert types[0] == "started" and types[1] == "prefill"
+            assert types[-1] == "done"
+            tokens = [m for m in c.seen if m["type"] == "token"]
+            assert {t["status"] for t in tokens} <= {"accepted", "rejected", "resampled", "bonus", "target"}
+            emitted = [t for t in tokens if t["status"] != "rejected"]
+            assert len(emitted) == done["num_output_tokens"]
+            assert "".join(t["text"] for t in emitted) == done["text"]
+            assert SUMMARY_FIELDS <= done.keys()
+            assert done["summary"]["num_output_tokens"] == done["num_output_tokens"]
+            assert {"bytes_per_token", "bytes_used", "blocks_allocated", "dtype"} <= done["kv_cache"].keys()
+            drafts = [m for m in c.seen if m["type"] == "draft"]
+            assert drafts and all(1 <= len(d["tokens"]) <= 3 for d in drafts)
+            metrics = [m for m in c.seen if m["type"] == "metrics"]
+            assert metrics and {"acceptance_rate", "ttft_ms", "kv_bytes_per_token", "kv_blocks_used"} <= \
+                metrics[-1]["values"].keys()
+
+    run(scenario())
+    stats = wait_for_stats(live_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
+    assert stats["sessions"] == 0 and stats["kv_blocks_used"] == 0, stats
+
+
+def test_same_seed_same_tokens(live_server):
+    settings = {"max_tokens": 20, "temperature": 0.9, "seed": 1234, "num_speculative_tokens": 3}
+
+    async def one():
+        async with connect(live_server) as c:
+            await c.send(type="start", prompt=PROMPT, settings=settings)
+            done = await c.until("done")
+            return [(t["text"], t["status"]) for t in done["tokens"]]
+
+    assert run(one()) == run(one())
+
+
+# --- pacing: pause, step, resume, stop, speed ------------------------------------------------------------------
+def test_pause_step_resume_and_stop(live_server):
+    async def scenario():
+        async with connect(live_server) as c:
+            await c.send(type="start", prompt=PROMPT, settings={"max_tokens": 200}, paused=True)
+            started = await c.recv()
+            assert started["type"] == "started"
+            assert await c.quiet() == []                   # paused: nothing is computed
+
+            await c.send(type="step")
+            assert (await c.until("state"))["state"] == "paused"
+            await c.until("metrics")                       # the prefill round
+            assert [m["type"] for m in await c.quiet()] == []
+            await c.send(type="step")
+            await c.until("metrics")
+            rounds = [m for m in c.seen if m["type"] == "round"]
+            assert [r["round"] for r in rounds] == [1]     # exactly one speculative round per step
+            assert await c.quiet() == []
+
+            await c.send(type="resume")
+            await c.until("round")
+            await c.until("round")                          # it runs on by itself
+            await c.send(type="stop")
+            done = await c.until("done")
+            assert done["finish_reason"] == "cancelled"
+            assert done["num_output_tokens"] < 200
+
+    run(scenario())
+    stats = wait_for_stats(live_server, lambda s: s["kv_blocks_used"] == 0)
+    assert stats["kv_blocks_used"] == 0
+
+
+def test_speed_paces_rounds_but_engine_times_stay_the_engines(live_server):
+    async def scenario():
+        async with connect(live_server) as c:
+            t0 = time.monotonic()
+            await c.send(type="start", prompt=PROMPT, settings={"max_tokens": 200, "method": "none"}, speed=10)
+            for _ in range(6):
+                await c.until("round")
+            elapsed = time.monotonic() - t0
+            rounds = [m for m in c.seen if m["type"] == "round"]
+            await c.send(type="stop")
+            await c.until("done")
+            assert elapsed >= 0.45, elapsed                 # 6 rounds at 10 rounds/s: at least 0.5 s apart
+            assert max(r["ms"] for r in rounds) < 90        # the engine's own time is not the paced time
+
+    run(scenario())
+
+
+# --- live settings ------------------------------------------------------------------------------------------------
+def test_settings_mid_stream_are_queued_then_applied_at_the_next_round(live_server):
+    async def scenario():
+        async with connect(live_server) as c:
+            await c.send(type="start", prompt=PROMPT,
+                         settings={"max_tokens": 300, "method": "draft_model", "num_speculative_tokens": 2}, speed=30)
+            first = await c.until("draft")
+            assert len(first["tokens"]) == 2
+            before = (await c.until("metrics"))["values"]["kv_bytes_per_token"]
+            await c.send(type="settings", settings={"num_speculative_tokens": 5, "kv_cache_dtype": "int8"})
+            queued = await c.until("settings_queued")
+            assert queued["changes"] == {"num_speculative_tokens": 5, "kv_cache_dtype": "int8"}
+            applied = await c.until("settings_applied")
+            assert applied["changes"]["num_speculative_tokens"] == 5
+            assert applied["changes"]["kv_cache_dtype"] == "int8_per_token_head"
+            after = await c.until("draft")
+            assert len(after["tokens"]) == 5
+            kv = await c.until("kv")
+            assert kv["pools"][0]["kv_cache_dtype"] == "int8_per_token_head"
+            metrics = await c.until("metrics")
+            assert metrics["values"]["kv_bytes_per_token"] < before      # float32 -> int8 + scales
+            await c.send(type="settings", settings={"num_speculative_tokens": 40})
+            error = await c.until("error")
+            assert error["setting"] == "num_speculative_tokens"
+            await c.send(type="stop")
+            await c.until("done")
+
+    run(scenario())
+
+
+def test_the_server_keeps_receiving_while_it_streams(live_server):
+    """Every settings message sent mid-stream is answered while the stream is still running."""
+    async def scenario():
+        async with connect(live_server) as c:
+            await c.send(type="start", prompt=PROMPT, settings={"max_tokens": 400, "method": "none"}, speed=40)
+            await c.until("round")
+            for gamma in (2, 3, 4, 5, 6):
+                await c.send(type="settings", settings={"num_speculative_tokens": gamma})
+                queued = await c.until("settings_queued", timeout=5)
+                assert queued["changes"] == {"num_speculative_tokens": gamma}
+            assert not any(m["type"] == "done" for m in c.seen)
+            await c.send(type="stop")
+            await c.until("done")
+
+    run(scenario())
+
+
+# --- origins -------------------------------------------------------------------------------------------------------
+def test_cross_origin_handshake_is_refused_with_403(live_server):
+    async def scenario():
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(live_server, origin="http://evil.example"):
+                pass
+        assert refused.value.response.status_code == 403
+        for path in ("/ws", "/api/ws"):
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(live_server, path, origin="null"):
+                    pass
+            assert refused.value.response.status_code == 403
+
+    run(scenario())
+
+
+def test_own_origin_and_no_origin_are_accepted(live_server):
+    async def scenario():
+        async with connect(live_server, origin=live_server) as c:
+            await c.send(type="pause")
+            assert (await c.recv())["type"] == "error"       # accepted: it answers
+        async with connect(live_server) as c:                # no Origin: not a browser
+            await c.send(type="pause")
+            assert (await c.recv())["type"] == "error"
+
+    run(scenario())
+
+
+@pytest.fixture(scope="module")
+def small_server(models_dir):
+    """A server with an extra allowed origin and room for one session only."""
+    from app.config import AppConfig
+    from app.main import create_app
+    from live_server import serve
+
+    config = AppConfig(models_dir=models_dir, allowed_origins=("https://slides.example",), max_sessions=1)
+    with serve(create_app(config)) as base_url:
+        yield base_url
+
+
+def test_configured_origin_is_accepted_and_others_still_refused(small_server):
+    async def scenario():
+        async with connect(small_server, origin="https://slides.example") as c:
+            await c.send(type="pause")
+            assert (await c.recv())["type"] == "error"
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(small_server, origin="https://slides.example.evil"):
+                pass
+        assert refused.value.response.status_code == 403
+
+    run(scenario())
+
+
+def test_sessions_beyond_the_limit_are_refused_politely_and_served_after(small_server):
+    async def scenario():
+        async with connect(small_server) as first, connect(small_server) as second:
+            await first.send(type="start", prompt=PROMPT, settings={"max_tokens": 300}, speed=5)
+            await first.until("started")
+            await second.send(type="start", prompt=PROMPT, settings={"max_tokens": 5})
+            busy = await second.recv()
+            assert busy["type"] == "error" and "busy" in busy["message"]
+            await first.send(type="stop")
+            await first.until("done")
+            await asyncio.sleep(0)
+            deadline = time.monotonic() + 10
+            while get_json(small_server + "/api/stats")["sessions"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await second.send(type="start", prompt=PROMPT, settings={"max_tokens": 5})
+            assert (await second.until("done"))["num_output_tokens"] >= 1
+
+    run(scenario())
+
+
+# --- disconnects free the blocks --------------------------------------------------------------------------------------
+def test_disconnect_mid_stream_frees_every_block(live_server):
+    async def scenario():
+        clients = []
+        for i in range(3):
+            c = Client(await websockets.connect(ws_url(live_server), open_timeout=10))
+            await c.send(type="start", prompt=PROMPT + str(i), settings={"max_tokens": 400, "method": "draft_model"},
+                         speed=20)
+            clients.append(c)
+        for c in clients:
+            await c.until("kv")
+        busy = get_json(live_server + "/api/stats")
+        assert busy["sessions"] == 3 and busy["kv_blocks_used"] > 0, busy
+        for c in clients:
+            await c.ws.close()
+
+    run(scenario())
+    stats = wait_for_stats(live_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
+    assert stats["sessions"] == 0 and stats["kv_blocks_used"] == 0, stats
+    assert stats["kv_blocks_total"] > 0
+
+
+def test_a_vanished_client_mid_stream_frees_its_blocks(live_server):
+    """The TCP connection drops without a close frame (as when a laptop lid shuts)."""
+    async def scenario():
+        c = Client(await websockets.connect(ws_url(live_server), open_timeout=10))
+        await c.send(type="start", prompt=PROMPT, settings={"max_tokens": 400}, speed=20)
+        await c.until("kv")
+        c.ws.transport.abort()
+
+    run(scenario())
+    stats = wait_for_stats(live_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
+    assert stats["sessions"] == 0 and stats["kv_blocks_used"] == 0, stats

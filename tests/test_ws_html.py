@@ -1,0 +1,155 @@
+"""`/ws`: the page's form messages in, HTML fragments for htmx-ext-ws out (real uvicorn, `websockets` client)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from html.parser import HTMLParser
+
+import websockets
+
+from test_ws_api import PROMPT, get_json, run, wait_for_stats, ws_url
+
+VOID = {"input", "br", "img", "meta", "link", "hr", "wbr", "source"}
+
+
+class Fragments(HTMLParser):
+    """Top-level elements of a server message, and every element's attributes."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.depth = 0
+        self.top: list[tuple[str, dict]] = []
+        self.all: list[tuple[str, dict]] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if self.depth == 0:
+            self.top.append((tag, attrs))
+        self.all.append((tag, attrs))
+        if tag not in VOID:
+            self.depth += 1
+
+    def handle_endtag(self, tag):
+        if tag not in VOID:
+            self.depth -= 1
+
+
+def form(**changes) -> dict:
+    """The playground form as htmx-ext-ws sends it: strings, a checkbox with its hidden twin as a list."""
+    values = {"prompt": PROMPT, "speed": "max", "model": "", "num_kv_heads": "", "max_tokens": "16",
+              "temperature": "0", "top_p": "1", "seed": "0", "method": "draft_model", "num_speculative_tokens": "3",
+              "num_speculative_tokens_schedule": "constant", "prompt_lookup_min": "1", "prompt_lookup_max": "4",
+              "kv_cache": ["false", "true"], "kv_cache_dtype": "auto", "block_size": "16",
+              "enable_prefix_caching": ["false", "true"], "HEADERS": {"HX-Request": "true", "HX-Trigger": "controls"}}
+    values.update(changes)
+    return values
+
+
+class HtmlClient:
+    def __init__(self, ws):
+        self.ws = ws
+        self.messages: list[Fragments] = []
+
+    async def send(self, **fields) -> None:
+        await self.ws.send(json.dumps(form(**fields)))
+
+    async def until(self, predicate, timeout: float = 60.0) -> Fragments:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("condition not met in time")
+            fragments = Fragments(await asyncio.wait_for(self.ws.recv(), min(left, 20)))
+            self.messages.append(fragments)
+            if predicate(fragments):
+                return fragments
+
+    def elements(self, predicate=lambda tag, attrs: True):
+        return [(t, a) for f in self.messages for t, a in f.all if predicate(t, a)]
+
+
+def status_is(state):
+    return lambda f: any(a.get("id") == "run-status" and a.get("data-state") == state for _, a in f.top)
+
+
+def test_a_run_streams_fragments_that_htmx_can_swap_by_id(live_server):
+    async def scenario():
+        async with websockets.connect(ws_url(live_server, "/ws"), open_timeout=10) as ws:
+            c = HtmlClient(ws)
+            hello = await c.until(lambda f: True)
+            assert any(a.get("id") == "conn" for _, a in hello.top)
+            await c.send(action="toggle")
+            await c.until(status_is("done"))
+            for f in c.messages:
+                for tag, attrs in f.top:             # every top-level element: an id and hx-swap-oob
+                    assert attrs.get("id") and attrs.get("hx-swap-oob"), (tag, attrs)
+            statuses = {a["data-token-status"] for _, a in c.elements(lambda t, a: "tok" in a.get("class", ""))}
+            assert statuses and statuses <= {"accepted", "rejected", "resampled", "bonus", "target"}
+            metrics = {a["data-metric"] for _, a in c.elements(lambda t, a: "data-metric" in a)}
+            assert metrics == {"acceptance_rate", "mean_acceptance_length", "ttft_ms", "itl_ms", "tokens_per_s",
+                               "kv_cache_bytes", "kv_bytes_per_token", "kv_blocks_used"}
+            cells = c.elements(lambda t, a: "data-kv-block" in a)
+            assert cells and {a["data-state"] for _, a in cells} <= {"free", "used", "shared", "cached"}
+            appends = [a["hx-swap-oob"] for f in c.messages for _, a in f.top if a.get("id") == "stream-append"]
+            assert appends and set(appends) == {"beforeend:#stream"}
+
+    run(scenario())
+
+
+def test_bad_form_value_gets_an_error_fragment_and_the_connection_stays_usable(live_server):
+    async def scenario():
+        async with websockets.connect(ws_url(live_server, "/ws"), open_timeout=10) as ws:
+            c = HtmlClient(ws)
+            await c.until(lambda f: True)
+            await c.send(action="toggle", temperature="5")
+            error = await c.until(lambda f: any(a.get("id") == "error" and a.get("role") == "alert" for _, a in f.top))
+            assert error
+            await ws.send("{not json")
+            await c.until(lambda f: any(a.get("id") == "error" for _, a in f.top))
+            await c.send(action="dance")
+            await c.until(lambda f: any(a.get("id") == "error" for _, a in f.top))
+            await c.send(action="toggle")
+            await c.until(status_is("done"))
+
+    run(scenario())
+
+
+def test_a_form_change_mid_run_is_a_live_setting_and_a_seed_change_waits_for_the_next_run(live_server):
+    async def scenario():
+        async with websockets.connect(ws_url(live_server, "/ws"), open_timeout=10) as ws:
+            c = HtmlClient(ws)
+            await c.until(lambda f: True)
+            await c.send(action="toggle", speed="10", max_tokens="300", num_speculative_tokens="2")
+            await c.until(lambda f: any(a.get("id") == "draft-lane" and a.get("data-num-draft-tokens") == "2"
+                                        for _, a in f.top))
+            await c.send(speed="10", max_tokens="300", num_speculative_tokens="6", seed="9")
+            await c.until(lambda f: any(a.get("data-note") == "settings_applied" for _, a in f.all))
+            lane = await c.until(lambda f: any(a.get("id") == "draft-lane" and a.get("data-num-draft-tokens") == "6"
+                                               for _, a in f.top))
+            assert lane
+            notes = [a.get("data-note") for _, a in c.elements(lambda t, a: "data-note" in a)]
+            assert "next_run" in notes                     # the seed is not a live setting
+            await c.send(action="stop", speed="10")
+            await c.until(status_is("done"))
+
+    run(scenario())
+
+
+def test_reset_clears_the_view_and_a_closed_page_frees_its_blocks(live_server):
+    async def scenario():
+        async with websockets.connect(ws_url(live_server, "/ws"), open_timeout=10) as ws:
+            c = HtmlClient(ws)
+            await c.until(lambda f: True)
+            await c.send(action="toggle", speed="20", max_tokens="300")
+            await c.until(lambda f: any("data-kv-block" in a for _, a in f.all))
+            await c.send(action="reset", speed="20")
+            await c.until(status_is("idle"))
+            await c.send(action="toggle", speed="20", max_tokens="300")
+            await c.until(status_is("running"))
+            assert get_json(live_server + "/api/stats")["sessions"] >= 1
+
+    run(scenario())
+    stats = wait_for_stats(live_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
+    assert stats["sessions"] == 0 and stats["kv_blocks_used"] == 0, stats
