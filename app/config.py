@@ -12,6 +12,7 @@ built by `decoding-playground serve` from its options:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,10 @@ class AppConfig:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if any(c in self.embed_frame_ancestors for c in ";,\r\n"):
             raise ValueError(f"frame ancestors must be a space-separated CSP source list: {self.embed_frame_ancestors!r}")
+
+    def with_overrides(self, **changes) -> "AppConfig":
+        """This configuration with the given values (None: keep), e.g. from `serve`'s options."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     @classmethod
     def from_env(cls, env=None) -> "AppConfig":

@@ -160,6 +160,7 @@ class Run:
     ended: bool = False           # done or error was produced
     round: int = 0
     last_round_at: float = 0.0
+    announced_pause: bool = False
     sent_settings: dict = field(default_factory=dict)
 
 
@@ -275,18 +276,21 @@ class Connection:
             run = self.run
             if run is None or run.ended:
                 raise CommandError(f"{kind}: no generation running; send start first")
+            # "paused" is announced by the producer once it is idle (after the round in flight, or after
+            # the stepped round), so that a client seeing it knows no more rounds are coming
             if kind == "pause":
                 self.paused = True
             elif kind == "resume":
                 self.paused = False
+                self._state_notice()
             elif kind == "step":
                 self.paused = True
                 self.step_credits += 1
             else:
                 run.stopping = True
                 run.session.cancel()
+                self._state_notice()
             self._notify()
-            self._state_notice()
         elif kind == "reset":
             await self.end_run()
             self.notice("reset")
@@ -336,9 +340,14 @@ class Connection:
             if self.paused:
                 if self.step_credits:
                     self.step_credits -= 1
+                    run.announced_pause = False
                     return
+                if not run.announced_pause:
+                    run.announced_pause = True
+                    self._state_notice()
                 await changed.wait()
                 continue
+            run.announced_pause = False
             if self.speed is not None:
                 delay = run.last_round_at + 1 / self.speed - anyio.current_time()
                 if delay > 0:

@@ -18,16 +18,15 @@ import json
 from dataclasses import dataclass, field
 
 from app.connection import Batch, Command, CommandError, Connection, Notice, parse_speed
-from app.page import DEFAULT_SPEED, FORM_SETTINGS
+from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, gauge_rows
 from app.state import Playground
 from app.templating import templates
 from engine.settings import LIVE_SETTINGS
 
-METRICS = ("acceptance_rate", "mean_acceptance_length", "ttft_ms", "itl_ms", "tokens_per_s", "kv_cache_bytes",
-           "kv_bytes_per_token", "kv_blocks_used")
+METRICS = tuple(name for name, _, _ in GAUGES)
 ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")
 STATE_LETTERS = {"f": "free", "c": "cached", "u": "used", "s": "shared"}
-FULL_GRID_ABOVE = 96           # more changed cells than this: send the whole grid in one element
+FULL_GRID_ABOVE = 16           # more changed cells than this: send the whole grid in one element
 SETTING_LABELS = {"num_speculative_tokens": "γ", "kv_cache_dtype": "KV dtype", "num_kv_heads": "KV heads",
                   "enable_prefix_caching": "prefix caching", "kv_cache": "KV cache", "block_size": "block size",
                   "temperature": "temperature", "top_p": "top-p", "method": "method", "max_tokens": "max tokens",
@@ -177,7 +176,11 @@ class HtmlView:
             frame.replace["run-status"] = m.status(self._status_view())
         parts = list(frame.replace.values())
         for target, htmls in frame.appends.items():
-            parts.append(f'<div id="{target}-append" hx-swap-oob="beforeend:#{target}">{"".join(htmls)}</div>')
+            # one wrapper element per target: htmx (and its ws extension) then process one new element per
+            # message instead of one per token, which is most of the browser's work at full speed
+            tag = "li" if target == "notes" else "span"
+            inner = "".join(htmls) if target == "notes" else f'<{tag} class="chunk">{"".join(htmls)}</{tag}>'
+            parts.append(f'<div id="{target}-append" hx-swap-oob="beforeend:#{target}">{inner}</div>')
         return ["".join(parts)] if parts else []
 
     def _status_view(self) -> dict:
@@ -344,15 +347,13 @@ class HtmlView:
 
     # --- gauges ------------------------------------------------------------------------------------
     def _render_gauges(self, values: dict, frame: Frame) -> None:
-        m = macros()
-        for name in METRICS:
-            text = fmt_metric(name, values.get(name))
-            if self.gauges.get(name) != text:
-                self.gauges[name] = text
-                human = human_bytes(values.get(name)) if name in ("kv_cache_bytes",) else None
-                if name == "kv_cache_bytes" and values.get(name) is None:
-                    human = ""
-                frame.replace["m-" + name] = m.gauge(name, text, human)
+        """All gauges in one element (one swap), the changed ones marked so that only they animate."""
+        texts = {name: fmt_metric(name, values.get(name)) for name in METRICS}
+        changed = {name for name in METRICS if self.gauges.get(name) != texts[name]}
+        if changed:
+            self.gauges = texts
+            humans = {"kv_cache_bytes": human_bytes(values.get("kv_cache_bytes"))}
+            frame.replace["gauge-grid"] = macros().gauge_grid(gauge_rows(texts, humans, changed))
 
     # --- the KV block map --------------------------------------------------------------------------
     def _engine_pool(self, key: tuple) -> dict | None:

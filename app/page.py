@@ -27,6 +27,25 @@ HIDEABLE = ("header", "prompt", "presets", "controls", "settings", "legend", "st
             "chart", "notes", "footer")
 
 
+# The gauges: (metric, label, unit). Each value element carries data-metric; its text is the current value.
+GAUGES = [
+    ("acceptance_rate", "Acceptance rate", "accepted ÷ drafted"),
+    ("mean_acceptance_length", "Mean acceptance length", "tokens per round"),
+    ("ttft_ms", "TTFT", "ms to first token"),
+    ("itl_ms", "ITL", "ms between rounds"),
+    ("tokens_per_s", "Tokens / s", "engine time"),
+    ("kv_blocks_used", "Blocks used", "by this run"),
+    ("kv_bytes_per_token", "KV bytes / token", "layers × 2 × KV heads × head dim × bytes"),
+    ("kv_cache_bytes", "KV bytes in use", "tokens held × bytes/token"),
+]
+
+
+def gauge_rows(texts: dict | None = None, humans: dict | None = None, changed=()) -> list[dict]:
+    texts, humans = texts or {}, humans or {}
+    return [{"name": n, "label": label, "unit": unit, "text": texts.get(n, "–"), "human": humans.get(n),
+             "changed": n in changed} for n, label, unit in GAUGES]
+
+
 def _truthy(value: str | None) -> bool:
     return str(value).lower() in ("1", "true", "yes", "on")
 
@@ -140,7 +159,7 @@ def page_context(query, playground: Playground, embed: bool) -> dict:
         "state": state, "embed": embed, "presets": PRESETS, "speeds": SPEEDS,
         "targets": targets, "kv_head_variants": variants, "draft_name": draft,
         "kv_cache_dtypes": list(KV_CACHE_DTYPES), "load_error": playground.load_error,
-        "hideable": HIDEABLE, "max_prompt_chars": MAX_PROMPT_CHARS,
+        "hideable": HIDEABLE, "max_prompt_chars": MAX_PROMPT_CHARS, "gauge_rows": gauge_rows(),
         "max_tokens_limit": GenerationSettings.model_fields["max_tokens"].metadata[1].le
         if len(GenerationSettings.model_fields["max_tokens"].metadata) > 1 else 4096,
     }

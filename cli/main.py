@@ -10,9 +10,15 @@ import engine  # noqa: F401  (pins BLAS to one thread before numpy is imported)
 def cmd_serve(args) -> int:
     import uvicorn
 
+    from app.config import AppConfig
+    from app.main import create_app
+
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"WARNING: serving on {args.host}:{args.port}: reachable from other machines.", file=sys.stderr)
-    uvicorn.run("app.main:app", host=args.host, port=args.port, ws_max_size=64 * 1024,
+    config = AppConfig.from_env().with_overrides(
+        models_dir=args.models_dir, allowed_origins=tuple(args.allowed_origin) if args.allowed_origin else None,
+        max_sessions=args.max_sessions, embed_frame_ancestors=args.frame_ancestors)
+    uvicorn.run(create_app(config), host=args.host, port=args.port, ws_max_size=64 * 1024,
                 ws_per_message_deflate=False, log_level="info")
     return 0
 
@@ -30,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve the playground page")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--models-dir", default=None,
+                   help="the models to serve (default: $DECODING_PLAYGROUND_MODELS_DIR or the repository's models/)")
+    s.add_argument("--allowed-origin", action="append", metavar="URL",
+                   help="another origin whose pages may open the websockets (repeatable; default: own origin only)")
+    s.add_argument("--max-sessions", type=int, default=None, help="generations at once (default 8)")
+    s.add_argument("--frame-ancestors", default=None,
+                   help="CSP frame-ancestors of /embed: who may frame it (default '*')")
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="measure the engine (results also go to docs/benchmarks.md)")
@@ -40,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     be.add_argument("--models-dir", default=None, help="models for the speculative sweep (default: models/)")
     be.set_defaults(func=cmd_bench)
+    from cli import bench_page
+    bench_page.add_parser(bsub)
 
     from cli import generate
     generate.add_parsers(sub)

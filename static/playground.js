@@ -5,7 +5,7 @@
 (function () {
   'use strict'
 
-  var MAX_STREAM_NODES = 3000   // tokens and marks kept in #stream; older ones are dropped
+  var MAX_STREAM_CHUNKS = 400   // messages' worth of tokens kept in #stream (<= 17 tokens each when paced)
   var MAX_NOTES = 80
   var MAX_CHART_POINTS = 160
 
@@ -35,11 +35,15 @@
         for (var j = 0; j < added.length; j++) {
           var node = added[j]
           if (node.id === 'stream') { resetStats(node.dataset.run); continue }
-          if (!node.classList || !node.classList.contains('tok')) continue
-          if (node.dataset.tokenStatus === 'rejected') { stats.rejected++; continue }
-          stats.tokens++
-          if (stats.firstTokenAt === null) stats.firstTokenAt = now
-          stats.lastTokenAt = now
+          if (!node.classList || !node.classList.contains('chunk')) continue
+          var toks = node.children
+          for (var k = 0; k < toks.length; k++) {
+            if (!toks[k].classList.contains('tok')) continue
+            if (toks[k].dataset.tokenStatus === 'rejected') { stats.rejected++; continue }
+            stats.tokens++
+            if (stats.firstTokenAt === null) stats.firstTokenAt = now
+            stats.lastTokenAt = now
+          }
         }
       }
     }).observe(wrap, { childList: true, subtree: true })
@@ -106,8 +110,10 @@
     if (theme) document.documentElement.dataset.theme = theme.value
     var presenter = $('f-presenter')
     if (presenter) document.body.classList.toggle('presenter', presenter.checked)
-    var hideRejected = $('f-hide-rejected')
     var playground = $('playground')
+    var speed = $('speed')
+    if (speed && playground) playground.dataset.speed = speed.value   // full speed: no entrance animations
+    var hideRejected = $('f-hide-rejected')
     if (hideRejected && playground) playground.classList.toggle('hide-rejected', hideRejected.checked)
   }
 
@@ -127,7 +133,7 @@
   }
 
   // --- the latency chart (engine ms per round) ----------------------------------------------------------------
-  var chart = { reset: null, points: [], pending: false }
+  var chart = { reset: null, points: [], pending: false, drawnAt: 0, size: null, colors: null }
 
   function drainChart() {
     var feed = $('chart-feed')
@@ -135,7 +141,9 @@
     var dirty = false
     if (feed.dataset.reset !== chart.reset) { chart.reset = feed.dataset.reset; chart.points = []; dirty = true }
     if (feed.firstElementChild) {
-      for (var el = feed.firstElementChild; el; el = el.nextElementSibling) {
+      var items = feed.querySelectorAll('i')
+      for (var i = 0; i < items.length; i++) {
+        var el = items[i]
         chart.points.push({
           round: +el.dataset.round, target: +el.dataset.targetMs, draft: +el.dataset.draftMs,
           emitted: +el.dataset.emitted
@@ -145,7 +153,25 @@
       if (chart.points.length > MAX_CHART_POINTS) chart.points.splice(0, chart.points.length - MAX_CHART_POINTS)
       dirty = true
     }
-    if (dirty && !chart.pending) { chart.pending = true; requestAnimationFrame(drawChart) }
+    if (dirty && !chart.pending) {                     // at most ~8 redraws a second: it is a chart
+      chart.pending = true
+      setTimeout(function () { requestAnimationFrame(drawChart) }, Math.max(0, chart.drawnAt + 120 - performance.now()))
+    }
+  }
+
+  function measureChart(canvas) {
+    var width = Math.round(canvas.clientWidth)
+    chart.size = { width: width, height: Math.round(width * 0.45) }
+    var css = getComputedStyle(document.documentElement)
+    chart.colors = {}
+    ;['--muted', '--chart-grid', '--chart-draft', '--chart-target', '--chart-line'].forEach(function (name) {
+      chart.colors[name] = css.getPropertyValue(name).trim()
+    })
+  }
+
+  function redrawChart() {
+    chart.size = null
+    if (!chart.pending) { chart.pending = true; requestAnimationFrame(drawChart) }
   }
 
   function niceMax(v) {
@@ -158,17 +184,22 @@
 
   function drawChart() {
     chart.pending = false
+    chart.drawnAt = performance.now()
     var canvas = $('latency-chart')
-    if (!canvas || !canvas.offsetParent) return
+    if (!canvas) return
+    // size and colours are read only when they change (reading layout or styles here would force a
+    // synchronous layout on every frame while streaming)
+    if (!chart.size || !chart.colors) measureChart(canvas)
+    if (!chart.size.width) return          // hidden
     var dpr = window.devicePixelRatio || 1
-    var W = Math.max(200, Math.round(canvas.clientWidth) || 560), H = Math.round(W * 0.45)
-    if (canvas.width !== W * dpr || canvas.height !== H * dpr) {
-      canvas.width = W * dpr; canvas.height = H * dpr; canvas.style.height = H + 'px'
+    var W = chart.size.width, H = chart.size.height
+    if (canvas.width !== Math.round(W * dpr) || canvas.height !== Math.round(H * dpr)) {
+      canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr); canvas.style.height = H + 'px'
     }
     var ctx = canvas.getContext('2d')
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0)
-    var css = getComputedStyle(document.documentElement)
-    var color = function (name) { return css.getPropertyValue(name).trim() }
+    var colors = chart.colors
+    var color = function (name) { return colors[name] }
     ctx.clearRect(0, 0, W, H)
     var left = 40, right = 6, top = 8, bottom = 18
     var pts = chart.points
@@ -217,16 +248,13 @@
     ctx.fillText(lastLabel, W - right - ctx.measureText(lastLabel).width, H - 6)
   }
 
-  // --- keeping the DOM bounded, and the stream scrolled to its end -------------------------------------------
-  var follow = { stream: true, notes: true }
-
-  function nearBottom(el) { return el.scrollTop + el.clientHeight >= el.scrollHeight - 40 }
-
+  // --- keeping the DOM bounded -------------------------------------------
   function trim() {
     var stream = $('stream')
-    if (stream && stream.childElementCount > MAX_STREAM_NODES) {
-      var excess = stream.childElementCount - MAX_STREAM_NODES
-      var first = stream.querySelector('.tok, .mark')
+    // #stream holds the prompt and one .chunk per message (one round, or one frame at full speed)
+    if (stream && stream.childElementCount > MAX_STREAM_CHUNKS) {
+      var excess = stream.childElementCount - MAX_STREAM_CHUNKS
+      var first = stream.querySelector('.chunk')
       while (excess-- > 0 && first) {
         var next = first.nextElementSibling
         first.remove()
@@ -236,28 +264,29 @@
         var marker = document.createElement('span')
         marker.className = 'mark trimmed'
         marker.textContent = '… earlier tokens dropped from the page'
-        stream.insertBefore(marker, stream.querySelector('.tok, .mark'))
+        stream.insertBefore(marker, stream.querySelector('.chunk'))
       }
     }
     var notes = $('notes')
     while (notes && notes.childElementCount > MAX_NOTES) notes.firstElementChild.remove()
   }
 
-  document.addEventListener('htmx:wsBeforeMessage', function () {
-    var wrap = $('stream-wrap'), notes = $('notes')
-    follow.stream = !wrap || nearBottom(wrap)
-    follow.notes = !notes || nearBottom(notes)
-  })
+  // Once per frame, not per message. The stream and the notes stay scrolled to their end by CSS
+  // (flex-direction: column-reverse), so nothing here reads layout.
+  var frameScheduled = false
+  function afterMessages() {
+    frameScheduled = false
+    drainChart()
+    trim()
+  }
 
   document.addEventListener('htmx:wsAfterMessage', function () {
     stats.messages++
-    var status = $('run-status')
-    if (status && status.dataset.state === 'done' && stats.doneAt === null) stats.doneAt = performance.now()
-    drainChart()
-    trim()
-    var wrap = $('stream-wrap'), notes = $('notes')
-    if (wrap && follow.stream) wrap.scrollTop = wrap.scrollHeight
-    if (notes && follow.notes) notes.scrollTop = notes.scrollHeight
+    if (stats.doneAt === null) {
+      var status = $('run-status')
+      if (status && status.dataset.state === 'done') stats.doneAt = performance.now()
+    }
+    if (!frameScheduled) { frameScheduled = true; requestAnimationFrame(afterMessages) }
   })
 
   // --- autoplay: press play once the websocket is open ----------------------------------------------------------
@@ -273,6 +302,7 @@
     var form = $('controls')
     var wrap = $('stream-wrap')
     if (wrap) watchStream(wrap)
+    window.addEventListener('resize', redrawChart)
     if (form) {
       form.addEventListener('change', function (ev) {
         if (ev.target && ev.target.id === 'preset') {
@@ -280,6 +310,7 @@
           // the preset's change event is already on its way to the form's ws-send: it carries the new values
         }
         applyViewOptions()
+        if (ev.target && (ev.target.id === 'f-theme' || ev.target.id === 'f-presenter')) redrawChart()
         syncUrl()
       }, true)   // capture: runs before htmx's listener reads the form
       form.addEventListener('input', syncUrl)

@@ -192,3 +192,18 @@ def test_config_from_environment(tmp_path):
     assert config.embed_frame_ancestors == "'self' https://a.example"
     with pytest.raises(ValueError):
         AppConfig(embed_frame_ancestors="*; script-src *")
+
+
+def test_serve_options_override_the_environment(tmp_path, monkeypatch):
+    from cli.main import build_parser
+
+    monkeypatch.setenv("DECODING_PLAYGROUND_MAX_SESSIONS", "5")
+    args = build_parser().parse_args(["serve", "--models-dir", str(tmp_path), "--allowed-origin", "https://a.example",
+                                      "--allowed-origin", "https://b.example", "--frame-ancestors", "'self'"])
+    config = AppConfig.from_env().with_overrides(
+        models_dir=args.models_dir, allowed_origins=tuple(args.allowed_origin), max_sessions=args.max_sessions,
+        embed_frame_ancestors=args.frame_ancestors)
+    assert config.models_dir == tmp_path and config.max_sessions == 5
+    assert config.allowed_origins == ("https://a.example", "https://b.example")
+    assert config.embed_frame_ancestors == "'self'"
+    assert build_parser().parse_args(["bench", "page", "--quick"]).func.__module__ == "cli.bench_page"

@@ -185,19 +185,23 @@ def test_pause_step_resume_and_stop(live_server):
             await c.send(type="start", prompt=PROMPT, settings={"max_tokens": 200}, paused=True)
             started = await c.recv()
             assert started["type"] == "started"
+            paused = await c.recv()
+            assert (paused["type"], paused["state"], paused["round"]) == ("state", "paused", 0)
             assert await c.quiet() == []                   # paused: nothing is computed
 
-            await c.send(type="step")
-            assert (await c.until("state"))["state"] == "paused"
-            await c.until("metrics")                       # the prefill round
-            assert [m["type"] for m in await c.quiet()] == []
-            await c.send(type="step")
-            await c.until("metrics")
-            rounds = [m for m in c.seen if m["type"] == "round"]
-            assert [r["round"] for r in rounds] == [1]     # exactly one speculative round per step
+            await c.send(type="step")                      # the prefill round, then idle again
+            paused = await c.until("state")
+            assert (paused["state"], paused["round"]) == ("paused", 1)
+            assert [m["type"] for m in c.seen].count("metrics") == 1
+            assert await c.quiet() == []
+            await c.send(type="step")                      # exactly one speculative round per step
+            paused = await c.until("state")
+            assert (paused["state"], paused["round"]) == ("paused", 2)
+            assert [r["round"] for r in c.seen if r["type"] == "round"] == [1]
             assert await c.quiet() == []
 
             await c.send(type="resume")
+            assert (await c.until("state"))["state"] == "running"
             await c.until("round")
             await c.until("round")                          # it runs on by itself
             await c.send(type="stop")
