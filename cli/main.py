@@ -55,9 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     be.set_defaults(func=cmd_bench)
     from cli import bench_page
     bench_page.add_parser(bsub)
+    from cli import bench_smollm2
+    bench_smollm2.add_parser(bsub)
 
-    from cli import generate
+    from cli import fetch, generate
     generate.add_parsers(sub)
+    fetch.add_parser(sub)
 
     try:
         from engine.training import cli as training_cli

@@ -1,6 +1,7 @@
 """The models a process serves, and the KV cache pools they share.
 
-`ModelRegistry` loads the shipped family from models/index.json (or takes models built in memory).
+`ModelRegistry` loads the shipped family from models/index.json (or takes models built in memory), and
+lists the pretrained models `fetch-model` converted into the cache (engine/fetched.py; loaded on first use).
 `InferenceEngine` adds one KV cache manager per (model, cache dtype, block size), created on first
 use, so that sessions of the same model share blocks and the prefix cache.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from .checkpoint import load_checkpoint
 from .config import ModelConfig
+from .fetched import LazyModel, fetched_models
 from .kv_cache import KVCacheManager
 from .model import Model
 from .tokenizer import TextTokenizer
@@ -37,7 +39,8 @@ class LoadedModel:
                 "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
                 "head_dim": c.head_dim, "vocab_size": c.vocab_size,
                 "max_position_embeddings": c.max_position_embeddings,
-                "parameters": self.model.num_parameters, "path": self.path, **self.meta}
+                "parameters": self.model.num_parameters, "path": self.path,
+                "chat": self.tokenizer is not None and self.tokenizer.chat_template is not None, **self.meta}
 
 
 class ModelRegistry:
@@ -47,11 +50,14 @@ class ModelRegistry:
         self.models = {m.name: m for m in models}
 
     @classmethod
-    def from_dir(cls, models_dir: str | Path = MODELS_DIR) -> "ModelRegistry":
+    def from_dir(cls, models_dir: str | Path = MODELS_DIR, fetched: bool | str | Path = True) -> "ModelRegistry":
+        """Our models from models_dir/index.json, and next to them the fetched ones (True: from the default
+        cache, a path: from that cache, False: none)."""
         models_dir = Path(models_dir)
         index = models_dir / "index.json"
         if not index.is_file():
             raise FileNotFoundError(f"{index}: no model index; train the models (decoding-playground train)")
+        extra = [] if fetched is False else fetched_models(None if fetched is True else fetched)
         entries = json.loads(index.read_text())
         entries = entries.get("models", entries) if isinstance(entries, dict) else entries
         loaded = []
@@ -60,7 +66,7 @@ class ModelRegistry:
             cfg, weights, tok = load_checkpoint(path)
             meta = {k: v for k, v in e.items() if k not in ("name", "path", "role")}
             loaded.append(LoadedModel(e["name"], e["role"], cfg, Model(cfg, weights), tok, str(path), meta))
-        return cls(loaded)
+        return cls(loaded + extra)
 
     @property
     def targets(self) -> list[LoadedModel]:
@@ -75,11 +81,13 @@ class ModelRegistry:
         return (mha or self.targets)[0]
 
     def get(self, name: str | None) -> LoadedModel:
-        if name is None:
-            return self.default_target()
-        if name not in self.models:
+        """The model to run (a fetched model's weights are loaded here, on first use)."""
+        if name is not None and name not in self.models:
             raise KeyError(f"unknown model {name!r}; available: {', '.join(self.models)}")
-        return self.models[name]
+        lm = self.default_target() if name is None else self.models[name]
+        if isinstance(lm.model, LazyModel):
+            lm.model = lm.model.load()
+        return lm
 
     def variants(self, target: LoadedModel) -> dict[int, LoadedModel]:
         """Targets that differ from `target` only in num_key_value_heads (its MHA/GQA/MQA variants)."""
