@@ -35,6 +35,7 @@ from .runner import PagedRunner, RecomputeRunner
 from .sampling import probs_from_logits, sample, softmax, top_k
 from .settings import LIVE_SETTINGS, MAX_PROMPT_CHARS, GenerationSettings, SettingsError
 from .speculative import verify
+from .tokenizer import StreamDecoder
 
 MAX_GAMMA = 16
 _ids = itertools.count(1)
@@ -57,7 +58,7 @@ class GenerationSession:
             raise SettingsError("model", str(e.args[0])) from None
         if self.target_lm.role != "target":
             raise SettingsError("model", f"{settings.model!r} is a draft model; choose a target")
-        if settings.chat:
+        if settings.chat and self.target_lm.tokenizer.chat_template is None:
             raise SettingsError("chat", f"{self.target_lm.name} has no chat template")
         self.variants = engine.registry.variants(self.target_lm)
         if settings.num_kv_heads is not None:
@@ -66,8 +67,10 @@ class GenerationSession:
         self.tokenizer = self.target_lm.tokenizer
         self.draft_lm = engine.registry.draft_for(self.target_lm)
         if settings.method == "draft_model" and self.draft_lm is None:
-            raise SettingsError("method", "no draft model shares this target's vocabulary")
-        self.prompt_ids = self.tokenizer.encode(prompt)
+            raise SettingsError("method", self._no_draft_reason())
+        # chat: the prompt becomes the user's turn in the model's chat template (engine/chat.py)
+        text = self.tokenizer.chat_template.prompt(prompt) if settings.chat else prompt
+        self.prompt_ids = self.tokenizer.encode(text)
         ctx = self.target_lm.cfg.max_position_embeddings
         if len(self.prompt_ids) >= ctx:
             raise SettingsError("prompt", f"{len(self.prompt_ids)} tokens; the model's context is {ctx}")
@@ -85,6 +88,8 @@ class GenerationSession:
         self._cancel = threading.Event()
         self._closed = False
         self._seq_ids: set = set()
+        # output text, token by token: a byte-level token may end inside a character (engine/tokenizer.py)
+        self._stream = StreamDecoder(self.tokenizer)
 
     # --- control, callable from any thread ---------------------------------------------------------
     def update_settings(self, changes: dict) -> GenerationSettings:
@@ -100,7 +105,7 @@ class GenerationSession:
             if new.num_kv_heads is not None:
                 self._check_kv_heads(new.num_kv_heads)
             if new.method == "draft_model" and self.draft_lm is None:
-                raise SettingsError("method", "no draft model shares this target's vocabulary")
+                raise SettingsError("method", self._no_draft_reason())
             self._pending = merged
         return new
 
@@ -149,7 +154,8 @@ class GenerationSession:
     def _started(self) -> Started:
         return Started(self.id, self.settings.model_dump(), self.target_lm.describe(),
                        self.draft_lm.describe() if self.draft_lm else None,
-                       [{"id": t, "text": self.tokenizer.token_text(t)} for t in self.prompt_ids],
+                       [{"id": t, "text": text} for t, text in
+                        zip(self.prompt_ids, self.tokenizer.stream_texts(self.prompt_ids))],
                        self.unknown_characters)
 
     def _make_runner(self, lm: LoadedModel):
@@ -180,7 +186,7 @@ class GenerationSession:
         self.target.commit()
         t = self._sample_target(logits)
         events.append(self._target_token(t, logits, position=1))
-        self._emit([t], ["target"])
+        self._emit([t], ["target"], events[-1:])
         return events
 
     def _round(self) -> list[Event]:
@@ -229,7 +235,10 @@ class GenerationSession:
         emitted = [v for v in verdicts if v.status != "rejected"]
         if s.fault != "no_truncate":          # the fault keeps the rejected drafts' K/V in the cache
             self.target.truncate(old_len + n_acc)
-        self._emit([v.token_id for v in emitted], [v.status for v in emitted])
+        token_events = [e for e in events if isinstance(e, TokenResult) and e.status != "rejected"]
+        n_out = self._emit([v.token_id for v in emitted], [v.status for v in emitted], token_events)
+        if n_out < len(token_events):         # stopped at EOS inside the round: later tokens are not output
+            events = [e for e in events if all(e is not d for d in token_events[n_out:])]
         self.target.commit()
         self.proposer.rollback(old_len + n_acc)
         if s.num_speculative_tokens_schedule == "heuristic":   # Hugging Face's assistant schedule
@@ -245,7 +254,7 @@ class GenerationSession:
         self.stats.target_forward(target_ms, 1)
         tok = self._sample_target(logits)
         events = [self._target_token(tok, logits, position=1)]
-        self._emit([tok], ["target"])
+        self._emit([tok], ["target"], events)
         self.target.commit()
         if self.proposer is not None:
             self.proposer.rollback(len(self.tokens) - 1)
@@ -263,12 +272,18 @@ class GenerationSession:
         return TokenResult(self.round, position, tok, self.tokenizer.token_text(tok), "target", float(p[tok]),
                            None, None, None, self._top(p))
 
-    def _emit(self, new_tokens: list[int], statuses: list[str]) -> None:
-        """Append output tokens, stopping exactly at EOS, max_tokens or the context limit."""
+    def _emit(self, new_tokens: list[int], statuses: list[str], token_events: list[TokenResult]) -> int:
+        """Append output tokens, stopping exactly at EOS, max_tokens or the context limit; returns how many.
+
+        Each token's event gets the text it adds to the output stream (joined: exactly the decoded output).
+        """
         s, eos = self.settings, self.target_lm.cfg.eos_token_id
-        for tok, status in zip(new_tokens, statuses):
+        n = 0
+        for tok, status, event in zip(new_tokens, statuses, token_events):
+            n += 1
             self.tokens.append(tok)
             self.stats.emit(status)
+            event.text = self._stream.push(tok)
             if eos is not None and tok == eos:
                 self.finish_reason = "stop"
             elif self.num_output_tokens >= s.max_tokens:
@@ -276,7 +291,9 @@ class GenerationSession:
             elif len(self.tokens) >= self.target_lm.cfg.max_position_embeddings:
                 self.finish_reason = "context"
             if self.finish_reason:
+                event.text += self._stream.flush()
                 break
+        return n
 
     def _after_round(self) -> list[Event]:
         return [self._kv_event(), Metrics(self.metrics())]
@@ -284,8 +301,13 @@ class GenerationSession:
     # --- live settings -----------------------------------------------------------------------------
     def _check_kv_heads(self, n: int) -> None:
         if n not in self.variants:
-            raise SettingsError("num_kv_heads", f"{n} is not available for this model; "
-                                f"choose one of {sorted(self.variants)}")
+            note = self.target_lm.meta.get("num_kv_heads_note")   # e.g. a pretrained model's fixed GQA
+            raise SettingsError("num_kv_heads", f"{n} is not available for this model"
+                                f"{f' ({note})' if note else ''}; choose one of {sorted(self.variants)}")
+
+    def _no_draft_reason(self) -> str:
+        return (f"no draft model shares this target's vocabulary ({self.target_lm.name}: "
+                f"{self.target_lm.cfg.vocab_size:,} tokens); use method ngram or none")
 
     def _apply_pending(self) -> list[Event]:
         with self._pending_lock:
@@ -392,7 +414,9 @@ class GenerationSession:
         m = self.stats.summary(self.num_output_tokens)
         return {
             "text": self.tokenizer.decode(out_ids), "num_output_tokens": len(out_ids),
-            "finish_reason": self.finish_reason, "tokens": self.stats.token_statuses(self.tokenizer, out_ids),
+            "finish_reason": self.finish_reason,
+            "tokens": [{**t, "text": text} for t, text in   # stream pieces: joined, they are `text`
+                       zip(self.stats.token_statuses(self.tokenizer, out_ids), self.tokenizer.stream_texts(out_ids))],
             **m, "kv_cache": self.kv_figures(),
             "model": {"name": self.target_lm.name, "num_hidden_layers": cfg.num_hidden_layers,
                       "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
