@@ -1,5 +1,6 @@
 """The command line: generate, check-distribution, models (run as real subprocesses)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -14,7 +15,8 @@ def models_dir(tmp_path_factory):
 
 
 def cli(*args):
-    r = subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "DECODING_PLAYGROUND_CACHE": os.devnull}   # the stand-in family only: no fetched models
+    r = subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=120, env=env)
     return r.returncode, r.stdout, r.stderr
 
 
