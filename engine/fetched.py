@@ -68,8 +68,8 @@ CATALOGUE: dict[str, FetchSpec] = {
         license="Apache-2.0",
         description="SmolLM2-135M-Instruct (Hugging Face), a real pretrained Llama: 30 layers x 576, "
                     "9 query heads sharing 3 KV heads, byte-level BPE of 49,152 tokens, ChatML",
-        note_num_kv_heads="its grouped-query attention (9 query heads sharing 3 KV heads) is part of the "
-                          "trained weights: only 3 KV heads is valid"),
+        note_num_kv_heads="its grouped-query attention is part of the trained weights: 9 query heads share "
+                          "3 KV heads, and only 3 is valid"),
 }
 
 
