@@ -48,7 +48,8 @@ class AppConfig:
         if self.max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if any(c in self.embed_frame_ancestors for c in ";,\r\n"):
-            raise ValueError(f"frame ancestors must be a space-separated CSP source list: {self.embed_frame_ancestors!r}")
+            raise ValueError("frame ancestors must be a space-separated CSP source list: "
+                             f"{self.embed_frame_ancestors!r}")
 
     def with_overrides(self, **changes) -> "AppConfig":
         """This configuration with the given values (None: keep), e.g. from `serve`'s options."""

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024
 OUTBOX_MAX_BATCHES = 8          # rounds waiting to be sent before the engine waits for the client
-FRAME_S = 1 / 60                # at full speed, send at most one message per frame
+FRAME_S = 1 / 10                # at full speed, send at most 10 messages a second (what arrives meanwhile is coalesced)
 FULL_SPEED_BUDGET_S = 0.012     # at full speed, run rounds for up to this long per worker-thread call
 
 

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 
 from app.connection import Batch, Command, CommandError, Connection, Notice, parse_speed
-from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, gauge_rows
+from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES
 from app.state import Playground
 from app.templating import templates
 from engine.settings import LIVE_SETTINGS
@@ -235,8 +235,9 @@ class HtmlView:
     def _on_started(self, e, frame: Frame, run_id: int) -> None:
         m = macros()
         self.run_id, self.lane = run_id, None
-        self.status = {"state": "paused" if self._conn.paused else "running", "round": 0, "tokens": 0, "gamma": e.settings["num_speculative_tokens"]
-                       if e.settings["method"] != "none" else None, "finish": None}
+        gamma = e.settings["num_speculative_tokens"] if e.settings["method"] != "none" else None
+        self.status = {"state": "paused" if self._conn.paused else "running", "round": 0, "tokens": 0,
+                       "gamma": gamma, "finish": None}
         frame.replace["stream"] = m.stream(e.prompt_tokens, run_id)
         frame.appends.pop("stream", None)
         frame.replace["draft-lane"] = m.lane_empty("Prefill next: the prompt goes through the target in one forward.")
@@ -347,13 +348,15 @@ class HtmlView:
 
     # --- gauges ------------------------------------------------------------------------------------
     def _render_gauges(self, values: dict, frame: Frame) -> None:
-        """All gauges in one element (one swap), the changed ones marked so that only they animate."""
-        texts = {name: fmt_metric(name, values.get(name)) for name in METRICS}
-        changed = {name for name in METRICS if self.gauges.get(name) != texts[name]}
-        if changed:
-            self.gauges = texts
-            humans = {"kv_cache_bytes": human_bytes(values.get("kv_cache_bytes"))}
-            frame.replace["gauge-grid"] = macros().gauge_grid(gauge_rows(texts, humans, changed))
+        """The changed gauges only, each as the innerHTML of its value element (one small swap each)."""
+        m = macros()
+        for name in METRICS:
+            text = fmt_metric(name, values.get(name))
+            if self.gauges.get(name) != text:
+                self.gauges[name] = text
+                frame.replace["m-" + name] = m.gauge(name, text)
+                if name == "kv_cache_bytes":
+                    frame.replace["mh-" + name] = m.gauge_human(name, human_bytes(values.get(name)))
 
     # --- the KV block map --------------------------------------------------------------------------
     def _engine_pool(self, key: tuple) -> dict | None:

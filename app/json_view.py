@@ -49,7 +49,8 @@ def _validation_message(e: ValidationError) -> str:
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err["loc"] if not str(x).endswith("Message"))
     if err["type"] == "union_tag_invalid":
-        return f"type: unknown message type {err.get('input', {}).get('type')!r}; expected one of {', '.join(MESSAGE_TYPES)}"
+        got = err.get("input", {}).get("type")
+        return f"type: unknown message type {got!r}; expected one of {', '.join(MESSAGE_TYPES)}"
     if err["type"] == "union_tag_not_found":
         return f"type: every message needs a 'type', one of {', '.join(MESSAGE_TYPES)}"
     if err["type"] == "extra_forbidden":

@@ -40,10 +40,8 @@ GAUGES = [
 ]
 
 
-def gauge_rows(texts: dict | None = None, humans: dict | None = None, changed=()) -> list[dict]:
-    texts, humans = texts or {}, humans or {}
-    return [{"name": n, "label": label, "unit": unit, "text": texts.get(n, "–"), "human": humans.get(n),
-             "changed": n in changed} for n, label, unit in GAUGES]
+def gauge_rows() -> list[dict]:
+    return [{"name": n, "label": label, "unit": unit, "text": "–"} for n, label, unit in GAUGES]
 
 
 def _truthy(value: str | None) -> bool:
@@ -148,8 +146,7 @@ def page_context(query, playground: Playground, embed: bool) -> dict:
     state = page_state(query, playground)
     targets, variants, draft = [], [], None
     if registry is not None:
-        targets = [{"name": m.name, "label": f"{m.name} ({m.cfg.attention_kind}, {m.model.num_parameters:,} parameters)"}
-                   for m in registry.targets]
+        targets = [{"name": m.name, "label": f"{m.name} ({m.cfg.attention_kind})"} for m in registry.targets]
         target = registry.get(state.values["model"] or None)
         variants = [{"value": str(n), "label": f"{n} — {lm.cfg.attention_kind}"}
                     for n, lm in sorted(registry.variants(target).items(), reverse=True)]
@@ -160,6 +157,4 @@ def page_context(query, playground: Playground, embed: bool) -> dict:
         "targets": targets, "kv_head_variants": variants, "draft_name": draft,
         "kv_cache_dtypes": list(KV_CACHE_DTYPES), "load_error": playground.load_error,
         "hideable": HIDEABLE, "max_prompt_chars": MAX_PROMPT_CHARS, "gauge_rows": gauge_rows(),
-        "max_tokens_limit": GenerationSettings.model_fields["max_tokens"].metadata[1].le
-        if len(GenerationSettings.model_fields["max_tokens"].metadata) > 1 else 4096,
     }

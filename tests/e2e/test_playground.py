@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from playwright.sync_api import expect
 
 pytestmark = pytest.mark.browser
 
@@ -116,8 +117,9 @@ def test_a_run_shows_tokens_of_every_status(live_server, page, artifacts_dir):
     assert "line-through" in decoration
     legend = set(page.eval_on_selector_all(".legend [data-token-status]", "els => els.map(e => e.dataset.tokenStatus)"))
     assert legend == STATUSES
-    colours = page.eval_on_selector_all(".legend [data-token-status]",
-                                        "els => els.map(e => getComputedStyle(e).borderBottomStyle + getComputedStyle(e).backgroundColor)")
+    colours = page.eval_on_selector_all(
+        ".legend [data-token-status]",
+        "els => els.map(e => getComputedStyle(e).borderBottomStyle + getComputedStyle(e).backgroundColor)")
     assert len(set(colours)) == 5                     # each status looks different, not only by hue
     # the summary the page shows agrees with the tokens that arrived
     shown = page.evaluate("window.playgroundStats.tokens")
@@ -153,16 +155,16 @@ def test_switching_dtype_and_kv_heads_changes_bytes_per_token_to_the_formula(liv
     open_page(page, url(live_server, speed="10", max_tokens=400, method="none", prompt=PROMPT))
     page.click("#btn-toggle")
     gauge = "#m-kv_bytes_per_token"
-    page.wait_for_selector(f"{gauge}:text-is('{kv_bytes_formula(models_dir, mha, 'auto')}')", timeout=30_000)
+    shows = expect(page.locator(gauge)).to_have_text
+    shows(str(kv_bytes_formula(models_dir, mha, "auto")), timeout=30_000)
 
     page.select_option("#f-kv_cache_dtype", "int8_per_token_head")
-    page.wait_for_selector(f"{gauge}:text-is('{kv_bytes_formula(models_dir, mha, 'int8_per_token_head')}')",
-                           timeout=30_000)
+    shows(str(kv_bytes_formula(models_dir, mha, "int8_per_token_head")), timeout=30_000)
     page.select_option("#f-num_kv_heads", str(mqa))
     expected = kv_bytes_formula(models_dir, mqa, "int8_per_token_head")
-    page.wait_for_selector(f"{gauge}:text-is('{expected}')", timeout=30_000)
+    shows(str(expected), timeout=30_000)
     page.select_option("#f-kv_cache_dtype", "float16")
-    page.wait_for_selector(f"{gauge}:text-is('{kv_bytes_formula(models_dir, mqa, 'float16')}')", timeout=30_000)
+    shows(str(kv_bytes_formula(models_dir, mqa, "float16")), timeout=30_000)
     # the KV map now draws the MQA target's float16 pool, and its bytes in use follow the formula
     page.wait_for_selector("#kv-target-grid[data-kv-cache-dtype='float16']", timeout=30_000)
     page.screenshot(path=str(artifacts_dir / "playground-mqa-float16.png"))
