@@ -41,10 +41,14 @@ class PanelWeight:
     def __rmatmul__(self, x):  # [n, C] -> [n, D]
         n = x.shape[0]
         if n == 1:      # see the module docstring: two rows are faster than one
-            y = np.matmul(np.concatenate([x, x]), self.panels)[:, :1]       # [P, 1, b]
-        else:
-            y = np.matmul(x, self.panels)                                    # [P, n, b]
-        return y.transpose(1, 0, 2).reshape(n, self.shape[1])
+            return self._product(np.concatenate([x, x]))[:1]
+        return self._product(x)
+
+    def _product(self, x):  # [n, C] -> [n, D], each panel's product written straight into its columns
+        n, num_panels = x.shape[0], self.panels.shape[0]
+        out = np.empty((n, self.shape[1]), np.result_type(x, self.panels))
+        np.matmul(x, self.panels, out=out.reshape(n, num_panels, -1).transpose(1, 0, 2))    # [P, n, b] view
+        return out
 
     def to_array(self):  # -> [C, D]
         return self.panels.transpose(1, 0, 2).reshape(self.shape)
