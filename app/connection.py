@@ -31,6 +31,7 @@ import anyio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.state import Playground
+from engine.events import Error
 from engine.session import GenerationSession
 from engine.settings import SettingsError
 
@@ -379,6 +380,10 @@ class Connection:
                     await self.outbox.put_batch(Batch(run.run_id, events))
                     if ended or not events:
                         return
+        except Exception as e:          # an engine bug: say so on this connection, keep the server up
+            logger.exception("generation %s failed", run.session.id)
+            run.ended = True
+            await self.outbox.put_batch(Batch(run.run_id, [Error(f"internal error: {type(e).__name__}: {e}")]))
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_close, gen, run.session)

@@ -6,6 +6,7 @@ Waits are bounded (`asyncio.wait_for`); "nothing arrives" is checked over a shor
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
 import urllib.request
@@ -69,7 +70,10 @@ async def connect(base_url: str, path: str = "/api/ws", **kwargs):
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 120))
+    """Run a scenario to its end (at most 120 s) on a fresh event loop in its own thread: Playwright's sync
+    API (the browser tests, same session) keeps a loop running in the main thread."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, asyncio.wait_for(coro, 120)).result()
 
 
 def wait_for_stats(base_url: str, predicate, timeout: float = 10.0) -> dict:
@@ -380,6 +384,32 @@ def test_a_vanished_client_mid_stream_frees_its_blocks(live_server):
         await c.send(type="start", prompt=PROMPT, settings={"max_tokens": 400}, speed=20)
         await c.until("kv")
         c.ws.transport.abort()
+
+    run(scenario())
+    stats = wait_for_stats(live_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
+    assert stats["sessions"] == 0 and stats["kv_blocks_used"] == 0, stats
+
+
+def test_an_engine_failure_is_reported_and_the_connection_and_server_stay_up(live_server, monkeypatch):
+    """A bug inside a round (simulated) ends that generation with an error event, not the connection."""
+    from engine.session import GenerationSession
+
+    original = GenerationSession._round
+
+    def broken(self):
+        if self.round >= 2:
+            raise RuntimeError("simulated engine bug")
+        return original(self)
+
+    async def scenario():
+        async with connect(live_server) as c:
+            monkeypatch.setattr(GenerationSession, "_round", broken)
+            await c.send(type="start", prompt=PROMPT, settings={"max_tokens": 50})
+            error = await c.until("error")
+            assert "simulated engine bug" in error["message"]
+            monkeypatch.setattr(GenerationSession, "_round", original)
+            await c.send(type="start", prompt=PROMPT, settings={"max_tokens": 8})
+            assert (await c.until("done"))["num_output_tokens"] >= 1
 
     run(scenario())
     stats = wait_for_stats(live_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
