@@ -132,8 +132,9 @@ def causal_mask(n):  # -> [n, n]: 0 on and below the diagonal, -inf above
     return m
 
 
-def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True):
-    """Logits [n, V] for n new tokens at positions p0..p0+n-1.
+def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_only: bool = False):
+    """Logits [n, V] for n new tokens at positions p0..p0+n-1 ([1, V] for the last one if last_only:
+    a prefill needs no more, and the LM head is a large share of its work for a large vocabulary).
 
     kv: an object with `write(layer, kv)` storing this call's keys and values [n, 2, nkv, hd] and
     `read(layer) -> KV` returning them as [2, nkv, p0 + n, hd] float32 for the whole sequence so far
@@ -168,6 +169,8 @@ def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True):
         gate_up = rms_norm(x, c_eps) @ lw.w_gate_up                                # [n, 2 I]
         gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
         x = x + (gate * up / (1.0 + np.exp(-gate))) @ lw.w_down                    # SwiGLU: silu(g) u
+    if last_only:
+        x = x[-1:]
     return rms_norm(x, c_eps) @ model.lm_head                                      # [n, V]
 
 

@@ -55,7 +55,7 @@ class DraftModelProposer:
 
     def propose(self, tokens, k, temperature, top_p, rng):
         runner = self.runner
-        logits = runner.extend(tokens[runner.num_tokens:])[-1]       # catch up (the first call prefills)
+        logits = runner.extend(tokens[runner.num_tokens:], last_only=True)[-1]   # catch up (first call: prefill)
         drafts, qs, raw = [], [], []
         for i in range(k):
             q = probs_from_logits(logits, temperature, top_p)
@@ -64,7 +64,7 @@ class DraftModelProposer:
             qs.append(q)
             raw.append(logits)
             if i < k - 1:
-                logits = runner.extend([x])[-1]
+                logits = runner.extend([x], last_only=True)[-1]
         self.display_q = np.array(raw)
         return drafts, np.array(qs)
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from .kv_cache import KVCacheManager
-from .model import Model, forward, forward_no_cache
+from .model import Model, forward
 
 
 class PagedRunner:
@@ -30,10 +30,11 @@ class PagedRunner:
     def token_ids(self) -> list[int]:
         return self.seq.token_ids
 
-    def extend(self, tokens, causal: bool = True):  # -> logits [len(tokens) - cached, V] for the computed tail
+    def extend(self, tokens, causal: bool = True, last_only: bool = False):  # -> logits [n computed | 1, V]
         """Feed tokens; the first call on an empty sequence may reuse cached prefix blocks.
 
-        Returns logits for the positions actually computed (the last one is always computed).
+        Returns logits for the positions actually computed (the last one is always computed), or for the
+        last position only.
         """
         tokens = list(tokens)
         if self.seq.num_tokens == 0 and self.prefix_caching and len(tokens) > 1:
@@ -42,7 +43,7 @@ class PagedRunner:
         t = time.perf_counter()
         p0 = self.seq.num_tokens
         logits = forward(self.model, np.asarray(tokens), p0, self.manager.append_slots(self.seq, tokens),
-                         causal=causal)
+                         causal=causal, last_only=last_only)
         self.forward_s += time.perf_counter() - t
         self.forward_calls += 1
         return logits
@@ -88,14 +89,14 @@ class RecomputeRunner:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    def extend(self, tokens, causal: bool = True):  # `causal` is ignored: the mask fault needs a cache
+    def extend(self, tokens, causal: bool = True, last_only: bool = False):  # `causal`: the mask fault needs a cache
         tokens = list(tokens)
         self.token_ids.extend(tokens)
         t = time.perf_counter()
-        logits = forward_no_cache(self.model, self.token_ids)
+        logits = forward(self.model, np.asarray(self.token_ids), 0, None, last_only=last_only)
         self.forward_s += time.perf_counter() - t
         self.forward_calls += 1
-        return logits[len(self.token_ids) - len(tokens):]
+        return logits if last_only else logits[len(self.token_ids) - len(tokens):]
 
     def truncate(self, n: int) -> None:
         del self.token_ids[n:]

@@ -47,5 +47,7 @@ def sample(p, rng: np.random.Generator) -> int:
 
 
 def top_k(p, k: int = 5):  # -> [(token, prob)] the k most likely tokens
-    idx = np.argsort(-p, kind="stable")[:k]
+    k = min(k, len(p))
+    idx = np.argpartition(-p, k - 1)[:k]          # O(V), not a full sort of a large vocabulary
+    idx = idx[np.argsort(-p[idx], kind="stable")]
     return [(int(i), float(p[i])) for i in idx]

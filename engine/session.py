@@ -179,7 +179,7 @@ class GenerationSession:
         self.target = self._make_runner(self.target_lm)
         self.proposer = self._make_proposer()
         t = time.perf_counter()
-        logits = self.target.extend(self.tokens)[-1]
+        logits = self.target.extend(self.tokens, last_only=True)[-1]
         ms = (time.perf_counter() - t) * 1e3
         self.stats.target_forward(ms, len(self.tokens), prefill=True)
         events: list[Event] = [Prefill("target", len(self.tokens), self.target.cached_tokens, ms)]
@@ -333,7 +333,7 @@ class GenerationSession:
             self.target.free()
             self.target = self._make_runner(self.target_lm)
             if new.kv_cache:
-                self.target.extend(self.tokens[:-1])
+                self.target.extend(self.tokens[:-1], last_only=True)
                 self.target.commit()
                 notes.append(f"target {self.target_lm.name} ({self.target_lm.cfg.attention_kind}) re-prefilled "
                              f"{len(self.tokens) - 1} tokens")
