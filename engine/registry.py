@@ -20,6 +20,7 @@ from .model import Model
 from .tokenizer import TextTokenizer
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+SEQUENCE_TOKENS_BUDGET = 2048
 
 
 @dataclass
@@ -116,7 +117,9 @@ class InferenceEngine:
         key = (lm.name, kv_cache_dtype, block_size)
         mgr = self.managers.get(key)
         if mgr is None:
-            ctx_blocks = -(-lm.cfg.max_position_embeddings // block_size)
+            # sized for SEQUENCE_TOKENS_BUDGET tokens per session (a long-context model's full context for
+            # every session would be thousands of blocks); a longer sequence gets a clear "exhausted" error
+            ctx_blocks = -(-min(lm.cfg.max_position_embeddings, SEQUENCE_TOKENS_BUDGET) // block_size)
             # each session holds at most one context of its own plus a round of lookahead
             num_blocks = self.blocks_per_pool or self.max_sessions * (ctx_blocks + 2)
             mgr = self.managers[key] = KVCacheManager(lm.cfg, num_blocks, block_size, kv_cache_dtype,
