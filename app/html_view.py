@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from markupsafe import Markup, escape
+
 from app.connection import Batch, Command, CommandError, Connection, Notice, parse_speed
 from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES
 from app.state import Playground
@@ -34,12 +36,40 @@ SETTING_LABELS = {"num_speculative_tokens": "γ", "kv_cache_dtype": "KV dtype", 
                   "num_speculative_tokens_schedule": "γ schedule"}
 
 _macros = None
+_WHITESPACE = {"\n": '<span class="ws" aria-hidden="true">↵</span>\n',
+               "\t": '<span class="ws" aria-hidden="true">⇥</span>\t',
+               "<|endoftext|>": '<span class="eos">⟨end of text⟩</span>'}
+
+
+def piece(text: str) -> Markup:
+    """A token's text as HTML: escaped, with newline, tab and end of text made visible."""
+    special = _WHITESPACE.get(text)
+    return Markup(special) if special is not None else escape(text)
+
+
+def _p(x) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+def token_html(t) -> str:
+    """One streamed token. Built here rather than by a template macro: it is the hot path at full speed
+    (several macro calls per token); every value that is not a fixed string is escaped."""
+    title = f"{t.status} · p={_p(t.p)}"
+    if t.q is not None:
+        title += f" · q={_p(t.q)}"
+    if t.accept_prob is not None:
+        title += f" · min(1, p/q)={_p(t.accept_prob)}"
+    if t.r is not None:
+        title += f" · r={_p(t.r)}"
+    return (f'<span class="tok" data-token-status="{escape(t.status)}" data-round="{int(t.round)}" '
+            f'title="{escape(title)}">{piece(t.text)}</span>')
 
 
 def macros():
     """The fragment macros of templates/_fragments.html (autoescaped: it is an .html template)."""
     global _macros
     if _macros is None:
+        templates.env.globals["piece"] = piece
         _macros = templates.env.get_template("_fragments.html").module
     return _macros
 
@@ -272,7 +302,7 @@ class HtmlView:
                                  "r": None} for t in e.tokens]}
 
     def _on_token(self, e, frame: Frame, run_id: int) -> None:
-        frame.append("stream", macros().token(e))
+        frame.append("stream", token_html(e))
         if e.status != "rejected":
             self.status["tokens"] += 1
         lane = self.lane

@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import socket
 import statistics
+import subprocess
 import threading
 import time
 import urllib.parse
@@ -133,7 +135,14 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
         config = AppConfig(models_dir=Path(models_dir), allowed_origins=config.allowed_origins)
     if not CHROMIUM.exists():
         raise SystemExit(f"bench page needs Chromium at {CHROMIUM} (make browser)")
-    engine = InferenceEngine(ModelRegistry.from_dir(config.models_dir))
+    registry = ModelRegistry.from_dir(config.models_dir, fetched=False)
+    engine = InferenceEngine(registry)
+    target = registry.default_target()
+    trained = any(m.meta.get("val_loss") is not None for m in registry.models.values())
+    models = (f"{target.name} ({target.cfg.num_hidden_layers} layers × width {target.cfg.hidden_size}, "
+              f"{target.model.num_parameters:,} parameters) and its draft, "
+              + ("trained" if trained else "RANDOM weights (a stand-in with the shipped shapes)"))
+    load_before = os.getloadavg()
     cases = []
     with Server(config) as server, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
@@ -163,14 +172,29 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
             browser.close()
     return {"command": f"decoding-playground bench page --max-tokens {max_tokens} --repeats {repeats}",
             "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": machine(),
-            "models_dir": str(config.models_dir), "prompt": PROMPT, "cases": cases,
+            "models_dir": str(config.models_dir), "models": models, "prompt": PROMPT, "cases": cases,
+            "load_average": [round(x, 2) for x in load_before], "busy_processes": busy_processes(),
             "ok": all(c["ratio"] >= GOAL_RATIO and c["max_long_task_ms"] <= GOAL_LONG_TASK_MS for c in cases)}
+
+
+def busy_processes() -> list[str]:
+    """Other processes using a lot of CPU right now (the machine is shared), as `name pid %cpu`."""
+    try:
+        out = subprocess.run(["ps", "-eo", "pid,pcpu,comm", "--sort=-pcpu"], capture_output=True, text=True,
+                             timeout=5).stdout.splitlines()[1:]
+    except (OSError, subprocess.SubprocessError):
+        return []
+    me = os.getpid()
+    return [f"{cmd} {pid} {cpu}%" for pid, cpu, cmd in (line.split(None, 2) for line in out)
+            if float(cpu) >= 20 and int(pid) != me]
 
 
 def markdown(r: dict) -> str:
     m = r["machine"]
     lines = [f"Command: `{r['command']}` — {r['date']} — {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
-             f"BLAS threads {m['blas_threads']}. Models: `{r['models_dir']}`; headless Chromium on the same machine.",
+             f"BLAS threads {m['blas_threads']}. Models: {r['models']} (`{r['models_dir']}`); headless Chromium "
+             f"on the same machine. Load average before the run {r['load_average']}; other busy processes: "
+             f"{', '.join(r['busy_processes']) or 'none'}.",
              "",
              "Tokens/s = output tokens / wall time from start to `done` (engine alone: a plain loop over the "
              "session's events; browser: from the press of play to the arrival of `done`, counting the tokens "
