@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from markupsafe import Markup, escape
 
 from app.connection import Batch, Command, CommandError, Connection, Notice, parse_speed
-from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES
+from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, model_options
 from app.state import Playground
 from app.templating import templates
 from engine.settings import LIVE_SETTINGS
@@ -65,11 +65,13 @@ def token_html(t) -> str:
             f'title="{escape(title)}">{piece(t.text)}</span>')
 
 
+templates.env.globals["piece"] = piece        # for templates/_fragments.html
+
+
 def macros():
     """The fragment macros of templates/_fragments.html (autoescaped: it is an .html template)."""
     global _macros
     if _macros is None:
-        templates.env.globals["piece"] = piece
         _macros = templates.env.get_template("_fragments.html").module
     return _macros
 
@@ -173,6 +175,8 @@ class HtmlView:
         old, self.form = self.form, settings
         old_prompt, self.form_prompt = self.form_prompt, prompt
         commands = [Command("speed", speed=speed)] if speed != "keep" and speed != conn.speed else []
+        if old and settings.get("model") != old.get("model") and self.playground.registry is not None:
+            conn.notice("model_options", model=settings.get("model") or None, num_kv_heads=settings.get("num_kv_heads"))
         if conn.state not in ("running", "paused"):
             return commands
         changed = {k: v for k, v in settings.items() if old.get(k) != v}
@@ -243,6 +247,15 @@ class HtmlView:
         elif item.type == "settings_queued":
             text = ", ".join(setting_text(k, v) for k, v in d["changes"].items())
             frame.append("notes", m.note("settings_queued", f"{text}: queued, applies at the next round"))
+        elif item.type == "model_options":
+            opts = model_options(self.playground.registry, d["model"])
+            value = d["num_kv_heads"] if d["num_kv_heads"] in {v["value"] for v in opts["variants"]} else ""
+            frame.replace["f-num_kv_heads"] = m.kv_heads_select(opts, value)
+            draft = (f"draft model {opts['draft']}" if opts["draft"] else
+                     "no draft model shares its vocabulary: use n-gram lookup or none")
+            chat = ", has a chat template" if opts["chat"] else ""
+            frame.append("notes", m.note("model", f"{opts['target']}: {opts['num_kv_heads']} KV heads "
+                                                  f"({opts['attention']}){chat}; {draft}"))
         elif item.type == "note":
             frame.append("notes", m.note(d.get("kind", "note"), d["text"]))
         elif item.type == "error":

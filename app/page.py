@@ -14,7 +14,7 @@ from engine.kv_dtypes import KV_CACHE_DTYPES
 from engine.settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
-FORM_SETTINGS = ["model", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
+FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
                  "num_speculative_tokens_schedule", "prompt_lookup_min", "prompt_lookup_max", "kv_cache",
                  "kv_cache_dtype", "num_kv_heads", "block_size", "enable_prefix_caching"]
 BOOL_SETTINGS = {"kv_cache", "enable_prefix_caching", "chat"}
@@ -104,7 +104,7 @@ def page_state(query, playground: Playground) -> PageState:
     if registry is not None:
         if valid.get("model") is not None and valid["model"] not in {m.name for m in registry.targets}:
             state.warnings.append(f"ignored model={valid.pop('model')!r} from the URL: not a target model here")
-        target = registry.get(valid.get("model"))
+        target = target_of(registry, valid.get("model"))
         if valid.get("num_kv_heads") is not None and valid["num_kv_heads"] not in registry.variants(target):
             state.warnings.append(f"ignored num_kv_heads={valid.pop('num_kv_heads')} from the URL: "
                                   f"{target.name} has variants {sorted(registry.variants(target))}")
@@ -141,20 +141,34 @@ def page_state(query, playground: Playground) -> PageState:
     return state
 
 
+def target_of(registry, name: str | None):
+    """The target model a form value names (the default target for "" or an unknown name); loads nothing."""
+    lm = registry.models.get(name) if name else None
+    return lm if lm is not None and lm.role == "target" else registry.default_target()
+
+
+def model_options(registry, name: str | None) -> dict:
+    """What the form offers for a target: its KV-head variants, its draft model, whether it has a chat template."""
+    target = target_of(registry, name)
+    variants = [{"value": str(n), "label": f"{n} — {lm.cfg.attention_kind}"}
+                for n, lm in sorted(registry.variants(target).items(), reverse=True)]
+    draft = registry.draft_for(target)
+    chat = target.tokenizer is not None and getattr(target.tokenizer, "chat_template", None) is not None
+    return {"target": target.name, "attention": target.cfg.attention_kind,
+            "num_kv_heads": target.cfg.num_key_value_heads, "variants": variants,
+            "draft": draft.name if draft else None, "chat": chat}
+
+
 def page_context(query, playground: Playground, embed: bool) -> dict:
     registry = playground.registry
     state = page_state(query, playground)
-    targets, variants, draft = [], [], None
+    targets, options = [], {"variants": [], "draft": None, "chat": False}
     if registry is not None:
         targets = [{"name": m.name, "label": f"{m.name} ({m.cfg.attention_kind})"} for m in registry.targets]
-        target = registry.get(state.values["model"] or None)
-        variants = [{"value": str(n), "label": f"{n} — {lm.cfg.attention_kind}"}
-                    for n, lm in sorted(registry.variants(target).items(), reverse=True)]
-        d = registry.draft_for(target)
-        draft = d.name if d else None
+        options = model_options(registry, state.values["model"] or None)
     return {
         "state": state, "embed": embed, "presets": PRESETS, "speeds": SPEEDS,
-        "targets": targets, "kv_head_variants": variants, "draft_name": draft,
+        "targets": targets, "model_options": options,
         "kv_cache_dtypes": list(KV_CACHE_DTYPES), "load_error": playground.load_error,
         "hideable": HIDEABLE, "max_prompt_chars": MAX_PROMPT_CHARS, "gauge_rows": gauge_rows(),
     }

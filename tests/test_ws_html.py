@@ -153,3 +153,21 @@ def test_reset_clears_the_view_and_a_closed_page_frees_its_blocks(live_server):
     run(scenario())
     stats = wait_for_stats(live_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
     assert stats["sessions"] == 0 and stats["kv_blocks_used"] == 0, stats
+
+
+def test_choosing_another_target_updates_its_kv_head_options(live_server):
+    models = get_json(live_server + "/api/models")["models"]
+    other = next(m for m in models if m["role"] == "target" and m["attention"] != "MHA")
+
+    async def scenario():
+        async with websockets.connect(ws_url(live_server, "/ws"), open_timeout=10) as ws:
+            c = HtmlClient(ws)
+            await c.until(lambda f: True)
+            await c.send(speed="5")                                   # the form as loaded
+            await c.send(speed="5", model=other["name"], num_kv_heads="")
+            select = await c.until(lambda f: any(a.get("id") == "f-num_kv_heads" for _, a in f.top))
+            options = [a.get("value") for t, a in select.all if t == "option"]
+            assert options[0] == "" and set(options[1:]) == {str(n) for n in other["kv_head_variants"]}
+            assert any(a.get("data-note") == "model" for _, a in c.elements())
+
+    run(scenario())
