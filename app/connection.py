@@ -38,7 +38,7 @@ from engine.settings import SettingsError
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024
-OUTBOX_MAX_BATCHES = 8          # rounds waiting to be sent before the engine waits for the client
+OUTBOX_MAX_BATCHES = 32         # rounds waiting to be sent before the engine waits for the client
 FRAME_S = 1 / 10                # at full speed, send at most 10 messages a second (what arrives meanwhile is coalesced)
 FULL_SPEED_BUDGET_S = 0.012     # at full speed, run rounds for up to this long per worker-thread call
 
@@ -175,6 +175,7 @@ class Connection:
         self.step_credits = 0
         self._run_ids = 0
         self._changed = anyio.Event()
+        self._flush = anyio.Event()       # set when a generation has produced its last events
         self._tg: anyio.abc.TaskGroup | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -222,13 +223,16 @@ class Connection:
                 for text in self.view.render(items, self):
                     await self.ws.send_text(text)
                 await anyio.sleep(0)      # let other connections run even while the write buffer has room
-                # at full speed, one message per frame: what arrives meanwhile is coalesced
+                # at full speed, one message per frame: what arrives meanwhile is coalesced; the end of a
+                # generation is sent at once (waiting for the frame would only delay `done`)
                 if self.speed is None and self.run is not None and not self.run.ended:
                     now = anyio.current_time()
                     wait = last_send + FRAME_S - now
                     last_send = now + max(wait, 0)
                     if wait > 0:
-                        await anyio.sleep(wait)
+                        flush = self._flush
+                        with anyio.move_on_after(wait):
+                            await flush.wait()
         except (WebSocketDisconnect, OSError, RuntimeError):
             # the client is gone (or we already closed): end everything, which frees the session's blocks
             self._tg.cancel_scope.cancel()
@@ -314,6 +318,7 @@ class Connection:
         session = GenerationSession(pg.engine, prompt, settings)   # validates; raises SettingsError
         self._run_ids += 1
         run = self.run = Run(self._run_ids, session, sent_settings=dict(settings))
+        self._flush = anyio.Event()
         self.paused, self.step_credits = paused, 0
         await self._tg.start(self._produce, run)
 
@@ -378,6 +383,8 @@ class Connection:
                     if ended:
                         run.ended = True
                     await self.outbox.put_batch(Batch(run.run_id, events))
+                    if ended:
+                        self._flush.set()
                     if ended or not events:
                         return
         except Exception as e:          # an engine bug: say so on this connection, keep the server up

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from markupsafe import Markup, escape
 
 from app.connection import Batch, Command, CommandError, Connection, Notice, parse_speed
-from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, model_options
+from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, gauge_rows, model_options
 from app.state import Playground
 from app.templating import templates
 from engine.settings import LIVE_SETTINGS
@@ -391,15 +391,13 @@ class HtmlView:
 
     # --- gauges ------------------------------------------------------------------------------------
     def _render_gauges(self, values: dict, frame: Frame) -> None:
-        """The changed gauges only, each as the innerHTML of its value element (one small swap each)."""
-        m = macros()
-        for name in METRICS:
-            text = fmt_metric(name, values.get(name))
-            if self.gauges.get(name) != text:
-                self.gauges[name] = text
-                frame.replace["m-" + name] = m.gauge(name, text)
-                if name == "kv_cache_bytes":
-                    frame.replace["mh-" + name] = m.gauge_human(name, human_bytes(values.get(name)))
+        """All gauges in one element (see templates/_fragments.html), the changed ones marked to animate."""
+        texts = {name: fmt_metric(name, values.get(name)) for name in METRICS}
+        changed = {name for name in METRICS if self.gauges.get(name) != texts[name]}
+        if changed:
+            self.gauges = texts
+            rows = gauge_rows(texts, human_bytes(values.get("kv_cache_bytes")), changed)
+            frame.replace["gauge-grid"] = macros().gauge_grid(rows)
 
     # --- the KV block map --------------------------------------------------------------------------
     def _engine_pool(self, key: tuple) -> dict | None:
@@ -434,7 +432,7 @@ class HtmlView:
                     frame.replace[f"kv-{role}-grid"] = m.kv_unused(role, f"No {role} KV cache in use"
                                                                   + (" (method: no draft model)" if role == "draft" else
                                                                      " (KV cache off: recomputing)"))
-                    frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, None, 0)
+                    frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, None)
                     self.kv.pop(role, None)
                 continue
             key = (pool["name"], pool["kv_cache_dtype"], pool["block_size"])
@@ -459,8 +457,8 @@ class HtmlView:
             else:
                 for c in cells:
                     frame.replace[f"kv-{role}-{c['id']}"] = m.kv_cell(role, c, True)
-            if full or old.pool.get("used") != pool["used"] or old.table != table or frame.kv_snapshot:
-                frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, pool, len(table))
+            if full or frame.kv_snapshot:      # not every round: each top-level element costs the browser
+                frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, pool)
             self.kv[role] = RenderedPool(key, states, table, pool)
 
 

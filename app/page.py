@@ -40,8 +40,10 @@ GAUGES = [
 ]
 
 
-def gauge_rows() -> list[dict]:
-    return [{"name": n, "label": label, "unit": unit, "text": "–"} for n, label, unit in GAUGES]
+def gauge_rows(texts: dict | None = None, human: str | None = None, changed=()) -> list[dict]:
+    texts = texts or {}
+    return [{"name": n, "label": label, "unit": unit, "text": texts.get(n, "–"), "changed": n in changed,
+             "human": human if n == "kv_cache_bytes" else None} for n, label, unit in GAUGES]
 
 
 def _truthy(value: str | None) -> bool:

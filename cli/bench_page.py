@@ -3,6 +3,8 @@
 In one run, interleaved so that the noise of a shared machine hits both sides alike:
 - **engine alone**: the same generation (prompt, settings) as a plain loop over the session's events,
   in this process; tokens/s = output tokens / wall time from creating the session to `done`;
+- **the page's websocket without a browser**: `/ws` read by a plain websocket client, to tell the server's
+  own cost from the browser's;
 - **in the browser**: a real uvicorn server (in a thread of this process) and headless Chromium (Playwright,
   /usr/bin/chromium) opening the page with `autoplay=1&speed=max`; the page's own figures
   (static/playground.js, `window.playgroundStats`) give the output tokens that arrived and when, from the
@@ -17,6 +19,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -61,6 +64,29 @@ def engine_run(engine, settings: dict) -> dict:
     wall = time.perf_counter() - t0
     n = done["num_output_tokens"]
     return {"tokens": n, "wall_s": wall, "tokens_per_s": n / wall, "engine_tokens_per_s": done["tokens_per_s"]}
+
+
+# --- the page's websocket without a browser ------------------------------------------------------------------
+TOKEN_RE = re.compile(r'class="tok" data-token-status="(\w+)"')
+
+
+def ws_run(base_url: str, settings: dict, timeout_s: float = 120) -> dict:
+    """/ws read by a plain websocket client: what the server delivers when nothing else needs the CPU."""
+    from websockets.sync.client import connect
+
+    fields = {"prompt": PROMPT, "speed": "max", "action": "toggle", **{k: str(v) for k, v in settings.items()}}
+    tokens = 0
+    with connect(base_url.replace("http://", "ws://") + "/ws", max_size=2 ** 24, open_timeout=10) as ws:
+        ws.recv(timeout=timeout_s)                                 # hello
+        t0 = time.perf_counter()
+        ws.send(json.dumps(fields))
+        while True:
+            message = ws.recv(timeout=timeout_s)
+            tokens += sum(status != "rejected" for status in TOKEN_RE.findall(message))
+            if 'id="run-status"' in message and 'data-state="done"' in message:
+                break
+        wall = time.perf_counter() - t0
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
 
 
 # --- in the browser -----------------------------------------------------------------------------------------
@@ -152,9 +178,10 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
                 settings = {**settings, "max_tokens": max_tokens}
                 engine_run(engine, settings)                       # warm-up: pools, caches
                 browser_run(browser, server.url, settings)
-                eng, web = [], []
+                eng, web, sock = [], [], []
                 for _ in range(repeats):                           # interleaved
                     eng.append(engine_run(engine, settings))
+                    sock.append(ws_run(server.url, settings))
                     web.append(browser_run(browser, server.url, settings))
                 ratios = [w["tokens_per_s"] / e["tokens_per_s"] for e, w in zip(eng, web)]
                 cases.append({
@@ -162,11 +189,13 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
                     "engine_tokens_per_s": statistics.median(e["tokens_per_s"] for e in eng),
                     "engine_own_tokens_per_s": statistics.median(e["engine_tokens_per_s"] for e in eng),
                     "browser_tokens_per_s": statistics.median(w["tokens_per_s"] for w in web),
+                    "ws_tokens_per_s": statistics.median(s["tokens_per_s"] for s in sock),
+                    "ws_ratio": statistics.median(s["tokens_per_s"] / e["tokens_per_s"] for e, s in zip(eng, sock)),
                     "ratio": statistics.median(ratios), "ratio_min": min(ratios),
                     "messages": statistics.median(w["messages"] for w in web),
                     "long_tasks": sum(w["long_tasks"] for w in web),
                     "max_long_task_ms": max(w["max_long_task_ms"] for w in web),
-                    "runs": {"engine": eng, "browser": web},
+                    "runs": {"engine": eng, "websocket": sock, "browser": web},
                 })
         finally:
             browser.close()
@@ -200,12 +229,13 @@ def markdown(r: dict) -> str:
              "session's events; browser: from the press of play to the arrival of `done`, counting the tokens "
              "that arrived). Medians of interleaved runs; long tasks are PerformanceObserver('longtask') "
              "entries while streaming, over all runs.", "",
-             "| case | output tokens | engine alone tok/s | in the browser tok/s | browser / engine (min) | "
-             "messages per run | long tasks > 50 ms (max ms) | goal |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| case | output tokens | engine alone tok/s | /ws, no browser tok/s (÷ engine) | in the browser tok/s | "
+             "browser ÷ engine (min) | messages per run | long tasks > 50 ms (max ms) | goal |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for c in r["cases"]:
         ok = c["ratio"] >= GOAL_RATIO and c["max_long_task_ms"] <= GOAL_LONG_TASK_MS
-        lines.append(f"| {c['case']} | {c['tokens']} | {c['engine_tokens_per_s']:.0f} | {c['browser_tokens_per_s']:.0f}"
+        lines.append(f"| {c['case']} | {c['tokens']} | {c['engine_tokens_per_s']:.0f} | {c['ws_tokens_per_s']:.0f} "
+                     f"({c['ws_ratio']:.0%}) | {c['browser_tokens_per_s']:.0f}"
                      f" | {c['ratio']:.1%} ({c['ratio_min']:.1%}) | {c['messages']:.0f} | {c['long_tasks']} "
                      f"({c['max_long_task_ms']:.0f}) | {'ok' if ok else 'MISSED'} |")
     lines += ["", f"Goals: browser >= {GOAL_RATIO:.0%} of the engine alone; no long task over "
