@@ -141,13 +141,14 @@
     var dirty = false
     if (feed.dataset.reset !== chart.reset) { chart.reset = feed.dataset.reset; chart.points = []; dirty = true }
     if (feed.firstElementChild) {
-      var items = feed.querySelectorAll('i')
+      // each message's rounds packed in one attribute: "round:target_ms:draft_ms:emitted:drafted:accepted,..."
+      var items = feed.querySelectorAll('i[data-points]')
       for (var i = 0; i < items.length; i++) {
-        var el = items[i]
-        chart.points.push({
-          round: +el.dataset.round, target: +el.dataset.targetMs, draft: +el.dataset.draftMs,
-          emitted: +el.dataset.emitted
-        })
+        var packed = items[i].dataset.points.split(',')
+        for (var j = 0; j < packed.length; j++) {
+          var f = packed[j].split(':')
+          chart.points.push({ round: +f[0], target: +f[1], draft: +f[2], emitted: +f[3] })
+        }
       }
       feed.replaceChildren()
       if (chart.points.length > MAX_CHART_POINTS) chart.points.splice(0, chart.points.length - MAX_CHART_POINTS)
