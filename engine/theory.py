@@ -1,0 +1,71 @@
+"""The formulas the seed articles use, as small functions, and the projections built on them.
+
+Notation of Leviathan et al. (2023): alpha is the acceptance rate of one draft token, gamma the number
+of draft tokens per round (vLLM's num_speculative_tokens), c the cost of one draft step in target steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def expected_tokens_per_round(alpha: float, gamma: int) -> float:
+    """E = (1 - alpha^(gamma+1)) / (1 - alpha): tokens per target call (Leviathan et al., eq. 1)."""
+    if alpha >= 1:
+        return gamma + 1.0
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def speedup_flat_verify(alpha: float, gamma: int, c: float) -> float:
+    """(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)): Theorem 3.8, verifying gamma+1 tokens costs one step."""
+    return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1)
+
+
+def speedup_from_curve(alpha: float, gamma: int, c: float, verify_ratio: float) -> float:
+    """The same with a measured verify cost: verify_ratio = t(gamma+1) / t(1) of one target forward."""
+    return expected_tokens_per_round(alpha, gamma) / (gamma * c + verify_ratio)
+
+
+# The second seed article's worked table: (alpha, c, gamma) -> E and the speed-up, incl. the 0.88x slowdown.
+WORKED_TABLE = [(0.8, 0.1, 4), (0.8, 0.1, 8), (0.5, 0.1, 4), (0.5, 0.3, 4)]
+
+
+def worked_table() -> list[dict]:
+    return [{"alpha": a, "c": c, "gamma": g, "expected_tokens": expected_tokens_per_round(a, g),
+             "speedup": speedup_flat_verify(a, g, c)} for a, c, g in WORKED_TABLE]
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    memory_bandwidth: float     # bytes / s
+    peak_flops: float           # dense bf16 FLOP / s
+    memory_bytes: float
+
+
+# Bandwidths as the second seed article lists them; dense bf16 peaks from the vendor's data sheets.
+ACCELERATORS = {
+    "H100-SXM": Accelerator("NVIDIA H100 (SXM)", 3.35e12, 989e12, 80e9),
+    "H200-SXM": Accelerator("NVIDIA H200 (SXM)", 4.8e12, 989e12, 141e9),
+}
+
+
+def roofline_step_seconds(acc: Accelerator, weight_bytes: float, kv_bytes_read: float, flops_per_token: float,
+                          tokens: int, batch: int = 1) -> float:
+    """One forward of `tokens` new tokens for each of `batch` sequences, as the slower of moving the bytes
+    (weights once, every sequence's KV) and doing the FLOPs. A projection, not a measurement."""
+    moved = weight_bytes + batch * kv_bytes_read
+    return max(moved / acc.memory_bandwidth, batch * tokens * flops_per_token / acc.peak_flops)
+
+
+def projected_speedup(acc: Accelerator, alpha: float, gamma: int, target_params: float, draft_params: float,
+                      kv_bytes_per_token: float, draft_kv_bytes_per_token: float, context: int,
+                      bytes_per_param: float = 2.0, batch: int = 1) -> dict:
+    """Speculative speed-up on a roofline model of `acc` (2 FLOPs per parameter per token)."""
+    t1 = roofline_step_seconds(acc, target_params * bytes_per_param, kv_bytes_per_token * context,
+                               2 * target_params, 1, batch)
+    tv = roofline_step_seconds(acc, target_params * bytes_per_param, kv_bytes_per_token * context,
+                               2 * target_params, gamma + 1, batch)
+    td = roofline_step_seconds(acc, draft_params * bytes_per_param, draft_kv_bytes_per_token * context,
+                               2 * draft_params, 1, batch)
+    return {"accelerator": acc.name, "batch": batch, "target_step_ms": t1 * 1e3, "verify_ratio": tv / t1,
+            "c": td / t1, "speedup": speedup_from_curve(alpha, gamma, td / t1, tv / t1)}

@@ -1,0 +1,56 @@
+"""The seed articles' figures, reproduced by the formulas the playground shows."""
+import pytest
+
+from engine.kv_memory import GIB, KIB, MIB, PUBLIC_CONFIGS, calculator, paging_waste, seed_request_mix
+from engine.theory import ACCELERATORS, expected_tokens_per_round, projected_speedup, worked_table
+
+
+def test_second_seed_worked_table():
+    """The article's table, to its two decimals (its 2.41 is 2.405 rounded up)."""
+    seed = [(3.36, 2.40), (4.33, 2.41), (1.94, 1.38), (1.94, 0.88)]
+    for row, (e, speedup) in zip(worked_table(), seed):
+        assert row["expected_tokens"] == pytest.approx(e, abs=0.006)
+        assert row["speedup"] == pytest.approx(speedup, abs=0.006)
+
+
+def test_expected_tokens_limits():
+    assert expected_tokens_per_round(0.0, 4) == 1.0
+    assert expected_tokens_per_round(1.0, 4) == 5.0
+
+
+def test_first_seed_kv_figures():
+    q = PUBLIC_CONFIGS["Qwen3-8B"]
+    assert q.bytes_per_token(2) == 144 * KIB
+    assert calculator("Qwen3-8B", 32768, 16)["kv_bytes"] == 72 * GIB
+    oss = calculator("gpt-oss-20b", 131072, 1)
+    assert oss["kv_bytes"] == pytest.approx(3.0 * GIB, rel=0.005)   # 12 full layers; 12 windowed hold 128 tokens
+
+
+def test_second_seed_draft_figures():
+    r = calculator("Llama-3.1-8B", 8192, 1, "float16", draft="Llama-3.2-1B")
+    assert r["bytes_per_token"] == 128 * KIB and r["kv_bytes"] == 1 * GIB
+    assert r["draft_bytes_per_token"] == 32 * KIB and r["draft_kv_bytes"] == 256 * MIB
+    assert r["draft_weight_bytes"] == pytest.approx(2.5e9, rel=0.01)
+
+
+def test_paging_waste_on_the_seed_request_mix():
+    """The seed: 47.2% (preallocating 2,048), 0.7% (blocks of 16), 1.4% (blocks of 32) for its random mix.
+    Ours is another draw of the same mix: the expected preallocation waste is 1 - 1048.5/2048 = 48.8% with a
+    standard deviation of 0.9 points over 1,000 requests; block waste is about (b/2)/mean length."""
+    lengths = seed_request_mix()
+    assert abs(paging_waste(lengths, None) - 0.472) <= 0.025
+    assert abs(paging_waste(lengths, 16) - 0.007) <= 0.001
+    assert abs(paging_waste(lengths, 32) - 0.014) <= 0.001
+    assert paging_waste([16, 32], 16) == 0
+
+
+def test_roofline_projection_memory_bound_at_batch_1():
+    acc = ACCELERATORS["H100-SXM"]
+    p = projected_speedup(acc, alpha=0.8, gamma=4, target_params=8.03e9, draft_params=1.24e9,
+                          kv_bytes_per_token=128 * KIB, draft_kv_bytes_per_token=32 * KIB, context=2048)
+    assert p["verify_ratio"] == pytest.approx(1.0)        # memory-bound: 5 tokens cost one step
+    assert 1.5 < p["speedup"] < 3.0                       # the papers' 2-3x range
+    busy = projected_speedup(acc, alpha=0.8, gamma=4, target_params=8.03e9, draft_params=1.24e9,
+                             kv_bytes_per_token=128 * KIB, draft_kv_bytes_per_token=32 * KIB, context=512,
+                             batch=256)
+    assert busy["verify_ratio"] > 2 and busy["speedup"] < p["speedup"]   # under load verification is not free
