@@ -11,9 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ModelConfig
-from .kv_dtypes import kv_bytes_per_token
-
 KIB, MIB, GIB = 2 ** 10, 2 ** 20, 2 ** 30
 
 
@@ -69,10 +66,6 @@ def calculator(name: str, context: int, sequences: int, kv_cache_dtype: str = "b
         out.update(draft=draft, draft_weight_bytes=d.parameters * 2,
                    draft_bytes_per_token=d.bytes_per_token(eb, context), draft_kv_bytes=d.kv_bytes(context, sequences, eb))
     return out
-
-
-def our_model_bytes_per_token(cfg: ModelConfig, kv_cache_dtype: str) -> int:
-    return kv_bytes_per_token(cfg, kv_cache_dtype)
 
 
 def paging_waste(lengths, block_size: int | None, max_len: int = 2048) -> float:
