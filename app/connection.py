@@ -38,6 +38,7 @@ from engine.settings import SettingsError
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024
+MAX_UNSENT_ITEMS = 512          # a client that sends but never reads is closed (1008) before it costs memory
 OUTBOX_MAX_BATCHES = 32         # rounds waiting to be sent before the engine waits for the client
 FRAME_S = 1 / 10                # at full speed, send at most 10 messages a second (what arrives meanwhile is coalesced)
 FULL_SPEED_BUDGET_S = 0.012     # at full speed, run rounds for up to this long per worker-thread call
@@ -204,6 +205,10 @@ class Connection:
                     continue
             if text is None:
                 continue
+            if len(self.outbox.items) > MAX_UNSENT_ITEMS:
+                await self.ws.close(code=1008, reason="too many unanswered messages: read what the server sends")
+                self._tg.cancel_scope.cancel()
+                return
             if len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
                 self.error(f"message too large: at most {MAX_MESSAGE_BYTES} bytes")
                 continue

@@ -414,3 +414,35 @@ def test_an_engine_failure_is_reported_and_the_connection_and_server_stay_up(liv
     run(scenario())
     stats = wait_for_stats(live_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
     assert stats["sessions"] == 0 and stats["kv_blocks_used"] == 0, stats
+
+
+def test_a_client_that_never_reads_is_closed_before_it_costs_memory():
+    """Answers to a client that sends but never reads (its socket full) pile up; past a bound it is closed (1008)."""
+    from app.config import AppConfig
+    from app.connection import MAX_UNSENT_ITEMS, Connection
+    from app.json_view import JsonView
+    from app.state import Playground
+
+    class StuckSocket:                          # receives at once, never finishes a send
+        def __init__(self):
+            self.received, self.closed = 0, None
+
+        async def receive(self):
+            self.received += 1
+            await asyncio.sleep(0)
+            return {"type": "websocket.receive", "text": '{"type": "pause"}'}
+
+        async def send_text(self, text):
+            await asyncio.Event().wait()
+
+        async def close(self, code=1000, reason=None):
+            self.closed = code
+
+    async def scenario():
+        ws = StuckSocket()
+        await asyncio.wait_for(Connection(ws, Playground(AppConfig()), JsonView()).serve(), 10)
+        return ws
+
+    ws = run(scenario())
+    assert ws.closed == 1008
+    assert MAX_UNSENT_ITEMS < ws.received <= MAX_UNSENT_ITEMS + 3
