@@ -225,7 +225,12 @@ class Connection:
         try:
             while True:
                 items = await self.outbox.take_all()
-                for text in self.view.render(items, self):
+                try:
+                    messages = self.view.render(items, self)
+                except Exception:            # a rendering bug must not take the connection down
+                    logger.exception("rendering %d items failed", len(items))
+                    messages = []
+                for text in messages:
                     await self.ws.send_text(text)
                 await anyio.sleep(0)      # let other connections run even while the write buffer has room
                 # at full speed, one message per frame: what arrives meanwhile is coalesced; the end of a

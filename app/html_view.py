@@ -176,8 +176,10 @@ class HtmlView:
         old, self.form = self.form, settings
         old_prompt, self.form_prompt = self.form_prompt, prompt
         commands = [Command("speed", speed=speed)] if speed != "keep" and speed != conn.speed else []
-        if old and settings.get("model") != old.get("model") and self.playground.registry is not None:
-            conn.notice("model_options", model=settings.get("model") or None, num_kv_heads=settings.get("num_kv_heads"))
+        # the first message has no baseline: the page was rendered with the default model or the URL's
+        if (settings.get("model") or "") != (old.get("model") or "") and self.playground.registry is not None:
+            conn.notice("model_options", model=settings.get("model") or None,
+                        num_kv_heads=settings.get("num_kv_heads"))
         if conn.state not in ("running", "paused"):
             return commands
         changed = {k: v for k, v in settings.items() if old.get(k) != v}
