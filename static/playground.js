@@ -5,9 +5,9 @@
 (function () {
   'use strict'
 
-  var MAX_STREAM_CHUNKS = 400   // messages' worth of tokens kept in #stream (<= 17 tokens each when paced)
-  var MAX_NOTES = 80
-  var MAX_CHART_POINTS = 160
+  // What the page keeps on long runs (older tokens, notes and chart points are dropped). One chunk is one
+  // message's tokens: a round when paced (<= 17 tokens), a frame at full speed.
+  var limits = window.playgroundLimits = { streamChunks: 400, notes: 80, chartPoints: 160 }
 
   function $(id) { return document.getElementById(id) }
 
@@ -151,7 +151,7 @@
         }
       }
       feed.replaceChildren()
-      if (chart.points.length > MAX_CHART_POINTS) chart.points.splice(0, chart.points.length - MAX_CHART_POINTS)
+      if (chart.points.length > limits.chartPoints) chart.points.splice(0, chart.points.length - limits.chartPoints)
       dirty = true
     }
     if (dirty && !chart.pending) {                     // at most ~8 redraws a second: it is a chart
@@ -252,15 +252,11 @@
   // --- keeping the DOM bounded -------------------------------------------
   function trim() {
     var stream = $('stream')
-    // #stream holds the prompt and one .chunk per message (one round, or one frame at full speed)
-    if (stream && stream.childElementCount > MAX_STREAM_CHUNKS) {
-      var excess = stream.childElementCount - MAX_STREAM_CHUNKS
-      var first = stream.querySelector('.chunk')
-      while (excess-- > 0 && first) {
-        var next = first.nextElementSibling
-        first.remove()
-        first = next
-      }
+    // #stream holds the prompt, one .chunk per message and, once trimmed, a marker; counting its children is
+    // cheap, so the chunks are only looked up when there are too many
+    if (stream && stream.childElementCount > limits.streamChunks + 2) {
+      var chunks = stream.querySelectorAll(':scope > .chunk')
+      for (var i = 0; i < chunks.length - limits.streamChunks; i++) chunks[i].remove()
       if (!stream.querySelector('.trimmed')) {
         var marker = document.createElement('span')
         marker.className = 'mark trimmed'
@@ -269,7 +265,7 @@
       }
     }
     var notes = $('notes')
-    while (notes && notes.childElementCount > MAX_NOTES) notes.firstElementChild.remove()
+    while (notes && notes.childElementCount > limits.notes) notes.firstElementChild.remove()
   }
 
   // Once per frame, not per message. The stream and the notes stay scrolled to their end by CSS

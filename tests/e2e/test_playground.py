@@ -355,3 +355,16 @@ def test_full_speed_delivers_every_token_and_the_page_stays_responsive(live_serv
     page.select_option("#f-theme", "dark")
     assert page.get_attribute("html", "data-theme") == "dark"
     assert time.monotonic() - t0 < 2.0
+
+
+def test_the_dom_stays_bounded_on_long_runs(live_server, page):
+    """The page drops the oldest tokens, notes and chart points beyond its limits (lowered here to see it)."""
+    open_page(page, url(live_server, speed="25", max_tokens=60, method="none", prompt=PROMPT))
+    page.evaluate("Object.assign(window.playgroundLimits, {streamChunks: 5, notes: 3})")
+    page.click("#btn-toggle")
+    wait_state(page, "done")
+    page.wait_for_selector("#stream .trimmed")
+    assert page.locator("#stream > .chunk").count() <= 5 + 1      # the last frame may not be trimmed yet
+    assert page.locator("#notes > li").count() <= 3 + 2
+    rounds = page.eval_on_selector_all("#stream .tok", "els => els.map(e => +e.dataset.round)")
+    assert rounds and min(rounds) > 10                              # the first rounds are gone
