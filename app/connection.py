@@ -325,7 +325,8 @@ class Connection:
         if pg.sessions >= pg.config.max_sessions:
             raise CommandError(f"busy: {pg.sessions} generations are running (the limit is "
                                f"{pg.config.max_sessions}); try again in a moment")
-        session = GenerationSession(pg.engine, prompt, settings)   # validates; raises SettingsError
+        # validates (raises SettingsError); in a worker thread: a fetched model's weights load on first use
+        session = await anyio.to_thread.run_sync(GenerationSession, pg.engine, prompt, settings)
         self._run_ids += 1
         run = self.run = Run(self._run_ids, session, sent_settings=dict(settings))
         self._flush = anyio.Event()
