@@ -222,3 +222,43 @@ def test_streamed_tokens_are_escaped_and_whitespace_made_visible():
     assert 'title="accepted · p=0.500 · q=0.250 · min(1, p/q)=1.000"' in html
     assert piece("\n").endswith("\n") and "↵" in piece("\n")
     assert "end of text" in piece("<|endoftext|>")
+
+
+def test_serve_command_serves_the_given_models_and_origins(models_dir):
+    """`decoding-playground serve` end to end: its options reach the app."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from websockets.sync.client import connect
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--models-dir",
+                             str(models_dir), "--allowed-origin", "https://slides.example", "--max-sessions", "3"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/api/stats", timeout=1) as r:
+                    stats = json.loads(r.read())
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode()
+                assert time.monotonic() < deadline, "serve did not answer within 60 s"
+                time.sleep(0.1)
+        assert stats["max_sessions"] == 3
+        with urllib.request.urlopen(base + "/api/models", timeout=5) as r:
+            assert json.loads(r.read())["models"]
+        with connect(f"ws://127.0.0.1:{port}/api/ws", origin="https://slides.example", open_timeout=10) as ws:
+            ws.send(json.dumps({"type": "pause"}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "error"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
