@@ -230,7 +230,8 @@ def test_speed_paces_rounds_but_engine_times_stay_the_engines(live_server):
             await c.send(type="stop")
             await c.until("done")
             assert elapsed >= 0.45, elapsed                 # 6 rounds at 10 rounds/s: at least 0.5 s apart
-            assert max(r["ms"] for r in rounds) < 90        # the engine's own time is not the paced time
+            engine_s = sum(r["ms"] for r in rounds) / 1e3
+            assert engine_s < 0.5 * elapsed, (engine_s, elapsed)   # the engine's own time, not the paced time
 
     run(scenario())
 
