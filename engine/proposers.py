@@ -1,4 +1,5 @@
-"""Proposers: where draft tokens come from. One interface, `propose(tokens, k) -> (tokens, q)`.
+"""Proposers: where draft tokens come from. One interface, `propose(tokens, k) -> (tokens, q)`, written
+as a generator that yields the forwards it needs (engine.runner.ForwardRequest) and returns its result.
 
 q is [k, V]: the draft distribution each token was drawn from (a point mass for n-gram lookup and at
 temperature 0). `rollback(num_valid)` tells the proposer how many tokens of its context survived verification.
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .runner import PagedRunner, RecomputeRunner
+from .runner import ForwardRequest, PagedRunner, RecomputeRunner
 from .sampling import probs_from_logits, sample
 from .speculative import ngram_propose
 
@@ -25,9 +26,10 @@ class NgramProposer:
         self.vocab_size, self.min_n, self.max_n = vocab_size, prompt_lookup_min, prompt_lookup_max
         self.forward_calls, self.forward_s, self.logits = 0, 0.0, None
 
-    def propose(self, tokens, k, temperature, top_p, rng):
+    def propose(self, tokens, k, temperature, top_p, rng):  # generator (no forwards) -> (drafts, q)
         drafts = ngram_propose(tokens, k, self.min_n, self.max_n)
         return drafts.tolist(), point_masses(drafts, self.vocab_size)
+        yield  # a generator like DraftModelProposer.propose, which yields forward requests
 
     def rollback(self, num_valid: int) -> None:
         pass
@@ -53,9 +55,9 @@ class DraftModelProposer:
     def forward_s(self) -> float:
         return self.runner.forward_s
 
-    def propose(self, tokens, k, temperature, top_p, rng):
+    def propose(self, tokens, k, temperature, top_p, rng):  # generator of ForwardRequests -> (drafts, q)
         runner = self.runner
-        logits = runner.extend(tokens[runner.num_tokens:], last_only=True)[-1]   # catch up (first call: prefill)
+        logits = (yield ForwardRequest(runner, tokens[runner.num_tokens:], last_only=True))[-1]   # catch up
         drafts, qs, raw = [], [], []
         for i in range(k):
             q = probs_from_logits(logits, temperature, top_p)
@@ -64,7 +66,7 @@ class DraftModelProposer:
             qs.append(q)
             raw.append(logits)
             if i < k - 1:
-                logits = runner.extend([x], last_only=True)[-1]
+                logits = (yield ForwardRequest(runner, [x], last_only=True))[-1]
         self.display_q = np.array(raw)
         return drafts, np.array(qs)
 

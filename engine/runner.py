@@ -14,6 +14,21 @@ from .kv_cache import KVCacheManager
 from .model import Model, forward
 
 
+class ForwardRequest:
+    """A forward a session needs: `tokens` fed after what `runner` holds. A scheduler may run several
+    requests of the same model as one batched computation; alone, `run()` does it."""
+    __slots__ = ("runner", "tokens", "causal", "last_only")
+
+    def __init__(self, runner, tokens, causal: bool = True, last_only: bool = False):
+        self.runner, self.tokens, self.causal, self.last_only = runner, list(tokens), causal, last_only
+
+    def run(self):
+        return self.runner.extend(self.tokens, self.causal, self.last_only)
+
+
+ROUND_BOUNDARY = "round-boundary"   # what a session yields between rounds (where pacing may hold it)
+
+
 class PagedRunner:
     def __init__(self, model: Model, manager: KVCacheManager, prefix_caching: bool = True):
         self.model, self.manager, self.prefix_caching = model, manager, prefix_caching
@@ -36,17 +51,23 @@ class PagedRunner:
         Returns logits for the positions actually computed (the last one is always computed), or for the
         last position only.
         """
+        tokens, p0, kv = self.prepare(tokens)
+        t = time.perf_counter()
+        logits = forward(self.model, tokens, p0, kv, causal=causal, last_only=last_only)
+        self.finish(time.perf_counter() - t)
+        return logits
+
+    def prepare(self, tokens):  # -> (tokens to compute, p0, SequenceKV): the slots for a forward
         tokens = list(tokens)
         if self.seq.num_tokens == 0 and self.prefix_caching and len(tokens) > 1:
             self.cached_tokens = self.manager.match_prefix(self.seq, tokens)
             tokens = tokens[self.cached_tokens:]
-        t = time.perf_counter()
         p0 = self.seq.num_tokens
-        logits = forward(self.model, np.asarray(tokens), p0, self.manager.append_slots(self.seq, tokens),
-                         causal=causal, last_only=last_only)
-        self.forward_s += time.perf_counter() - t
+        return np.asarray(tokens), p0, self.manager.append_slots(self.seq, tokens)
+
+    def finish(self, seconds: float) -> None:
+        self.forward_s += seconds
         self.forward_calls += 1
-        return logits
 
     def truncate(self, n: int) -> None:
         if n < self.seq.num_tokens:

@@ -31,7 +31,7 @@ from .metrics import SpecDecodeStats
 from .model import ContextLengthError
 from .proposers import DraftModelProposer, NgramProposer, point_masses
 from .registry import InferenceEngine, LoadedModel
-from .runner import PagedRunner, RecomputeRunner
+from .runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, RecomputeRunner
 from .sampling import probs_from_logits, sample, softmax, top_k
 from .settings import LIVE_SETTINGS, MAX_PROMPT_CHARS, GenerationSettings, SettingsError
 from .speculative import verify
@@ -123,26 +123,64 @@ class GenerationSession:
                     r.free()
             self._drain_block_events()
 
-    # --- the generator -----------------------------------------------------------------------------
+    # --- the generators ----------------------------------------------------------------------------
     def events(self) -> Iterator[Event]:
+        """Run the session alone: every forward is executed at once, each round under the engine lock.
+
+        Events of a round are yielded after the round, outside the lock, so a slow consumer never holds
+        the engine (and never counts in engine time).
+        """
+        gen, value, error, out = self.steps(), None, None, []
+        lock = self.engine.lock
+        lock.acquire()
+        try:
+            while True:
+                try:   # a failed forward (e.g. the pool is full) is raised where the session asked for it
+                    item = gen.throw(error) if error is not None else gen.send(value)
+                except StopIteration:
+                    break
+                value = error = None
+                if isinstance(item, ForwardRequest):
+                    try:
+                        value = item.run()
+                    except Exception as e:  # noqa: BLE001 - handed back to the session, which decides
+                        error = e
+                elif item is ROUND_BOUNDARY:
+                    lock.release()
+                    try:
+                        yield from out
+                    finally:
+                        out = []
+                        lock.acquire()
+                else:
+                    out.append(item)
+        finally:
+            lock.release()
+            gen.close()
+        yield from out
+
+    def steps(self):
+        """The session as a coroutine for a scheduler (engine/scheduler.py). It yields:
+        - Event: something to show;
+        - ForwardRequest: a forward to run; send its logits back (several sessions' requests may run as
+          one batched computation);
+        - ROUND_BOUNDARY: a round is complete; resume when the next round may start (pacing).
+        """
         try:
             yield self._started()
-            with self.engine.lock:
-                t = time.perf_counter()
-                out = self._prefill()
-                self.stats.add_engine_time(time.perf_counter() - t, first_token=True)
-                out += self._after_round()
-            yield from out
+            t = time.perf_counter()
+            out = yield from self._prefill()
+            self.stats.add_engine_time(time.perf_counter() - t, first_token=True)
+            yield from out + self._after_round()
             while self.finish_reason is None:
+                yield ROUND_BOUNDARY
                 if self._cancel.is_set():
                     self.finish_reason = "cancelled"
                     break
-                with self.engine.lock:
-                    t = time.perf_counter()
-                    out = self._apply_pending() + self._round()
-                    self.stats.add_engine_time(time.perf_counter() - t)
-                    out += self._after_round()
-                yield from out
+                t = time.perf_counter()
+                out = (yield from self._apply_pending()) + (yield from self._round())
+                self.stats.add_engine_time(time.perf_counter() - t)
+                yield from out + self._after_round()
             yield Done(self.summary())
         except (KVCacheFullError, ContextLengthError, ValueError) as e:
             self.finish_reason = "error"
@@ -175,11 +213,11 @@ class GenerationSession:
             return NgramProposer(self.target_lm.cfg.vocab_size, s.prompt_lookup_min, s.prompt_lookup_max)
         return None
 
-    def _prefill(self) -> list[Event]:
+    def _prefill(self):  # generator -> list[Event]
         self.target = self._make_runner(self.target_lm)
         self.proposer = self._make_proposer()
         t = time.perf_counter()
-        logits = self.target.extend(self.tokens, last_only=True)[-1]
+        logits = (yield ForwardRequest(self.target, self.tokens, last_only=True))[-1]
         ms = (time.perf_counter() - t) * 1e3
         self.stats.target_forward(ms, len(self.tokens), prefill=True)
         events: list[Event] = [Prefill("target", len(self.tokens), self.target.cached_tokens, ms)]
@@ -189,7 +227,7 @@ class GenerationSession:
         self._emit([t], ["target"], events[-1:])
         return events
 
-    def _round(self) -> list[Event]:
+    def _round(self):  # generator -> list[Event]
         """One speculative round (or one plain decode step when nothing is proposed)."""
         self.round += 1
         s = self.settings
@@ -201,17 +239,17 @@ class GenerationSession:
         if k > 0:
             calls_before = self.proposer.forward_calls
             t = time.perf_counter()
-            drafts, q = self.proposer.propose(self.tokens, k, s.temperature, s.top_p, self.rng)
+            drafts, q = yield from self.proposer.propose(self.tokens, k, s.temperature, s.top_p, self.rng)
             draft_ms = (time.perf_counter() - t) * 1e3
             self.stats.draft_forward(draft_ms, self.proposer.forward_calls - calls_before)
         if not drafts:
-            return events + self._plain_step(draft_ms)
+            return events + (yield from self._plain_step(draft_ms))
         events.append(DraftProposed(self.round, self.proposer.method, [
             {"id": x, "text": self.tokenizer.token_text(x), "q": float(q[i, x])} for i, x in enumerate(drafts)],
             draft_ms))
         old_len = len(self.tokens)
         t = time.perf_counter()
-        logits = self.target.extend([self.tokens[-1]] + drafts, causal=s.fault != "no_causal_mask")
+        logits = yield ForwardRequest(self.target, [self.tokens[-1]] + drafts, causal=s.fault != "no_causal_mask")
         target_ms = (time.perf_counter() - t) * 1e3
         self.stats.target_forward(target_ms, len(drafts) + 1)
         greedy = s.temperature == 0
@@ -247,9 +285,9 @@ class GenerationSession:
                                 draft_ms, target_ms + draft_ms))
         return events
 
-    def _plain_step(self, draft_ms: float) -> list[Event]:
+    def _plain_step(self, draft_ms: float):  # generator -> list[Event]
         t = time.perf_counter()
-        logits = self.target.extend([self.tokens[-1]])[-1]
+        logits = (yield ForwardRequest(self.target, [self.tokens[-1]]))[-1]
         target_ms = (time.perf_counter() - t) * 1e3
         self.stats.target_forward(target_ms, 1)
         tok = self._sample_target(logits)
@@ -309,7 +347,7 @@ class GenerationSession:
         return (f"no draft model shares this target's vocabulary ({self.target_lm.name}: "
                 f"{self.target_lm.cfg.vocab_size:,} tokens); use method ngram or none")
 
-    def _apply_pending(self) -> list[Event]:
+    def _apply_pending(self):  # generator -> list[Event]
         with self._pending_lock:
             changes, self._pending = self._pending, {}
         if not changes:
@@ -333,7 +371,7 @@ class GenerationSession:
             self.target.free()
             self.target = self._make_runner(self.target_lm)
             if new.kv_cache:
-                self.target.extend(self.tokens[:-1], last_only=True)
+                yield ForwardRequest(self.target, self.tokens[:-1], last_only=True)
                 self.target.commit()
                 notes.append(f"target {self.target_lm.name} ({self.target_lm.cfg.attention_kind}) re-prefilled "
                              f"{len(self.tokens) - 1} tokens")

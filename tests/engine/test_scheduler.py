@@ -1,0 +1,72 @@
+"""The scheduler: many sessions advanced together, forwards of one model batched, same results."""
+from engine.scheduler import Scheduler
+from engine.session import GenerationSession
+
+PROMPTS = ["def add(a, b):\n    return a", "class Foo:\n    def __init__(self", "import os\nimport s",
+           "for i in range(10):\n    print(i", "x = [1, 2, 3]\ny = x"]
+SETTINGS = [{"method": "draft_model", "num_speculative_tokens": 3}, {"method": "none"},
+            {"method": "ngram"}, {"method": "draft_model", "num_speculative_tokens": 1, "kv_cache_dtype": "int8"},
+            {"method": "draft_model", "temperature": 0.9, "seed": 3}]
+
+
+def alone(engine, prompt, settings):
+    return list(GenerationSession(engine, prompt, {**settings, "max_tokens": 40}).events())[-1].summary["text"]
+
+
+def run_all(scheduler, sessions, gates=None):
+    events = {s.id: [] for s in sessions}
+    for s in sessions:
+        gate = (gates or {}).get(s.id, lambda: True)
+        scheduler.add(s, events[s.id].append, gate)
+    steps = 0
+    while scheduler.active and steps < 10_000:
+        if not scheduler.step():
+            break
+        steps += 1
+    return events
+
+
+def test_batched_sessions_give_the_same_output_as_alone(family):
+    engine = family()
+    expected = [alone(engine, p, s) for p, s in zip(PROMPTS, SETTINGS)]
+    scheduler = Scheduler()
+    sessions = [GenerationSession(engine, p, {**s, "max_tokens": 40}) for p, s in zip(PROMPTS, SETTINGS)]
+    events = run_all(scheduler, sessions)
+    got = [events[s.id][-1].summary["text"] for s in sessions]
+    assert got == expected
+    assert scheduler.batches > 0 and scheduler.batched_requests >= 2 * scheduler.batches
+    assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
+
+
+def test_a_parked_session_waits_while_others_finish(family):
+    engine = family()
+    scheduler = Scheduler()
+    a = GenerationSession(engine, PROMPTS[0], {"max_tokens": 30})
+    b = GenerationSession(engine, PROMPTS[1], {"max_tokens": 30})
+    gate = {"open": False}
+    events = run_all(scheduler, [a, b], gates={a.id: lambda: gate["open"]})
+    assert events[b.id][-1].type == "done"
+    assert scheduler.active == 1 and [e.type for e in events[a.id]].count("round") == 0   # held after prefill
+    gate["open"] = True
+    while scheduler.step():
+        pass
+    assert events[a.id][-1].type == "done" and events[a.id][-1].summary["text"] == alone(engine, PROMPTS[0], {})[:30]
+
+
+def test_removing_a_session_frees_its_blocks_and_an_error_stays_its_own(family):
+    engine = family(blocks_per_pool=12)
+    scheduler = Scheduler()
+    small = GenerationSession(engine, PROMPTS[2], {"max_tokens": 20})
+    huge = GenerationSession(engine, PROMPTS[0] * 6, {"max_tokens": 20})      # 162 tokens: 11 of 12 blocks
+    gone = GenerationSession(engine, PROMPTS[3], {"max_tokens": 200})
+    events = {s.id: [] for s in (small, huge, gone)}
+    for s in (small, huge, gone):
+        scheduler.add(s, events[s.id].append)
+    for _ in range(3):
+        scheduler.step()
+    scheduler.remove(gone.id)
+    while scheduler.step():
+        pass
+    assert events[huge.id][-1].type == "error" and "exhausted" in events[huge.id][-1].message
+    assert events[small.id][-1].type == "done"
+    assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
