@@ -18,14 +18,18 @@ from .train import TrainConfig
 RECIPES: dict[str, dict] = {
     "target-mha": dict(steps=4800, batch_size=4, seq_len=512, lr=3e-3, warmup_steps=100, eval_every=200,
                        notes="the target, trained from scratch"),
-    "target-gqa": dict(steps=240, batch_size=4, seq_len=512, lr=1e-3, warmup_steps=20, min_lr_ratio=0.1,
+    "target-gqa": dict(steps=960, batch_size=4, seq_len=512, lr=1e-3, warmup_steps=20, min_lr_ratio=0.1,
                        eval_every=40, init_from="models/target-mha",
-                       notes="2 KV heads mean-pooled from target-mha, uptrained for 5% of its steps"),
+                       notes="2 KV heads mean-pooled from target-mha, uptrained for 20% of its steps "
+                             "(Ainslie et al.'s 5%, 240 steps, left it at 1.2636 nats/char, 0.063 above MHA)"),
     "target-mqa": dict(steps=240, batch_size=4, seq_len=512, lr=1e-3, warmup_steps=20, min_lr_ratio=0.1,
                        eval_every=40, init_from="models/target-mha",
                        notes="1 KV head mean-pooled from target-mha, uptrained for 5% of its steps"),
     "draft": dict(steps=3000, batch_size=8, seq_len=512, lr=5e-3, warmup_steps=100, eval_every=250,
                   notes="the draft for speculative decoding, trained from scratch on the same corpus"),
+    "draft-distilled": dict(arch="draft", steps=1000, batch_size=8, seq_len=512, lr=2e-3, warmup_steps=20, eval_every=100,
+                            init_from="models/draft", distill_from="models/target-mha",
+                            notes="the draft, fine-tuned on target-mha's next-token distribution"),
     "ci-tiny": dict(steps=30, batch_size=4, seq_len=64, lr=1e-2, warmup_steps=5, eval_every=10, eval_windows=4,
                     ckpt_every=10, log_every=5, max_files=10, notes="a seconds-long run for CI"),
 }
@@ -34,12 +38,13 @@ RECIPES: dict[str, dict] = {
 def _describe() -> str:
     lines = ["presets (architecture from engine.config.PRESETS, recipe from engine.training.cli.RECIPES):"]
     for name, r in RECIPES.items():
-        cfg = ModelConfig.from_name(name)
+        cfg = ModelConfig.from_name(r.get("arch", name))
         lines.append(
             f"  {name:<11} {cfg.num_hidden_layers} layers x width {cfg.hidden_size}, {cfg.num_attention_heads} "
             f"query / {cfg.num_key_value_heads} KV heads ({cfg.attention_kind}), {cfg.num_parameters():,} params; "
             f"{r['steps']} steps x {r['batch_size']} x {r['seq_len']} tokens, lr {r['lr']:g}"
-            f"{', from ' + r['init_from'] if r.get('init_from') else ''}\n"
+            f"{', from ' + r['init_from'] if r.get('init_from') else ''}"
+            f"{', teacher ' + r['distill_from'] if r.get('distill_from') else ''}\n"
             f"  {'':<11} {r['notes']}")
     lines += ["",
               "The corpus is the running interpreter's own stdlib sources (see engine/training/corpus.py).",
@@ -73,12 +78,13 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     from .train import train
     recipe = dict(RECIPES[args.preset])
+    arch = recipe.pop("arch", args.preset)  # a recipe may continue another model (draft-distilled -> draft)
     recipe.update({k: v for k, v in dict(steps=args.steps, seed=args.seed, init_from=args.init_from).items()
                    if v is not None})
-    tc = TrainConfig(preset=args.preset, **recipe)
+    tc = TrainConfig(preset=arch, **recipe)
     if args.steps is not None and args.steps < tc.warmup_steps * 5:
         tc = replace(tc, warmup_steps=max(1, args.steps // 10))
-    out = Path(args.out or f"models/{args.preset}")
+    out = Path(args.out or f"models/{arch}")
     summary = train(tc, out, state_dir=args.state_dir or Path("runs") / out.name, resume=args.resume,
                     log=lambda s: print(s, flush=True))
     print(f"saved {out}/ (val loss {summary['val_loss']:.4f} nats/char, {summary['train_seconds'] / 60:.1f} min)")

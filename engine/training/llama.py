@@ -73,7 +73,9 @@ def lm_head_weight(params, cfg: ModelConfig):
 
 
 def forward(params, cfg: ModelConfig, ids, targets=None):
-    """ids [B, T] -> (mean cross-entropy in nats if targets [B, T] is given else logits [B, T, V], cache)."""
+    """ids [B, T] -> (mean cross-entropy in nats if targets is given else logits [B, T, V], cache).
+
+    targets: next tokens [B, T], or a teacher's next-token probabilities [B, T, V] (distillation)."""
     B, T = ids.shape
     dtype = params["model.embed_tokens.weight"].dtype
     cos, sin = ops.rope_tables(T, cfg.head_dim, cfg.rope_theta, dtype)
@@ -86,15 +88,20 @@ def forward(params, cfg: ModelConfig, ids, targets=None):
     logits, c_head = ops.linear_forward(h, lm_head_weight(params, cfg))  # [B, T, V]
     if targets is None:
         return logits, None
+    if targets.ndim == 3:  # a teacher's probabilities [B, T, V] (distillation)
+        loss, c_ce = ops.soft_cross_entropy_forward(logits.reshape(B * T, -1), targets.reshape(B * T, -1))
+        return loss, (c_emb, layer_caches, c_nf, c_head, ("soft", c_ce), (B, T))
     loss, c_ce = ops.cross_entropy_forward(logits.reshape(B * T, -1), targets.reshape(-1))
-    return loss, (c_emb, layer_caches, c_nf, c_head, c_ce, (B, T))
+    return loss, (c_emb, layer_caches, c_nf, c_head, ("hard", c_ce), (B, T))
 
 
 def backward(cache, cfg: ModelConfig):
     """Gradients of the mean loss for every parameter, as a dict with the parameter names."""
     c_emb, layer_caches, c_nf, c_head, c_ce, (B, T) = cache
     g = {}
-    dlogits = ops.cross_entropy_backward(1.0, c_ce).reshape(B, T, -1)
+    kind, c_ce = c_ce
+    ce_backward = ops.soft_cross_entropy_backward if kind == "soft" else ops.cross_entropy_backward
+    dlogits = ce_backward(1.0, c_ce).reshape(B, T, -1)
     dh, dhead = ops.linear_backward(dlogits, c_head)
     dx, g["model.norm.weight"] = ops.rmsnorm_backward(dh, c_nf)
     for layer in reversed(range(cfg.num_hidden_layers)):

@@ -150,3 +150,18 @@ def cross_entropy_backward(dloss, cache):  # -> dlogits [N, V]
     d = probs.copy()
     d[np.arange(n), targets] -= 1.0
     return d * (d.dtype.type(dloss) / n)
+
+
+def soft_cross_entropy_forward(logits, target_probs):  # [N, V], [N, V] -> mean -sum(p log q), cache
+    """Distillation loss: cross-entropy against a teacher's distribution instead of one-hot labels."""
+    m = logits.max(-1, keepdims=True)
+    e = np.exp(logits - m)
+    z = e.sum(-1, keepdims=True)
+    logq = logits - m - np.log(z)
+    loss = -(target_probs * logq).sum(-1).mean()
+    return loss, (e / z, target_probs)
+
+
+def soft_cross_entropy_backward(dloss, cache):  # -> dlogits [N, V] = (q - p) / N
+    q, p = cache
+    return (q - p) * (q.dtype.type(dloss) / q.shape[0])

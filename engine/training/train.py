@@ -44,6 +44,7 @@ class TrainConfig:
     eval_windows: int = 16           # fixed validation windows for the periodic estimate
     ckpt_every: int = 200
     init_from: str | None = None     # a checkpoint folder whose K/V heads are mean-pooled (Ainslie et al.)
+    distill_from: str | None = None  # a teacher checkpoint: train on its next-token distribution
     max_files: int | None = None     # use only the first N stdlib files (tiny CI runs)
     log_every: int = 10
     notes: str = ""
@@ -87,6 +88,15 @@ def full_val_loss(params, cfg, val, seq_len, batch_size=8):
     idx = np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
     w = val[idx].astype(np.int64)
     return estimate_loss(params, cfg, (w[:, :-1], w[:, 1:]), batch_size), n * seq_len
+
+
+def teacher_probs(teacher, ids):  # -> softmax of the teacher's logits [B, T, V]
+    t_cfg, t_params = teacher
+    logits, _ = llama.forward(t_params, t_cfg, ids)
+    logits -= logits.max(-1, keepdims=True)
+    np.exp(logits, out=logits)
+    logits /= logits.sum(-1, keepdims=True)
+    return logits
 
 
 # --- AdamW ---------------------------------------------------------------------------------------
@@ -157,10 +167,15 @@ def train(tc: TrainConfig, out: str | Path, state_dir: str | Path | None = None,
         src_cfg, src_w, _ = load_checkpoint(tc.init_from, with_tokenizer=False)
         params = mean_pool_kv(src_w, src_cfg, cfg)
         loss_before, _ = full_val_loss(params, cfg, val_ids, min(tc.seq_len, len(val_ids) - 2))
-        log(f"initialised from {tc.init_from} by mean-pooling {src_cfg.num_key_value_heads} -> "
-            f"{cfg.num_key_value_heads} KV heads: val loss before uptraining {loss_before:.4f}")
+        log(f"initialised from {tc.init_from}" + ("" if src_cfg.num_key_value_heads == cfg.num_key_value_heads else
+            f" by mean-pooling {src_cfg.num_key_value_heads} -> {cfg.num_key_value_heads} KV heads") + f": val loss {loss_before:.4f}")
     else:
         params = init_weights(cfg, seed=tc.seed)
+    teacher = None
+    if tc.distill_from:  # the loss becomes cross-entropy against the teacher's probabilities
+        t_cfg, t_params, _ = load_checkpoint(tc.distill_from, with_tokenizer=False)
+        teacher = (t_cfg, t_params)
+        log(f"distilling from {tc.distill_from} ({t_cfg.num_parameters():,} parameters)")
     m = {k: np.zeros_like(p) for k, p in params.items()}
     v = {k: np.zeros_like(p) for k, p in params.items()}
     rng = np.random.default_rng(tc.seed)
@@ -198,6 +213,8 @@ def train(tc: TrainConfig, out: str | Path, state_dir: str | Path | None = None,
         t0 = time.perf_counter()
         lr = get_lr(step, tc)
         ids, tg = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)
+        if teacher is not None:
+            tg = teacher_probs(teacher, ids)
         loss, cache = llama.forward(params, cfg, ids, tg)
         grads = llama.backward(cache, cfg)
         del cache

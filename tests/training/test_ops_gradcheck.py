@@ -121,3 +121,12 @@ def test_float32_stays_float32():
     grads = llama.backward(cache, cfg)
     assert loss.dtype == np.float32
     assert all(g.dtype == np.float32 for g in grads.values())
+
+
+def test_soft_cross_entropy():
+    logits = rng.standard_normal((6, 9))
+    p = np.exp(rng.standard_normal((6, 9)))
+    p /= p.sum(-1, keepdims=True)
+    loss, cache = ops.soft_cross_entropy_forward(logits, p)
+    num = numerical_grad(lambda: float(ops.soft_cross_entropy_forward(logits, p)[0]), logits)
+    assert rel_err(num, ops.soft_cross_entropy_backward(1.0, cache)) <= TOL
