@@ -3,7 +3,9 @@
 Two numbers, both on the validation split (files the models never trained on):
 - `acceptance_rate`: run speculative greedy decoding (draft proposes k tokens greedily, the target
   verifies them in one forward; accept while they equal the target's argmax, then take the target's
-  token) from prompts cut from the validation text; accepted / proposed. `mean_acceptance_length`
+  token) from prompts cut from the validation text; accepted / proposed (vLLM's definition). `alpha`
+  counts only proposals the target judged: accepted / (accepted + rejected), Leviathan et al.'s
+  per-token acceptance (the seed article's figure). `mean_acceptance_length`
   is the mean number of tokens emitted per target forward (accepted + 1).
 - `top1_agreement`: teacher-forced, the fraction of positions of validation windows where
   argmax(draft) == argmax(target).
@@ -17,9 +19,9 @@ from ..model import Model, forward_no_cache
 
 
 def speculative_greedy(target: Model, draft: Model, prompt, max_tokens=128, k=4):
-    """-> (generated tokens, proposed, accepted, target forwards)."""
+    """-> (generated tokens, proposed, accepted, target forwards, rejected)."""
     seq = list(prompt)
-    proposed = accepted = rounds = 0
+    proposed = accepted = rounds = rejected = 0
     while len(seq) - len(prompt) < max_tokens:
         kk = min(k, max_tokens - (len(seq) - len(prompt)))
         props = []
@@ -31,17 +33,18 @@ def speculative_greedy(target: Model, draft: Model, prompt, max_tokens=128, k=4)
         while n < kk and props[n] == best[n]:
             n += 1
         seq += props[:n] + [int(best[n])]  # accepted tokens, then the target's correction or bonus token
-        proposed, accepted, rounds = proposed + kk, accepted + n, rounds + 1
-    return seq[len(prompt):], proposed, accepted, rounds
+        proposed, accepted, rounds, rejected = proposed + kk, accepted + n, rounds + 1, rejected + (n < kk)
+    return seq[len(prompt):], proposed, accepted, rounds, rejected
 
 
 def acceptance(target: Model, draft: Model, val_ids, n_prompts=16, prompt_len=64, max_tokens=128, k=4):
     starts = np.linspace(0, len(val_ids) - prompt_len - 1, n_prompts).astype(int)
-    proposed = accepted = rounds = emitted = 0
+    proposed = accepted = rounds = emitted = rejected = 0
     for s in starts:
-        out, p, a, r = speculative_greedy(target, draft, [int(t) for t in val_ids[s:s + prompt_len]], max_tokens, k)
-        proposed, accepted, rounds, emitted = proposed + p, accepted + a, rounds + r, emitted + len(out)
-    return dict(acceptance_rate=round(accepted / proposed, 4), mean_acceptance_length=round(emitted / rounds, 3),
+        out, p, a, r, j = speculative_greedy(target, draft, [int(t) for t in val_ids[s:s + prompt_len]], max_tokens, k)
+        proposed, accepted, rounds, emitted, rejected = proposed + p, accepted + a, rounds + r, emitted + len(out), rejected + j
+    return dict(acceptance_rate=round(accepted / proposed, 4), alpha=round(accepted / max(1, accepted + rejected), 4),
+                mean_acceptance_length=round(emitted / rounds, 3),
                 num_speculative_tokens=k, prompts=n_prompts, prompt_len=prompt_len, max_tokens=max_tokens)
 
 

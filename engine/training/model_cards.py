@@ -40,6 +40,10 @@ tokenizer), then `engine.model.Model(config, weights)`.
 """
 
 
+def total_seconds(t):  # a run that continued an earlier stage (distillation) counts both
+    return t["train_seconds"] + (t.get("previous_stage") or {}).get("train_seconds", 0)
+
+
 def fmt_minutes(s):
     return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
 
@@ -60,14 +64,22 @@ def card(name, t, acc=None, sample=None, flops=None) -> str:
              f"| vocabulary | {c['vocab_size']} characters (id 0 `<|endoftext|>`, id 1 U+FFFD for unknown) |",
              f"| validation loss | **{t['val_loss']:.4f} nats/char** over the whole validation split "
              f"({t['val_tokens']:,} tokens) |"]
-    if t.get("val_loss_before_uptraining") is not None:
+    prev = t.get("previous_stage")
+    if tc.get("distill_from") and t.get("val_loss_before_uptraining") is not None:
+        lines.append(f"| before distillation | {t['val_loss_before_uptraining']:.4f} nats/char (same measure), "
+                     f"after stage 1: {prev['steps']} steps x {prev['train_config']['batch_size']} x "
+                     f"{prev['train_config']['seq_len']} tokens from scratch on the text, lr "
+                     f"{prev['train_config']['lr']:g}, {fmt_minutes(prev['train_seconds'])} |" if prev else "")
+        lines.append(f"| distillation (stage 2) | teacher `{Path(tc['distill_from']).name}`: loss = cross-entropy "
+                     "against the teacher's next-token distribution on training windows |")
+    elif t.get("val_loss_before_uptraining") is not None:
         lines.append(f"| before uptraining | {t['val_loss_before_uptraining']:.4f} nats/char right after "
                      f"mean-pooling the K/V heads of `{Path(tc['init_from']).name}` (same measure) |")
     lines += [f"| training | {t['steps']} steps x {tc['batch_size']} windows x {tc['seq_len']} tokens = "
               f"{t['tokens_seen']:,} tokens; AdamW (lr {tc['lr']:g}, betas {tc['beta1']}/{tc['beta2']}, weight decay "
               f"{tc['weight_decay']}), warmup {tc['warmup_steps']} + cosine to {tc['min_lr_ratio']:g} x lr, "
               f"clip {tc['grad_clip']}, seed {tc['seed']} |",
-              f"| training time | {fmt_minutes(t['train_seconds'])} on this machine (2 shared cores, 1 BLAS thread, "
+              f"| training time | {fmt_minutes(total_seconds(t))}{' (both stages)' if prev else ''} on this machine (2 shared cores, 1 BLAS thread, "
               f"numpy {t['numpy']}, Python {t['python']}) |", ""]
     if flops:
         lines += [f"Cost per token: about {flops[0]:,} multiply-add FLOPs in the weight matrices, "
@@ -86,11 +98,14 @@ def card(name, t, acc=None, sample=None, flops=None) -> str:
                   "validation windows. Greedy decoding of small models drifts into repetitive text that both models "
                   "predict easily, which flatters the acceptance rate; top-1 agreement on real text is the "
                   "stricter number.", "",
-                  "| target | acceptance rate | mean acceptance length | top-1 agreement |", "|---|---|---|---|"]
+                  "alpha = accepted / (accepted + rejected), counting only proposals the target actually judged "
+                  "(Leviathan et al.'s per-token acceptance, the seed article's number).", "",
+                  "| target | acceptance rate | alpha | mean acceptance length | top-1 agreement |",
+                  "|---|---|---|---|---|"]
         for tgt in TARGETS:
             if tgt in acc:
                 a = acc[tgt]
-                lines.append(f"| {tgt} | {a['acceptance_rate']:.3f} | {a['mean_acceptance_length']:.2f} | "
+                lines.append(f"| {tgt} | {a['acceptance_rate']:.3f} | {a['alpha']:.3f} | {a['mean_acceptance_length']:.2f} | "
                              f"{a['top1_agreement']:.3f} |")
         lines.append("")
     lines += ["## Corpus", "",
@@ -101,8 +116,11 @@ def card(name, t, acc=None, sample=None, flops=None) -> str:
               f"sha256 `{corpus['sha256']}` (over file names and contents; a different Python version gives "
               "a different corpus and a different hash).", "",
               "## Reproduce", "", "```sh",
-              f"OPENBLAS_NUM_THREADS=1 decoding-playground train --preset {t['preset']}"
-              + (f"   # needs models/{Path(tc['init_from']).name} first" if tc.get("init_from") else ""),
+              *([f"OPENBLAS_NUM_THREADS=1 decoding-playground train --preset {t['preset']}",
+                 f"OPENBLAS_NUM_THREADS=1 decoding-playground train --preset {t['preset']}-distilled"
+                 f"   # needs models/{Path(tc['distill_from']).name}"] if tc.get("distill_from") else
+                [f"OPENBLAS_NUM_THREADS=1 decoding-playground train --preset {t['preset']}"
+                 + (f"   # needs models/{Path(tc['init_from']).name} first" if tc.get("init_from") else "")]),
               "```", "", "Validation loss during training (fixed windows):", "",
               " ".join(f"{h['step']}: {h['val_loss']:.3f}" for h in t["history"]), "",
               LOADING.format(name=name)]
@@ -145,7 +163,9 @@ def main(argv=None):
                      num_attention_heads=t["config"]["num_attention_heads"],
                      num_key_value_heads=t["config"]["num_key_value_heads"],
                      max_position_embeddings=t["config"]["max_position_embeddings"],
-                     train_seconds=t["train_seconds"], steps=t["steps"])
+                     train_seconds=round(total_seconds(t), 1), steps=t["steps"])
+        if t["train_config"].get("distill_from"):
+            entry["distilled_from"] = Path(t["train_config"]["distill_from"]).name
         if t.get("val_loss_before_uptraining") is not None:
             entry["val_loss_before_uptraining"] = t["val_loss_before_uptraining"]
         if n == DRAFT and acc:
@@ -186,11 +206,11 @@ def write_overview(root, info, acc):
              "|---|---|---|---|---|---|---|---|"]
     for n, t in info.items():
         c = t["config"]
-        extra = (f" (before uptraining {t['val_loss_before_uptraining']:.3f})"
-                 if t.get("val_loss_before_uptraining") is not None else "")
+        extra = (f" (before {'distillation' if t['train_config'].get('distill_from') else 'uptraining'} "
+                 f"{t['val_loss_before_uptraining']:.3f})" if t.get("val_loss_before_uptraining") is not None else "")
         lines.append(f"| [{n}]({n}/README.md) | {ROLE[n]} | {t['attention_kind']} | {c['num_hidden_layers']} x "
                      f"{c['hidden_size']} | {c['num_attention_heads']}/{c['num_key_value_heads']} | "
-                     f"{t['parameters']:,} | {t['val_loss']:.4f}{extra} | {fmt_minutes(t['train_seconds'])} |")
+                     f"{t['parameters']:,} | {t['val_loss']:.4f}{extra} | {fmt_minutes(total_seconds(t))} |")
     if acc:
         lines += ["", "Draft greedy acceptance rate (speculative decoding at temperature 0 on held-out text, "
                   f"{acc['_setup']}): " + ", ".join(f"{k} {v['acceptance_rate']:.3f}" for k, v in acc.items()

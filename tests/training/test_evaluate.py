@@ -13,15 +13,15 @@ def test_speculative_greedy_equals_target_greedy():
     target = Model(cfg, init_weights(cfg, seed=1, std=0.5))
     draft = Model(cfg, init_weights(cfg, seed=2, std=0.5))
     prompt = [5, 6, 7, 8]
-    out, proposed, accepted, rounds = speculative_greedy(target, draft, prompt, max_tokens=20, k=3)
+    out, proposed, accepted, rounds, rejected = speculative_greedy(target, draft, prompt, max_tokens=20, k=3)
     seq = list(prompt)
     for _ in range(20):
         seq.append(int(np.argmax(forward_no_cache(target, seq)[-1])))
     assert out[:20] == seq[len(prompt):]
     assert 0 <= accepted <= proposed and rounds >= 20 / 4
     # a draft identical to the target is always accepted
-    _, p, a, _ = speculative_greedy(target, target, prompt, max_tokens=12, k=3)
-    assert a == p
+    _, p, a, _, j = speculative_greedy(target, target, prompt, max_tokens=12, k=3)
+    assert a == p and j == 0
 
 
 def test_acceptance_report_fields():
