@@ -204,9 +204,11 @@
     ctx.clearRect(0, 0, W, H)
     var left = 40, right = 6, top = 8, bottom = 18
     var pts = chart.points
-    var max = 0
-    pts.forEach(function (p) { max = Math.max(max, p.target + p.draft) })
-    max = niceMax(max * 1.05)
+    // the scale follows the typical round (95th percentile): one slow outlier (a busy machine) would
+    // otherwise flatten every other bar; taller bars are clipped and marked
+    var totals = pts.map(function (p) { return p.target + p.draft }).sort(function (a, b) { return a - b })
+    var typical = totals.length ? totals[Math.min(totals.length - 1, Math.floor(totals.length * 0.95))] : 0
+    var max = niceMax(typical * 1.25)
     var plotH = H - top - bottom, plotW = W - left - right
     ctx.font = '11px system-ui, sans-serif'
     ctx.fillStyle = color('--muted')
@@ -228,11 +230,15 @@
     var scale = plotH / max
     pts.forEach(function (p, i) {
       var x = left + i * step
-      var hd = p.draft * scale, ht = p.target * scale
+      var hd = Math.min(p.draft * scale, plotH), ht = Math.min(p.target * scale, plotH - hd)
       ctx.fillStyle = color('--chart-draft')
       ctx.fillRect(x, top + plotH - hd, barW, hd)
       ctx.fillStyle = color('--chart-target')
       ctx.fillRect(x, top + plotH - hd - ht, barW, ht)
+      if ((p.target + p.draft) > max) {            // clipped: a mark above the bar
+        ctx.fillStyle = color('--chart-line')
+        ctx.fillRect(x, top - 4, barW, 3)
+      }
     })
     ctx.strokeStyle = color('--chart-line')
     ctx.lineWidth = 2
