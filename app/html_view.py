@@ -217,7 +217,9 @@ class HtmlView:
         for target, htmls in frame.appends.items():
             # one wrapper element per target: htmx (and its ws extension) then process one new element per
             # message instead of one per token, which is most of the browser's work at full speed
-            inner = "".join(htmls) if target in ("notes", "chart-feed") else f'<span class="chunk">{"".join(htmls)}</span>'
+            inner = "".join(htmls)
+            if target not in ("notes", "chart-feed"):
+                inner = f'<span class="chunk">{inner}</span>'
             parts.append(f'<div id="{target}-append" hx-swap-oob="beforeend:#{target}">{inner}</div>')
         return ["".join(parts)] if parts else []
 

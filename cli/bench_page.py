@@ -137,7 +137,10 @@ def browser_run(browser, base_url: str, settings: dict, timeout_s: float = 120) 
             document.addEventListener('htmx:wsAfterMessage', function () {
               setTimeout(function () {      // after the page's own handler has noted the time
                 var s = window.playgroundStats
-                if (s && s.doneAt !== null && !window.__benchDone) { window.__benchDone = true; console.info('bench:done') }
+                if (s && s.doneAt !== null && !window.__benchDone) {
+                  window.__benchDone = true
+                  console.info('bench:done')
+                }
               }, 0)
             })""")
         with page.expect_console_message(lambda m: m.text == "bench:done", timeout=timeout_s * 1000):
