@@ -40,7 +40,14 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_UNSENT_ITEMS = 512          # a client that sends but never reads is closed (1008) before it costs memory
 OUTBOX_MAX_BATCHES = 32         # rounds waiting to be sent before the engine waits for the client
-FRAME_S = 1 / 10                # at full speed, send at most 10 messages a second (what arrives meanwhile is coalesced)
+# At full speed the sender coalesces: what arrives while it waits goes out as one message. It waits at least
+# MIN_INTERVAL_S between messages (at most 10 a second: each costs the browser a fixed amount of work, taken
+# from the engine when no core is free) and, for a view whose page acknowledges what it has rendered (the
+# htmx page, once per animation frame), until the page has caught up, at most ACK_TIMEOUT_S; for other
+# views FRAME_S.
+MIN_INTERVAL_S = 1 / 10
+ACK_TIMEOUT_S = 0.5
+FRAME_S = 1 / 10
 FULL_SPEED_BUDGET_S = 0.012     # at full speed, run rounds for up to this long per worker-thread call
 
 
@@ -60,6 +67,7 @@ class Command:
     settings: dict = field(default_factory=dict)
     speed: float | None | str = "keep"   # rounds per second, None for full speed, "keep" for no change
     paused: bool = False
+    ack: int = 0                # for "ack": how many server messages the page has rendered
 
 
 # --- items (what the sender hands to the view) ---------------------------------------------------
@@ -176,7 +184,9 @@ class Connection:
         self.step_credits = 0
         self._run_ids = 0
         self._changed = anyio.Event()
-        self._flush = anyio.Event()       # set when a generation has produced its last events
+        self._wake = anyio.Event()        # set by acknowledgements and by the end of a generation
+        self._sent = 0                    # messages sent, and acknowledged by the page (views that ack)
+        self._acked = 0
         self._tg: anyio.abc.TaskGroup | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -232,20 +242,39 @@ class Connection:
                     messages = []
                 for text in messages:
                     await self.ws.send_text(text)
+                    self._sent += 1
                 await anyio.sleep(0)      # let other connections run even while the write buffer has room
-                # at full speed, one message per frame: what arrives meanwhile is coalesced; the end of a
-                # generation is sent at once (waiting for the frame would only delay `done`)
                 if self.speed is None and self.run is not None and not self.run.ended:
-                    now = anyio.current_time()
-                    wait = last_send + FRAME_S - now
-                    last_send = now + max(wait, 0)
-                    if wait > 0:
-                        flush = self._flush
-                        with anyio.move_on_after(wait):
-                            await flush.wait()
+                    await self._pace_messages(last_send)
+                last_send = anyio.current_time()
         except (WebSocketDisconnect, OSError, RuntimeError):
             # the client is gone (or we already closed): end everything, which frees the session's blocks
             self._tg.cancel_scope.cancel()
+
+    async def _pace_messages(self, last_send: float) -> None:
+        """At full speed, wait before the next message (see MIN_INTERVAL_S); the end of a generation goes out
+        at once (waiting would only delay `done`)."""
+        acks = getattr(self.view, "acks", False)
+        deadline = last_send + (ACK_TIMEOUT_S if acks else FRAME_S)
+        earliest = last_send + MIN_INTERVAL_S
+        while self.run is not None and not self.run.ended:
+            now = anyio.current_time()
+            caught_up = acks and self._acked >= self._sent
+            if now >= deadline or (caught_up and now >= earliest):
+                return
+            wake = self._wake
+            with anyio.move_on_after((earliest if caught_up else deadline) - now):
+                await wake.wait()
+
+    def _poke(self) -> None:
+        """Wake the sender's pacing (an acknowledgement arrived, or a generation ended)."""
+        self._wake.set()
+        self._wake = anyio.Event()
+
+    def acknowledge(self, rendered: int) -> None:
+        """The page has rendered `rendered` messages of this connection."""
+        self._acked = max(self._acked, rendered)
+        self._poke()
 
     # --- what the views use --------------------------------------------------------------------------
     def notice(self, type: str, **data) -> None:
@@ -275,6 +304,9 @@ class Connection:
 
     # --- commands ----------------------------------------------------------------------------------
     async def handle(self, command: Command) -> None:
+        if command.kind == "ack":
+            self.acknowledge(command.ack)
+            return
         if command.speed != "keep":
             self.speed = command.speed
             self._notify()
@@ -329,7 +361,6 @@ class Connection:
         session = await anyio.to_thread.run_sync(GenerationSession, pg.engine, prompt, settings)
         self._run_ids += 1
         run = self.run = Run(self._run_ids, session, sent_settings=dict(settings))
-        self._flush = anyio.Event()
         self.paused, self.step_credits = paused, 0
         await self._tg.start(self._produce, run)
 
@@ -395,7 +426,7 @@ class Connection:
                         run.ended = True
                     await self.outbox.put_batch(Batch(run.run_id, events))
                     if ended:
-                        self._flush.set()
+                        self._poke()
                     if ended or not events:
                         return
         except Exception as e:          # an engine bug: say so on this connection, keep the server up

@@ -131,6 +131,7 @@ class Frame:
 
 class HtmlView:
     default_speed = float(DEFAULT_SPEED)
+    acks = True         # the page acknowledges what it has rendered ({"ack": n}, static/playground.js)
 
     def __init__(self, playground: Playground):
         self.playground = playground
@@ -154,6 +155,10 @@ class HtmlView:
             raise CommandError(f"not valid JSON: {e}") from None
         if not isinstance(data, dict):
             raise CommandError("expected the playground form as a JSON object")
+        if data.keys() == {"ack"}:              # the page has rendered this many of our messages
+            if not isinstance(data["ack"], int) or isinstance(data["ack"], bool):
+                raise CommandError("ack: the number of messages rendered")
+            return [Command("ack", ack=data["ack"])]
         data.pop("HEADERS", None)
         action = data.pop("action", None)
         if isinstance(action, list):

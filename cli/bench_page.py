@@ -80,8 +80,11 @@ def ws_run(base_url: str, settings: dict, timeout_s: float = 120) -> dict:
         ws.recv(timeout=timeout_s)                                 # hello
         t0 = time.perf_counter()
         ws.send(json.dumps(fields))
+        received = 1
         while True:
             message = ws.recv(timeout=timeout_s)
+            received += 1
+            ws.send(json.dumps({"ack": received}))          # as the page does after rendering a message
             tokens += sum(status != "rejected" for status in TOKEN_RE.findall(message))
             if 'id="run-status"' in message and 'data-state="done"' in message:
                 break

@@ -276,14 +276,26 @@
 
   // Once per frame, not per message. The stream and the notes stay scrolled to their end by CSS
   // (flex-direction: column-reverse), so nothing here reads layout.
+  // After the frame that shows them, the page tells the server how many messages it has rendered: at full
+  // speed the server sends the next one only then, coalescing what the engine wrote meanwhile, so the page
+  // is never behind and does less work per token the busier the machine is.
   var frameScheduled = false
+  var socket = null
+  var acked = 0
   function afterMessages() {
     frameScheduled = false
     drainChart()
     trim()
+    if (socket && stats.messages > acked) {
+      acked = stats.messages
+      socket.send(JSON.stringify({ ack: acked }))
+    }
   }
 
-  document.addEventListener('htmx:wsAfterMessage', function () {
+  document.addEventListener('htmx:wsOpen', function () { stats.messages = 0; acked = 0 })
+
+  document.addEventListener('htmx:wsAfterMessage', function (evt) {
+    socket = evt.detail.socketWrapper
     stats.messages++
     if (stats.doneAt === null) {
       var status = $('run-status')

@@ -63,6 +63,7 @@ class HtmlClient:
                 raise TimeoutError("condition not met in time")
             fragments = Fragments(await asyncio.wait_for(self.ws.recv(), min(left, 20)))
             self.messages.append(fragments)
+            await self.ws.send(json.dumps({"ack": len(self.messages)}))       # as the page does
             if predicate(fragments):
                 return fragments
 
