@@ -171,6 +171,7 @@ class Run:
     round: int = 0
     last_round_at: float = 0.0
     announced_pause: bool = False
+    producing: bool = False       # its producer runs (and will give back the session slot)
     sent_settings: dict = field(default_factory=dict)
 
 
@@ -357,12 +358,19 @@ class Connection:
         if pg.sessions >= pg.config.max_sessions:
             raise CommandError(f"busy: {pg.sessions} generations are running (the limit is "
                                f"{pg.config.max_sessions}); try again in a moment")
-        # validates (raises SettingsError); in a worker thread: a fetched model's weights load on first use
-        session = await anyio.to_thread.run_sync(GenerationSession, pg.engine, prompt, settings)
-        self._run_ids += 1
-        run = self.run = Run(self._run_ids, session, sent_settings=dict(settings))
-        self.paused, self.step_credits = paused, 0
-        await self._tg.start(self._produce, run)
+        pg.sessions += 1        # the slot is taken now (creating the session awaits); the producer gives it back
+        run = None
+        try:
+            # validates (raises SettingsError); in a worker thread: a fetched model's weights load on first use
+            session = await anyio.to_thread.run_sync(GenerationSession, pg.engine, prompt, settings)
+            self._run_ids += 1
+            run = self.run = Run(self._run_ids, session, sent_settings=dict(settings))
+            self.paused, self.step_credits = paused, 0
+            await self._tg.start(self._produce, run)
+        except BaseException:
+            if run is None or not run.producing:
+                pg.sessions -= 1
+            raise
 
     def update_settings(self, changes: dict) -> None:
         run = self.run
@@ -405,8 +413,9 @@ class Connection:
             return
 
     async def _produce(self, run: Run, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """NOTE: owns one slot of Playground.sessions (taken by `start`) and gives it back when it ends."""
         gen = run.session.events()
-        self.playground.sessions += 1
+        run.producing = True
         try:
             task_status.started()
             with run.scope:
