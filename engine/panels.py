@@ -60,4 +60,5 @@ def use_panels(model, columns: int = PANEL_COLUMNS):
         for name in ("w_qkv", "w_o", "w_gate_up", "w_down"):
             setattr(lw, name, PanelWeight(getattr(lw, name), columns))
     model.lm_head = PanelWeight(model.lm_head, columns)
+    model.split_rows = frozenset()     # panels already keep few-row products cheap (engine.model.matmul_rows)
     return model
