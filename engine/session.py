@@ -29,7 +29,7 @@ from .events import (DraftProposed, Done, Error, Event, KVBlocks, Metrics, Prefi
 from .kv_dtypes import kv_bytes_per_token
 from .metrics import SpecDecodeStats
 from .model import ContextLengthError
-from .proposers import DraftModelProposer, NgramProposer, point_masses
+from .proposers import DraftModelProposer, NgramProposer
 from .registry import InferenceEngine, LoadedModel
 from .runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, RecomputeRunner
 from .sampling import probs_from_logits, sample, softmax, top_k
