@@ -85,13 +85,14 @@ def check_distribution(engine: InferenceEngine, prompt: str, samples: int, tempe
     spec, accepted = np.zeros(V), 0
     p2 = np.stack([p, p])
     t = time.perf_counter()
+    every = max(1, samples // 20)
     for i in range(samples):
         x = sample(q, rng)
         verdicts, _ = verify([x], q[None], p2, rng, greedy=False)
         first = verdicts[0] if verdicts[0].status == "accepted" else verdicts[1]
         spec[first.token_id] += 1
         accepted += verdicts[0].status == "accepted"
-        if progress and (i + 1) % 20000 == 0:
+        if progress and ((i + 1) % every == 0 or i + 1 == samples):
             progress(i + 1, samples)
     direct = np.bincount(rng.choice(V, size=samples, p=p), minlength=V).astype(float)
     draft_only = np.bincount(rng.choice(V, size=samples, p=q), minlength=V).astype(float)
@@ -103,7 +104,8 @@ def check_distribution(engine: InferenceEngine, prompt: str, samples: int, tempe
             "tvd_speculative": tvd(spec, p), "tvd_direct": tvd(direct, p), "tvd_draft_only": tvd(draft_only, p),
             "seconds": time.perf_counter() - t,
             "top_tokens": [{"text": tok.token_text(int(i)), "p": float(p[i]), "q": float(q[i]),
-                            "speculative": float(spec[i] / samples)} for i in top]}
+                            "speculative": float(spec[i] / samples), "direct": float(direct[i] / samples),
+                            "draft_only": float(draft_only[i] / samples)} for i in top]}
 
 
 def cmd_check_distribution(args) -> int:

@@ -109,3 +109,20 @@ class Done(Event):
 class Error(Event):
     type = "error"
     message: str
+
+
+EVENT_TYPES = {cls.type: cls for cls in (Started, Prefill, DraftProposed, TokenResult, RoundDone, KVBlocks, Metrics,
+                                         SettingsApplied, Done, Error)}
+
+
+def event_from_dict(d: dict) -> Event:
+    """The inverse of `to_dict()`: an event from its JSON form (a recorded run, replayed). Unknown types and
+    fields raise ValueError."""
+    cls = EVENT_TYPES.get(d.get("type")) if isinstance(d, dict) else None
+    if cls is None:
+        raise ValueError(f"not an event: {str(d)[:80]!r}")
+    fields = {k: v for k, v in d.items() if k != "type"}
+    try:
+        return cls(**fields)
+    except TypeError as e:
+        raise ValueError(f"{d['type']} event: {e}") from None

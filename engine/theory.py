@@ -69,3 +69,13 @@ def projected_speedup(acc: Accelerator, alpha: float, gamma: int, target_params:
                                2 * draft_params, 1, batch)
     return {"accelerator": acc.name, "batch": batch, "target_step_ms": t1 * 1e3, "verify_ratio": tv / t1,
             "c": td / t1, "speedup": speedup_from_curve(alpha, gamma, td / t1, tv / t1)}
+
+
+def projected_verify_curve(acc: Accelerator, params: float, kv_bytes_per_token: float, context: int, ns,
+                           batch: int = 1, bytes_per_param: float = 2.0) -> dict[int, float]:
+    """t(n) / t(1) on the roofline model: the projected cost of verifying n tokens in one forward, in plain
+    steps (flat at 1 while moving the bytes dominates, rising once the FLOPs do). A projection."""
+    def step(n):
+        return roofline_step_seconds(acc, params * bytes_per_param, kv_bytes_per_token * context, 2 * params, n, batch)
+    t1 = step(1)
+    return {n: step(n) / t1 for n in ns}

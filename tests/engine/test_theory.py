@@ -54,3 +54,14 @@ def test_roofline_projection_memory_bound_at_batch_1():
                              kv_bytes_per_token=128 * KIB, draft_kv_bytes_per_token=32 * KIB, context=512,
                              batch=256)
     assert busy["verify_ratio"] > 2 and busy["speedup"] < p["speedup"]   # under load verification is not free
+
+
+def test_projected_verify_curve_is_flat_until_compute_bound():
+    from engine.theory import projected_verify_curve
+    acc = ACCELERATORS["H100-SXM"]
+    alone = projected_verify_curve(acc, 8.03e9, 128 * KIB, 2048, range(1, 18))
+    assert alone[1] == 1 and alone[17] == pytest.approx(1.0)            # batch 1: 17 tokens cost one step
+    busy = projected_verify_curve(acc, 8.03e9, 128 * KIB, 512, (1, 5), batch=256)
+    assert busy[5] > 2                                                   # under load verification is not free
+    p = projected_speedup(acc, 0.8, 4, 8.03e9, 1.24e9, 128 * KIB, 32 * KIB, 512, batch=256)
+    assert p["verify_ratio"] == pytest.approx(busy[5])                   # the same model as projected_speedup

@@ -1,0 +1,99 @@
+"""Experiments the teaching views show: a faulty run beside a correct one, and plain against speculative.
+
+Each experiment runs whole sessions with `GenerationSession.events()`, one after the other, so that neither
+slows the other down: every figure is the session's own engine time (see engine/session.py).
+
+    trace(engine, prompt, settings)                   -> what one run emitted, with engine-time stamps
+    fault_comparison(engine, prompt, settings, fault) -> a correct reference and the faulty run, and the
+                                                         first emitted token where they part
+    race(engine, prompt, settings)                    -> plain decoding and speculative decoding, same prompt
+"""
+from __future__ import annotations
+
+from .registry import InferenceEngine
+from .session import GenerationSession
+from .settings import FAULTS, GenerationSettings, SettingsError
+
+# What each fault needs to show its symptom (the first seed's "common mistakes"):
+# - no_causal_mask, no_truncate: greedy, so that the correct run equals plain greedy decoding token for
+#   token and any difference is the fault's;
+# - unnormalized_residual: sampling (greedy never draws from the residual), so the first rejection raises.
+FAULT_TEMPERATURE = {"no_causal_mask": 0.0, "no_truncate": 0.0, "unnormalized_residual": 1.0}
+
+
+def trace(engine: InferenceEngine, prompt: str, settings: dict) -> dict:
+    """Run one session to its end. Every token event (rejected drafts included) gets `t_ms`: the session's
+    engine time when its round ended, which is when it was delivered."""
+    session = GenerationSession(engine, prompt, settings)
+    tokens, pending, summary, error, rounds, elapsed_ms = [], [], None, None, 0, 0.0
+    for e in session.events():
+        if e.type == "token":
+            pending.append({"id": e.id, "text": e.text, "status": e.status, "round": e.round,
+                            "position": e.position})
+        elif e.type == "metrics":
+            elapsed_ms = e.values["elapsed_s"] * 1e3
+            for t in pending:
+                t["t_ms"] = elapsed_ms
+            tokens += pending
+            pending = []
+        elif e.type == "round":
+            rounds = e.round
+        elif e.type == "done":
+            summary = e.summary
+        elif e.type == "error":
+            error = e.message        # the failing round's events were never delivered (pending stays out)
+    emitted = [t for t in tokens if t["status"] != "rejected"]
+    return {"settings": session.settings.model_dump(), "tokens": tokens, "emitted_ids": [t["id"] for t in emitted],
+            "num_output_tokens": len(emitted), "rounds": rounds, "elapsed_ms": elapsed_ms,
+            "summary": summary, "error": error}
+
+
+def first_divergence(reference: list[int], other: list[int]) -> int | None:
+    """Index of the first emitted token where two runs differ (or where the shorter one ends); None if equal."""
+    for i, (a, b) in enumerate(zip(reference, other)):
+        if a != b:
+            return i
+    return None if len(reference) == len(other) else min(len(reference), len(other))
+
+
+def fault_settings(engine: InferenceEngine, settings: dict, fault: str) -> dict:
+    """The settings both runs of a fault comparison use: the given ones, made to show the fault."""
+    if fault not in FAULTS or fault == "none":
+        raise SettingsError("fault", f"one of {', '.join(f for f in FAULTS if f != 'none')}, got {fault!r}")
+    base = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"})
+    out = base.model_dump()
+    out["temperature"] = FAULT_TEMPERATURE[fault]
+    if base.method == "none":      # the faults live in verification: something must be proposed
+        target = engine.registry.get(base.model)
+        out["method"] = "draft_model" if engine.registry.draft_for(target) is not None else "ngram"
+    return out
+
+
+def fault_comparison(engine: InferenceEngine, prompt: str, settings: dict, fault: str) -> dict:
+    """A correct reference run and the same run with `fault`, and where their emitted tokens first differ.
+
+    For the unnormalised residual the faulty run stops with numpy's error at its first rejection; the point
+    of divergence is then the token that round would have delivered."""
+    s = fault_settings(engine, settings, fault)
+    reference = trace(engine, prompt, {**s, "fault": "none"})
+    faulty = trace(engine, prompt, {**s, "fault": fault})
+    return {"fault": fault, "settings": s, "reference": reference, "faulty": faulty,
+            "divergence": first_divergence(reference["emitted_ids"], faulty["emitted_ids"])}
+
+
+def race(engine: InferenceEngine, prompt: str, settings: dict) -> dict:
+    """Plain decoding and speculative decoding of the same prompt with the same settings and seed.
+
+    Each runs alone; `speedup` is plain engine time per output token over speculative engine time per token.
+    Greedy speculative decoding writes exactly the plain text; sampled, the same distribution."""
+    s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
+    if s["method"] == "none":
+        target = engine.registry.get(s["model"])
+        s["method"] = "draft_model" if engine.registry.draft_for(target) is not None else "ngram"
+    plain = trace(engine, prompt, {**s, "method": "none"})
+    speculative = trace(engine, prompt, s)
+    per_token = [r["elapsed_ms"] / r["num_output_tokens"] if r["num_output_tokens"] and r["elapsed_ms"] else None
+                 for r in (plain, speculative)]
+    return {"settings": s, "plain": plain, "speculative": speculative,
+            "speedup": per_token[0] / per_token[1] if None not in per_token else None,
+            "same_text": plain["emitted_ids"] == speculative["emitted_ids"]}
