@@ -22,9 +22,10 @@ RECIPES: dict[str, dict] = {
                        eval_every=40, init_from="models/target-mha",
                        notes="2 KV heads mean-pooled from target-mha, uptrained for 20% of its steps "
                              "(Ainslie et al.'s 5%, 240 steps, left it at 1.2636 nats/char, 0.063 above MHA)"),
-    "target-mqa": dict(steps=240, batch_size=4, seq_len=512, lr=1e-3, warmup_steps=20, min_lr_ratio=0.1,
+    "target-mqa": dict(steps=1440, batch_size=4, seq_len=512, lr=1e-3, warmup_steps=20, min_lr_ratio=0.1,
                        eval_every=40, init_from="models/target-mha",
-                       notes="1 KV head mean-pooled from target-mha, uptrained for 5% of its steps"),
+                       notes="1 KV head mean-pooled from target-mha, uptrained for 30% of its steps "
+                             "(Ainslie et al.'s 5%, 240 steps, left it at 1.4248 nats/char, 0.224 above MHA)"),
     "draft": dict(steps=3000, batch_size=8, seq_len=512, lr=5e-3, warmup_steps=100, eval_every=250,
                   notes="the draft for speculative decoding, trained from scratch on the same corpus"),
     "draft-distilled": dict(arch="draft", steps=1000, batch_size=8, seq_len=512, lr=2e-3, warmup_steps=20, eval_every=100,
