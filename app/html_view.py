@@ -21,6 +21,7 @@ from markupsafe import Markup, escape
 
 from app.connection import Batch, Command, CommandError, Connection, Notice, parse_speed
 from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, gauge_rows, model_options
+from app.recording import RECORDINGS
 from app.state import Playground
 from app.templating import templates
 from engine.settings import LIVE_SETTINGS
@@ -62,7 +63,7 @@ def token_html(t) -> str:
     if t.r is not None:
         title += f" · r={_p(t.r)}"
     return (f'<span class="tok" data-token-status="{escape(t.status)}" data-round="{int(t.round)}" '
-            f'title="{escape(title)}">{piece(t.text)}</span>')
+            f'data-pos="{int(t.position)}" title="{escape(title)}">{piece(t.text)}</span>')
 
 
 templates.env.globals["piece"] = piece        # for templates/_fragments.html
@@ -142,6 +143,9 @@ class HtmlView:
         self.status = {"state": "idle", "round": 0, "tokens": 0, "gamma": None, "finish": None}
         self.lane: dict | None = None
         self.run_id: int | None = None
+        self.recording = None           # the current run's events, kept for export, the inspector, replay
+        self._recording_owner = False
+        self._snapshotting = False
         self._conn: Connection | None = None
 
     # --- client messages -------------------------------------------------------------------------
@@ -169,6 +173,12 @@ class HtmlView:
         speed = parse_speed(fields["speed"]) if "speed" in fields else "keep"
         if action in (None, "", "settings"):
             return self._form_changed(settings, prompt, speed, conn)
+        if action == "replay":
+            # the page is about to swap in a replay (static/teach.js): end the run and forget what this view
+            # has drawn, so that the next run draws everything afresh
+            self.kv.clear()
+            self.gauges.clear()
+            return [Command("reset")]
         if action not in ACTIONS:
             raise CommandError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
         if action in ("toggle", "start", "step") and prompt is not None:
@@ -204,14 +214,22 @@ class HtmlView:
         frame = Frame()
         status_before = dict(self.status)
         current = conn.run.run_id if conn.run else None
+        recording, was_complete = self.recording, self.recording is None or self.recording.complete
         for item in items:
             if isinstance(item, Notice):
                 self._notice(item, frame, conn)
             elif isinstance(item, Batch) and item.run_id == current:
                 for event in item.events:
+                    self._record(event)
                     getattr(self, "_on_" + event.type, self._on_other)(event, frame, item.run_id)
+        # the run ended in this message: the pools drawn after it are kept with its recording
+        self._snapshotting = self._recording_owner and self.recording.complete and (
+            self.recording is not recording or not was_complete)
         if frame.kv_events or frame.kv_snapshot:
             self._render_kv(frame)
+        self._snapshotting = False
+        if self.recording is not None and self.recording.complete and "run-recording" in frame.replace:
+            frame.replace["run-recording"] = m.run_recording(self.recording)   # now with its final size
         if frame.metrics is not None:
             self._render_gauges(frame.metrics, frame)
         if self.status != status_before:
@@ -287,13 +305,22 @@ class HtmlView:
             frame.kv_snapshot = True
 
     # --- engine events -----------------------------------------------------------------------------
+    def _record(self, event) -> None:
+        """Keep the run's events (app/recording.py): the first view of a run records it, the others (a room's
+        watchers) refer to that recording."""
+        if event.type == "started":
+            self.recording, self._recording_owner = RECORDINGS.claim(event.session_id, self.form_prompt)
+        if self.recording is not None and self._recording_owner:
+            self.recording.add(event)
+
     def _on_started(self, e, frame: Frame, run_id: int) -> None:
         m = macros()
         self.run_id, self.lane = run_id, None
         gamma = e.settings["num_speculative_tokens"] if e.settings["method"] != "none" else None
         self.status = {"state": "paused" if self._conn.paused else "running", "round": 0, "tokens": 0,
                        "gamma": gamma, "finish": None}
-        frame.replace["stream"] = m.stream(e.prompt_tokens, run_id)
+        frame.replace["stream"] = m.stream(e.prompt_tokens, run_id, self.recording.key if self.recording else "")
+        frame.replace["run-recording"] = m.run_recording(self.recording)
         frame.appends.pop("stream", None)
         frame.replace["draft-lane"] = m.lane_empty("Prefill next: the prompt goes through the target in one forward.")
         frame.replace["chart-feed"] = m.chart_reset(run_id)
@@ -392,12 +419,14 @@ class HtmlView:
         title = {"length": "Done: max tokens.", "stop": "Done: end of text.", "cancelled": "Stopped.",
                  "context": "Done: context full."}.get(s.get("finish_reason"), "Done.")
         frame.replace["summary"] = macros().summary({"title": title, "text": " · ".join(parts)})
+        frame.replace["run-recording"] = ""   # filled in once the recording is complete (render)
         frame.kv_snapshot = True          # the session's blocks are freed now: show it
 
     def _on_error(self, e, frame: Frame, run_id: int) -> None:
         self.status["state"] = "error"
         frame.replace["error"] = macros().error(e.message)
         frame.append("notes", macros().note("error", e.message))
+        frame.replace["run-recording"] = ""
         frame.kv_snapshot = True
 
     def _on_other(self, e, frame: Frame, run_id: int) -> None:
@@ -419,9 +448,12 @@ class HtmlView:
         engine = self.playground.engine
         for mgr in list(engine.managers.values()) if engine else []:
             if (mgr.pool.name, mgr.dtype.name, mgr.block_size) == key:
-                return {"name": mgr.pool.name, "num_blocks": mgr.pool.num_blocks, "block_size": mgr.block_size,
+                pool = {"name": mgr.pool.name, "num_blocks": mgr.pool.num_blocks, "block_size": mgr.block_size,
                         "kv_cache_dtype": mgr.dtype.name, "bytes_per_token": mgr.bytes_per_token,
                         "used": mgr.pool.num_used_blocks, "block_table": [], "block_states": mgr.pool.block_states()}
+                if self._snapshotting:
+                    self.recording.snapshots[key] = pool       # a replay draws the pool as this page did
+                return pool
         return None
 
     def _render_kv(self, frame: Frame) -> None:

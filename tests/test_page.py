@@ -214,11 +214,11 @@ def test_streamed_tokens_are_escaped_and_whitespace_made_visible():
 
     from app.html_view import piece, token_html
 
-    t = SimpleNamespace(status="accepted", round=3, text='<img src=x onerror="a">', p=0.5, q=0.25,
+    t = SimpleNamespace(status="accepted", round=3, position=2, text='<img src=x onerror="a">', p=0.5, q=0.25,
                         accept_prob=1.0, r=None)
     html = token_html(t)
     assert "<img" not in html and "&lt;img src=x onerror=&#34;a&#34;&gt;" in html
-    assert 'data-token-status="accepted"' in html and 'data-round="3"' in html
+    assert 'data-token-status="accepted"' in html and 'data-round="3"' in html and 'data-pos="2"' in html
     assert 'title="accepted · p=0.500 · q=0.250 · min(1, p/q)=1.000"' in html
     assert piece("\n").endswith("\n") and "↵" in piece("\n")
     assert "end of text" in piece("<|endoftext|>")

@@ -1,0 +1,85 @@
+"""Replay: a recorded run (app/recording.py) as the messages the page received live, one per round, no engine.
+
+`replay_frames` runs the page's own view (app/html_view.py) over the recorded events, cut into rounds as the
+live connection delivered them; static/teach.js swaps the frames in at the speed the viewer picks. The same
+recording always gives the same frames.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from app.connection import Batch, Notice
+from app.html_view import HtmlView, macros
+from app.recording import Recording
+
+
+class _ReplayConnection:
+    """What HtmlView reads of a connection."""
+    paused = False
+    state = "running"
+
+    def __init__(self):
+        self.run = SimpleNamespace(run_id=1)
+
+
+class ReplayView(HtmlView):
+    """HtmlView over a recording: the same fragments the live page received, round by round."""
+
+    def __init__(self, recording: Recording):
+        super().__init__(playground=None)
+        self.recording = recording
+        self.form = {"method": recording.settings.get("method")}
+
+    def _record(self, event) -> None:          # the events are the recording's own
+        pass
+
+    def _engine_pool(self, key: tuple) -> dict | None:
+        """The pool as the live page drew it after the run (recorded), else its last state with this run's
+        blocks given back."""
+        snap = self.recording.snapshots.get(tuple(key))
+        if snap is not None:
+            return snap
+        kv = self.recording.last("kv")
+        for pool in kv.pools if kv else []:
+            if (pool["name"], pool["kv_cache_dtype"], pool["block_size"]) == tuple(key):
+                table = set(pool["block_table"])
+                states = "".join("f" if i in table and s == "u" else s for i, s in enumerate(pool["block_states"]))
+                return {**pool, "block_table": [], "block_states": states, "used": states.count("u") + states.count("s")}
+        return None
+
+    def _status_view(self) -> dict:
+        view = super()._status_view()
+        view["label"] = {"running": "Replaying", "done": "Replay done", "error": "Replay: error"}.get(view["state"],
+                                                                                                      view["label"])
+        return view
+
+
+def rounds_of(events: list) -> list[list]:
+    """The recording cut as the live connection delivered it: `started` alone, then each round up to and
+    including its `metrics`, then the end (`done` or `error`)."""
+    chunks, current = [], []
+    for e in events:
+        current.append(e)
+        if e.type in ("started", "metrics"):
+            chunks.append(current)
+            current = []
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def replay_frames(recording: Recording) -> list[str]:
+    """The HTML messages of a replay, one per round (deterministic: the same recording, the same frames)."""
+    view, conn = ReplayView(recording), _ReplayConnection()
+    frames = []
+    for i, chunk in enumerate(rounds_of(recording.events)):
+        items: list = [Batch(1, chunk)]
+        if i == 0:
+            what = f"“{recording.name}”" if recording.name else "a recorded run"
+            items.insert(0, Notice("note", {"kind": "replay", "text": f"replay of {what}: no engine, the "
+                                                                      "recorded events as the page showed them"}))
+        frames += view.render(items, conn)
+    if not recording.complete:             # an export taken mid-run: say where it ends
+        view.status.update(state="done", finish="the recording ends here")
+        frames.append(str(macros().status(view._status_view())))
+    return frames
