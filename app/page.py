@@ -1,4 +1,4 @@
-"""The page's state from its URL: every setting, the prompt, `autoplay`, `speed`, `theme`, `hide`, `presenter`.
+"""The page's state from its URL: every setting, the prompt, `autoplay`, `speed`, `theme`, `hide`, `presenter`, `view`.
 
 A URL reproduces a demo: the server renders the form with the URL's values (validated by the engine's
 own settings model), and static/playground.js keeps the URL in step when the controls change. Values
@@ -7,11 +7,13 @@ that do not validate are ignored and listed on the page, so a broken link still 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import urlencode
 
 from app.presets import DEFAULT_PROMPT, PRESETS
 from app.state import Playground
 from engine.kv_dtypes import KV_CACHE_DTYPES
 from engine.settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
+from engine.theory import worked_table
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
@@ -22,9 +24,14 @@ SPEEDS = [("0.5", "½ round/s"), ("1", "1 round/s"), ("2", "2 rounds/s"), ("5", 
           ("10", "10 rounds/s"), ("25", "25 rounds/s"), ("max", "full speed")]
 DEFAULT_SPEED = "5"
 THEMES = ("light", "dark")
-# Parts of the page that `hide` can name (TensorFlow Playground's `_hide`).
+# The teaching views (templates/_teach.html, app/routers/teach.py): `?view=NAME` opens one.
+VIEWS = [("inspector", "Inspector"), ("theory", "Theory"), ("distribution", "Distribution"), ("memory", "KV memory"),
+         ("paging", "Paging"), ("faults", "Faults"), ("cost", "Cost model"), ("race", "Race"), ("replay", "Replay")]
+VIEW_NAMES = tuple(name for name, _ in VIEWS)
+# Parts of the page that `hide` can name (TensorFlow Playground's `_hide`): "views" is the teaching views'
+# whole strip, "tabs" only its tabs (a view opened by the URL stays), and each view by its name.
 HIDEABLE = ("header", "prompt", "presets", "controls", "settings", "legend", "stream", "draft", "kv", "gauges",
-            "chart", "notes", "footer")
+            "chart", "notes", "footer", "views", "tabs", *VIEW_NAMES)
 
 
 # The gauges: (metric, label, unit). Each value element carries data-metric; its text is the current value.
@@ -70,6 +77,7 @@ class PageState:
     theme: str = "light"
     presenter: bool = False
     hide: list[str] = field(default_factory=list)
+    view: str | None = None                # the open teaching view
     warnings: list[str] = field(default_factory=list)
 
     def hidden(self, part: str) -> bool:
@@ -140,7 +148,20 @@ def page_state(query, playground: Playground) -> PageState:
     if unknown:
         state.warnings.append(f"ignored hide={','.join(unknown)} from the URL: parts are {', '.join(HIDEABLE)}")
     state.hide = [h for h in HIDEABLE if h in hide]
+    view = query.get("view")
+    if view:
+        if view not in VIEW_NAMES:
+            state.warnings.append(f"ignored view={view!r} from the URL: one of {', '.join(VIEW_NAMES)}")
+        elif not (state.hidden(view) or state.hidden("views")):
+            state.view = view
     return state
+
+
+def view_links(query) -> dict[str, str]:
+    """Each view's tab link: this page's URL with `view` set ("" closes the view)."""
+    items = [(k, v) for k, v in (query.multi_items() if hasattr(query, "multi_items") else query.items())
+             if k != "view"]
+    return {name: "?" + urlencode(items + ([("view", name)] if name else [])) for name in ("", *VIEW_NAMES)}
 
 
 def target_of(registry, name: str | None):
@@ -173,4 +194,5 @@ def page_context(query, playground: Playground, embed: bool) -> dict:
         "targets": targets, "model_options": options,
         "kv_cache_dtypes": list(KV_CACHE_DTYPES), "load_error": playground.load_error,
         "hideable": HIDEABLE, "max_prompt_chars": MAX_PROMPT_CHARS, "gauge_rows": gauge_rows(),
+        "views": VIEWS, "view_links": view_links(query), "worked_table": worked_table(),
     }

@@ -294,6 +294,12 @@
 
   document.addEventListener('htmx:wsOpen', function () { stats.messages = 0; acked = 0 })
 
+  // A replay (static/teach.js) swaps in recorded messages without the websocket: the same per-frame work
+  // (chart, bounded DOM), and nothing acknowledged to the server.
+  document.addEventListener('playground:swapped', function () {
+    if (!frameScheduled) { frameScheduled = true; requestAnimationFrame(afterMessages) }
+  })
+
   document.addEventListener('htmx:wsAfterMessage', function (evt) {
     socket = evt.detail.socketWrapper
     stats.messages++

@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse
 
 from app.deps import PlaygroundDep
 from app.page import page_context
+from app.routers import teach
 from app.security import FRAME_ANCESTORS_SELF, content_security_policy
 from app.templating import templates
 
@@ -28,3 +29,7 @@ def embed(request: Request, playground: PlaygroundDep) -> HTMLResponse:
     headers = {"Content-Security-Policy": content_security_policy(playground.config.embed_frame_ancestors)}
     context = page_context(request.query_params, playground, embed=True)
     return templates.TemplateResponse(request, "embed.html", context, headers=headers)
+
+
+# The teaching views' endpoints (/teach/...) belong to the page: its views load them (app/routers/teach.py).
+router.include_router(teach.router)

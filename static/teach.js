@@ -1,0 +1,592 @@
+/* Decoding Playground — the teaching views (templates/_teach.html): what HTML cannot do there. The tabs and the
+   `view` in the URL, the token inspector's clicks, the theory charts drawn from the rounds the page receives,
+   the replay player (a recorded run's messages swapped in at any speed, no engine), the race's clocks, and
+   the inputs the other views' htmx requests include. Their content is HTML from /teach/... (htmx). */
+(function () {
+  'use strict'
+
+  function $(id) { return document.getElementById(id) }
+  function teach() { return $('teach') }
+  function openName() { var t = teach(); return t ? t.dataset.open : '' }
+
+  // --- the formulas of engine/theory.py (Leviathan et al.), for the live charts -------------------------------
+  function expectedTokens(alpha, gamma) {          // E = (1 - a^(g+1)) / (1 - a): tokens per target call
+    if (alpha >= 1) return gamma + 1
+    return (1 - Math.pow(alpha, gamma + 1)) / (1 - alpha)
+  }
+  window.teach = { expectedTokens: expectedTokens }
+
+  // --- workshop mode: the server's token (in the page's address) goes with every request of the views --------------
+  var token = new URLSearchParams(location.search).get('token')
+  function withToken(u) { return token ? u + (u.indexOf('?') < 0 ? '?' : '&') + 'token=' + encodeURIComponent(token) : u }
+  document.addEventListener('htmx:configRequest', function (evt) {
+    if (token && evt.detail.path.indexOf('/teach/') === 0) evt.detail.headers.Authorization = 'Bearer ' + token
+  })
+  function tokenLinks() {                                // plain links (the export) cannot send a header
+    var link = $('export-link')
+    if (token && link && link.href.indexOf('token=') < 0) link.href = withToken(link.getAttribute('href'))
+  }
+
+  // --- the recording of the run on screen (app/recording.py) ----------------------------------------------------
+  function recordingKey() {
+    var stream = $('stream')
+    return (stream && stream.dataset.recording) || ''
+  }
+  function syncInputs() {
+    tokenLinks()
+    var rec = $('teach-recording')
+    if (rec) rec.value = recordingKey()
+    var alpha = $('teach-alpha'), gamma = $('teach-gamma')
+    if (alpha) alpha.value = theory.alpha === null ? '' : theory.alpha.toFixed(2)
+    var g = $('f-num_speculative_tokens')
+    if (gamma && g) gamma.value = g.value
+  }
+
+  // --- tabs ---------------------------------------------------------------------------------------------------
+  var pollTimer = null
+
+  function setUrlView(name) {
+    var params = new URLSearchParams(location.search)
+    if ((params.get('view') || '') === (name || '')) return
+    if (name) params.set('view', name); else params.delete('view')
+    var query = params.toString()
+    history.replaceState(null, '', location.pathname + (query ? '?' + query : ''))
+  }
+
+  function openView(name) {
+    var t = teach()
+    if (!t) return
+    t.dataset.open = name || ''
+    document.querySelectorAll('[data-view-panel]').forEach(function (p) { p.hidden = p.dataset.viewPanel !== name })
+    document.querySelectorAll('.teach-tab').forEach(function (tab) {
+      tab.setAttribute('aria-selected', tab.dataset.viewTab === name ? 'true' : 'false')
+    })
+    var close = $('teach-close')
+    if (close) close.hidden = !name
+    setUrlView(name)
+    if (pollTimer) { clearInterval(pollTimer); pollTimer = null }
+    if (name) onOpen(name)
+  }
+
+  function onOpen(name) {
+    var panel = $('view-' + name)
+    if (!panel) return
+    syncInputs()
+    panel.querySelectorAll('[data-on-open]').forEach(function (el) { htmx.trigger(el, 'teach-open') })
+    pollTimer = setInterval(function () {              // live figures (paging) refresh while their view is open
+      var polled = panel.querySelectorAll('[data-poll]')
+      if (!polled.length) return
+      syncInputs()
+      polled.forEach(function (el) { htmx.trigger(el, 'teach-poll') })
+    }, 1000)
+    if (name === 'theory') { theory.colors = null; fetchCurve(); scheduleTheory() }
+  }
+
+  document.addEventListener('click', function (ev) {
+    var tab = ev.target.closest && ev.target.closest('[data-view-tab]')
+    if (!tab || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.button !== 0) return
+    ev.preventDefault()
+    var name = tab.dataset.viewTab
+    openView(openName() === name ? '' : name)
+  })
+
+  // static/playground.js rewrites the URL from the controls on every change (keeping autoplay and hide): the open
+  // view is put back after it (this listener runs after the form's)
+  function keepView() { if (openName()) setUrlView(openName()) }
+  document.addEventListener('change', keepView)
+  document.addEventListener('input', keepView)
+
+  // --- token inspector ---------------------------------------------------------------------------------------------
+  var inspector = { pinned: null, hoverTimer: null, shown: '' }
+
+  function inspectable(el) {
+    if (!el || !el.closest) return null
+    var tok = el.closest('#stream .tok[data-pos], #draft-lane .chip[data-pos]')
+    if (!tok) return null
+    var lane = tok.closest('#draft-lane')
+    var round = tok.dataset.round || (lane ? lane.dataset.round : null)
+    return round ? { el: tok, round: round, pos: tok.dataset.pos, status: tok.dataset.tokenStatus } : null
+  }
+
+  function inspect(t) {
+    var key = recordingKey()
+    var target = $('inspector')
+    if (!key || !target) return
+    var query = 'recording=' + encodeURIComponent(key) + '&round=' + t.round + '&position=' + t.pos +
+      '&status=' + encodeURIComponent(t.status)
+    if (query === inspector.shown) return
+    inspector.shown = query
+    htmx.ajax('GET', '/teach/inspect?' + query, { target: '#inspector', swap: 'innerHTML' })
+  }
+
+  function pin(t) {
+    if (inspector.pinned) inspector.pinned.classList.remove('inspected')
+    inspector.pinned = t ? t.el : null
+    if (t) t.el.classList.add('inspected')
+  }
+
+  document.addEventListener('click', function (ev) {
+    var t = inspectable(ev.target)
+    if (!t || !$('view-inspector')) return
+    if (inspector.pinned === t.el) { pin(null); return }
+    pin(t)
+    if (openName() !== 'inspector' && $('tab-inspector')) openView('inspector')
+    inspect(t)
+  })
+
+  document.addEventListener('mouseover', function (ev) {
+    if (openName() !== 'inspector' || inspector.pinned) return
+    var t = inspectable(ev.target)
+    if (!t) return
+    clearTimeout(inspector.hoverTimer)
+    inspector.hoverTimer = setTimeout(function () { inspect(t) }, 120)
+  })
+
+  // --- theory: every round the page receives (the latency chart's feed), against the formulas -------------------
+  var MAX_ROUNDS = 4096
+  var theory = { reset: null, points: [], alpha: null, curve: null, curveFor: null, pending: false, colors: null }
+
+  function onRounds(reset, packed) {
+    if (reset !== null && reset !== theory.reset) {
+      theory.reset = reset; theory.points = []; theory.curveFor = null     // the new run may use another model
+      if (openName() === 'theory') fetchCurve()
+    }
+    packed.forEach(function (item) {
+      item.split(',').forEach(function (p) {
+        var f = p.split(':')
+        if (f.length < 6) return
+        theory.points.push({ round: +f[0], target: +f[1], draft: +f[2], emitted: +f[3], drafted: +f[4], accepted: +f[5] })
+      })
+    })
+    if (theory.points.length > MAX_ROUNDS) theory.points.splice(0, theory.points.length - MAX_ROUNDS)
+    summarize()
+    if (openName() === 'theory') scheduleTheory()
+  }
+
+  function watchChartFeed() {
+    // #chart-feed is replaced for each run (data-reset) and gets one <i data-points> per message, which
+    // static/playground.js empties after drawing; mutation records still hold the added nodes
+    var host = $('chart-feed') && $('chart-feed').parentNode
+    if (!host) return
+    var feed = $('chart-feed')
+    theory.reset = feed.dataset.reset
+    new MutationObserver(function (mutations) {
+      var reset = null, packed = []
+      mutations.forEach(function (m) {
+        m.addedNodes.forEach(function (node) {
+          if (node.nodeType !== 1) return
+          if (node.id === 'chart-feed') { reset = node.dataset.reset; packed = [] }
+          var items = node.matches('i[data-points]') ? [node] : node.querySelectorAll('i[data-points]')
+          for (var i = 0; i < items.length; i++) packed.push(items[i].dataset.points)
+        })
+      })
+      if (reset !== null || packed.length) onRounds(reset, packed)
+    }).observe(host, { childList: true, subtree: true })
+  }
+
+  function verifyRatio(n) {                 // t(n) / t(1) from the measured curve
+    var c = theory.curve
+    if (!c) return null
+    var t = c.target_ms[n] || c.target_ms[String(n)]
+    return t ? t / c.target_ms['1'] : null
+  }
+
+  // Cumulative figures after each round: measured and predicted tokens per call and speed-up.
+  function series() {
+    var pts = theory.points, out = { tokens: [], e: [], measured: [], flat: [], curve: [] }
+    var counts = {}, n = 0, emitted = 0, accepted = 0, tested = 0, drafted = 0, draftMs = 0, draftSteps = 0, fwdMs = 0
+    var t1 = theory.curve ? theory.curve.target_ms['1'] : null
+    for (var i = 0; i < pts.length; i++) {
+      var p = pts[i]
+      n++; emitted += p.emitted; fwdMs += p.target + p.draft
+      counts[p.drafted] = (counts[p.drafted] || 0) + 1
+      if (p.drafted > 0) {
+        accepted += p.accepted; drafted += p.drafted
+        tested += p.accepted + (p.accepted < p.drafted ? 1 : 0)
+        draftMs += p.draft; draftSteps += p.drafted
+      }
+      var alpha = tested ? accepted / tested : null
+      out.tokens.push(emitted / n)
+      if (alpha === null) { out.e.push(null); out.flat.push(null); out.curve.push(null); out.measured.push(null); continue }
+      var sumE = 0, flatDen = 0, curveDen = 0, c = t1 && draftSteps ? draftMs / draftSteps / t1 : 0
+      var curveOk = !!t1
+      for (var k in counts) {
+        var kk = +k, m = counts[k]
+        sumE += m * expectedTokens(alpha, kk)
+        flatDen += m * (kk * c + 1)
+        var ratio = verifyRatio(kk + 1)
+        if (ratio === null) curveOk = false; else curveDen += m * (kk * c + ratio)
+      }
+      out.e.push(sumE / n)
+      out.flat.push(t1 ? sumE / flatDen : null)
+      out.curve.push(curveOk ? sumE / curveDen : null)
+      out.measured.push(t1 && fwdMs ? t1 * emitted / fwdMs : null)
+    }
+    var last = out.tokens.length - 1
+    out.summary = {
+      rounds: n, alpha: tested ? accepted / tested : null, acceptanceRate: drafted ? accepted / drafted : null,
+      gamma: pts.filter(function (p) { return p.drafted > 0 }).length ? drafted / pts.filter(function (p) { return p.drafted > 0 }).length : null,
+      c: t1 && draftSteps ? draftMs / draftSteps / t1 : null, t1: t1,
+      e: last >= 0 ? out.e[last] : null, flat: last >= 0 ? out.flat[last] : null,
+      curve: last >= 0 ? out.curve[last] : null, measured: last >= 0 ? out.measured[last] : null
+    }
+    var pos = []
+    pts.forEach(function (p) {
+      for (var j = 1; j <= p.drafted; j++) {
+        pos[j] = pos[j] || { tried: 0, accepted: 0 }
+        pos[j].tried++
+        if (p.accepted >= j) pos[j].accepted++
+      }
+    })
+    out.positions = pos
+    return out
+  }
+
+  function summarize() {
+    var tested = 0, accepted = 0
+    theory.points.forEach(function (p) {
+      if (p.drafted > 0) { accepted += p.accepted; tested += p.accepted + (p.accepted < p.drafted ? 1 : 0) }
+    })
+    theory.alpha = tested ? accepted / tested : null
+  }
+
+  function fetchCurve() {
+    var key = recordingKey()
+    var wanted = key || 'default'
+    if (theory.curveFor === wanted) return
+    theory.curveFor = wanted
+    fetch(withToken('/teach/curve.json' + (key ? '?recording=' + encodeURIComponent(key) : '')))
+      .then(function (r) { return r.ok ? r.json() : null })
+      .then(function (data) {
+        if (data && data.target_ms) { theory.curve = data; scheduleTheory() } else theory.curveFor = null
+      })
+      .catch(function () { theory.curveFor = null })
+  }
+
+  function scheduleTheory() {
+    if (theory.pending) return
+    theory.pending = true
+    setTimeout(function () { requestAnimationFrame(drawTheory) }, 120)
+  }
+
+  function readColors() {
+    var css = getComputedStyle(document.documentElement)
+    var c = {}
+    ;['--muted', '--chart-grid', '--fg', '--bg', '--theory-measured', '--theory-formula', '--theory-curve'].forEach(function (n) {
+      c[n] = css.getPropertyValue(n).trim()
+    })
+    return c
+  }
+
+  function setupCanvas(canvas) {
+    var W = Math.round(canvas.clientWidth), H = Math.round(W * 0.5)
+    if (!W) return null
+    var dpr = window.devicePixelRatio || 1
+    if (canvas.width !== Math.round(W * dpr) || canvas.height !== Math.round(H * dpr)) {
+      canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr); canvas.style.height = H + 'px'
+    }
+    var ctx = canvas.getContext('2d')
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0)
+    ctx.clearRect(0, 0, W, H)
+    ctx.font = '11px system-ui, sans-serif'
+    return { ctx: ctx, W: W, H: H, left: 34, right: 8, top: 8, bottom: 18 }
+  }
+
+  function niceMax(v) {                       // a maximum whose quarters are round numbers
+    if (!(v > 0)) return 1
+    var p = Math.pow(10, Math.floor(Math.log10(v)))
+    var steps = [1, 1.2, 1.6, 2, 3, 4, 6, 8, 10]
+    for (var i = 0; i < steps.length; i++) if (steps[i] * p >= v) return steps[i] * p
+    return 10 * p
+  }
+
+  function axes(g, max, colors, label) {
+    var ctx = g.ctx, plotH = g.H - g.top - g.bottom
+    ctx.strokeStyle = colors['--chart-grid']; ctx.fillStyle = colors['--muted']; ctx.lineWidth = 1
+    for (var i = 0; i <= 4; i++) {
+      var y = g.top + plotH - plotH * i / 4
+      ctx.beginPath(); ctx.moveTo(g.left, y + 0.5); ctx.lineTo(g.W - g.right, y + 0.5); ctx.stroke()
+      var v = max * i / 4
+      ctx.fillText(String(+v.toFixed(2)) + (i === 4 ? label : ''), 2, y + 4)
+    }
+  }
+
+  function line(g, values, max, color, dash) {
+    var ctx = g.ctx, plotW = g.W - g.left - g.right, plotH = g.H - g.top - g.bottom
+    var n = Math.max(values.length, 2), started = false
+    ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.setLineDash(dash || [])
+    ctx.beginPath()
+    values.forEach(function (v, i) {
+      if (v === null || v === undefined) return
+      var x = g.left + plotW * i / (n - 1), y = g.top + plotH - Math.min(v, max) / max * plotH
+      if (!started) { ctx.moveTo(x, y); started = true } else ctx.lineTo(x, y)
+    })
+    ctx.stroke(); ctx.setLineDash([])
+  }
+
+  function emptyText(g, colors, text) {
+    g.ctx.fillStyle = colors['--muted']
+    g.ctx.fillText(text, g.left + 8, g.top + (g.H - g.top - g.bottom) / 2)
+  }
+
+  function fmt(v, digits) { return v === null || v === undefined || !isFinite(v) ? '–' : v.toFixed(digits) }
+
+  function drawTheory() {
+    theory.pending = false
+    if (openName() !== 'theory') return
+    var colors = theory.colors = theory.colors || readColors()
+    var s = series(), sum = s.summary
+    var speculative = sum.alpha !== null
+    // tokens per target call
+    var g = setupCanvas($('theory-tokens'))
+    if (g) {
+      var maxT = niceMax(Math.max.apply(null, s.tokens.concat(s.e.filter(function (v) { return v !== null })).concat([1])) * 1.1)
+      axes(g, maxT, colors, '')
+      if (!speculative) emptyText(g, colors, s.tokens.length ? 'plain decoding: 1 token per call' : 'rounds appear here as they run')
+      line(g, s.e, maxT, colors['--theory-formula'], [6, 4])
+      line(g, s.tokens, maxT, colors['--theory-measured'])
+    }
+    g = setupCanvas($('theory-speedup'))
+    if (g) {
+      var all = s.measured.concat(s.flat, s.curve).filter(function (v) { return v !== null })
+      var maxS = niceMax(Math.max.apply(null, all.concat([1.2])) * 1.1)
+      axes(g, maxS, colors, '×')
+      var plotH = g.H - g.top - g.bottom, y1 = g.top + plotH - plotH / maxS
+      g.ctx.strokeStyle = colors['--muted']; g.ctx.setLineDash([2, 3]); g.ctx.beginPath()
+      g.ctx.moveTo(g.left, y1); g.ctx.lineTo(g.W - g.right, y1); g.ctx.stroke(); g.ctx.setLineDash([])
+      if (!speculative) emptyText(g, colors, 'needs a speculative run')
+      else if (!theory.curve) emptyText(g, colors, 'measuring this machine’s verify cost…')
+      line(g, s.flat, maxS, colors['--theory-formula'], [6, 4])
+      line(g, s.curve, maxS, colors['--theory-curve'], [2, 3])
+      line(g, s.measured, maxS, colors['--theory-measured'])
+    }
+    g = setupCanvas($('theory-positions'))
+    if (g) {
+      axes(g, 1, colors, '')
+      var pos = s.positions, k = pos.length - 1
+      if (k < 1) emptyText(g, colors, 'needs a speculative run')
+      var plotW = g.W - g.left - g.right, ph = g.H - g.top - g.bottom, step = plotW / Math.max(k, 1)
+      for (var i = 1; i <= k; i++) {
+        var rate = pos[i].accepted / pos[i].tried, x = g.left + (i - 1) * step
+        g.ctx.fillStyle = colors['--theory-measured']
+        g.ctx.fillRect(x + step * 0.15, g.top + ph - rate * ph, step * 0.7, rate * ph)
+        if (sum.alpha !== null) {
+          var ya = g.top + ph - Math.pow(sum.alpha, i) * ph
+          g.ctx.fillStyle = colors['--theory-formula']
+          g.ctx.fillRect(x + step * 0.08, ya - 1.5, step * 0.84, 3)
+        }
+        g.ctx.fillStyle = colors['--muted']
+        if (k <= 8 || i % 2 === 1) g.ctx.fillText(String(i), x + step / 2 - 3, g.H - 5)
+      }
+    }
+    var figures = $('theory-figures')
+    if (figures) {
+      figures.dataset.rounds = sum.rounds
+      var gammaNow = sum.gamma === null ? null : Math.round(sum.gamma)
+      var values = {
+        alpha: fmt(sum.alpha, 3), acceptance_rate: fmt(sum.acceptanceRate, 3), gamma: fmt(sum.gamma, 2),
+        c: fmt(sum.c, 3), verify_ratio: gammaNow === null ? '–' : fmt(verifyRatio(gammaNow + 1), 2),
+        t1: sum.t1 ? sum.t1.toFixed(3) + ' ms' : '–'
+      }
+      figures.querySelectorAll('[data-figure]').forEach(function (dd) { dd.textContent = values[dd.dataset.figure] })
+    }
+    var row = $('theory-run-row')
+    if (row) {
+      var cols = { alpha: fmt(sum.alpha, 2), c: fmt(sum.c, 2), gamma: fmt(sum.gamma, 1), e: fmt(sum.e, 2),
+        flat: sum.flat ? fmt(sum.flat, 2) + '×' : '–', curve: sum.curve ? fmt(sum.curve, 2) + '×' : '–',
+        measured: sum.measured ? fmt(sum.measured, 2) + '×' : '–' }
+      row.querySelectorAll('[data-col]').forEach(function (td) { td.textContent = cols[td.dataset.col] })
+      var measuredCell = row.querySelector('[data-col=measured]')
+      if (measuredCell) measuredCell.classList.toggle('slower', sum.measured !== null && sum.measured < 1)
+    }
+    var note = $('theory-note')
+    if (note) {
+      note.textContent = !sum.rounds ? 'Run a generation with a draft model or n-gram lookup (or replay one): each round adds a point.'
+        : !speculative ? 'This run proposes nothing (method none, or no n-gram found): choose a draft model or n-gram lookup.'
+          : sum.rounds + ' rounds. Measured tokens per call: ' + fmt(s.tokens[s.tokens.length - 1], 2) +
+            '; E with the measured α: ' + fmt(sum.e, 2) + '. Measured speed-up counts forward time only, against ' +
+            't(1) measured on this machine' + (theory.curve ? ' (' + theory.curve.model + ')' : '') + '.'
+    }
+  }
+
+  // --- replay: a recorded run's messages, swapped in at any speed (app/replay.py), no engine ----------------------
+  var socket = null
+  document.addEventListener('htmx:wsOpen', function (evt) { socket = evt.detail.socketWrapper })
+  document.addEventListener('htmx:wsAfterMessage', function (evt) { socket = evt.detail.socketWrapper; syncInputs() })
+
+  var replay = { frames: [], index: 0, playing: false, timer: null, name: '', model: '', key: '', rounds: 0 }
+
+  function replayStatus(state, text) {
+    var el = $('replay-status')
+    if (el) { el.dataset.state = state; el.textContent = text }
+    var playground = $('playground')
+    if (playground) playground.classList.toggle('replaying', state === 'playing')
+    var toggle = $('replay-toggle')
+    if (toggle) toggle.classList.toggle('playing', state === 'playing')
+    ;['replay-toggle', 'replay-step', 'replay-restart'].forEach(function (id) { if ($(id)) $(id).disabled = !replay.frames.length })
+    var bar = $('replay-progress')
+    if (bar) { bar.max = Math.max(1, replay.frames.length); bar.value = replay.index }
+  }
+
+  function describe() {
+    var status = $('run-status')
+    var round = replay.index && status ? status.dataset.round : '0'
+    return (replay.name ? '“' + replay.name + '”' : 'recording') + (replay.model ? ' (' + replay.model + ')' : '') +
+      ': round ' + round + ' of ' + replay.rounds
+  }
+
+  function applyFrame() {
+    if (replay.index >= replay.frames.length) return false
+    htmx.swap(document.body, replay.frames[replay.index], { swapStyle: 'none', swapDelay: 0, settleDelay: 0 })
+    replay.index++
+    document.dispatchEvent(new CustomEvent('playground:swapped'))
+    return true
+  }
+
+  function speed() {
+    var s = $('replay-speed')
+    return !s || s.value === 'max' ? null : parseFloat(s.value)
+  }
+
+  function tick() {
+    replay.timer = null
+    if (!replay.playing) return
+    var perSecond = speed()
+    if (perSecond === null) {                       // full speed: as many frames as fit in a few ms, per frame
+      var t0 = performance.now()
+      while (replay.index < replay.frames.length && performance.now() - t0 < 10) applyFrame()
+    } else applyFrame()
+    if (replay.index >= replay.frames.length) {
+      replay.playing = false
+      syncInputs()
+      replayStatus('done', describe() + ' — replay done')
+      return
+    }
+    replayStatus('playing', describe())
+    if (perSecond === null) replay.timer = requestAnimationFrame(tick)
+    else replay.timer = setTimeout(tick, 1000 / perSecond)
+  }
+
+  function stopLive(then) {
+    // the server ends its run and forgets what it drew (html_view "replay" action); start once it has answered
+    if (!socket) { then(); return }
+    var done = false
+    function go() { if (!done) { done = true; document.removeEventListener('htmx:wsAfterMessage', go); then() } }
+    document.addEventListener('htmx:wsAfterMessage', go)
+    setTimeout(go, 1500)
+    socket.send(JSON.stringify({ action: 'replay' }))
+  }
+
+  function play() {
+    if (!replay.frames.length) return
+    if (replay.index >= replay.frames.length) replay.index = 0
+    replay.playing = true
+    replayStatus('playing', describe())
+    if (replay.index === 0) stopLive(tick); else tick()
+  }
+
+  function pause() {
+    replay.playing = false
+    if (replay.timer) { clearTimeout(replay.timer); cancelAnimationFrame(replay.timer); replay.timer = null }
+    if (replay.frames.length) replayStatus(replay.index >= replay.frames.length ? 'done' : 'paused', describe())
+  }
+
+  function step() {
+    pause()
+    if (replay.index >= replay.frames.length) replay.index = 0
+    var first = replay.index === 0
+    var apply = function () { applyFrame(); replayStatus(replay.index >= replay.frames.length ? 'done' : 'paused', describe()) }
+    if (first) stopLive(apply); else apply()
+  }
+
+  function load(file) {
+    pause()
+    replayStatus('loading', 'Reading ' + file.name + '…')
+    file.text().then(function (text) {
+      return fetch(withToken('/teach/replays'), { method: 'POST', body: text,
+        headers: { 'Content-Type': 'application/json', 'X-File-Name': encodeURIComponent(file.name) } })
+    }).then(function (r) { return r.json() }).then(function (data) {
+      if (data.error) { replay.frames = []; replayStatus('error', data.error); return }
+      replay.frames = data.frames; replay.index = 0; replay.key = data.key
+      replay.name = file.name; replay.model = data.model || ''; replay.rounds = data.rounds
+      replayStatus('ready', describe())
+      play()
+    }).catch(function (e) { replay.frames = []; replayStatus('error', 'Cannot replay this file: ' + e) })
+  }
+
+  document.addEventListener('change', function (ev) {
+    if (ev.target && ev.target.id === 'replay-file' && ev.target.files.length) load(ev.target.files[0])
+    if (ev.target && ev.target.id === 'replay-speed' && replay.playing) {
+      if (replay.timer) { clearTimeout(replay.timer); cancelAnimationFrame(replay.timer) }
+      tick()
+    }
+  })
+  document.addEventListener('click', function (ev) {
+    var id = ev.target.closest && ev.target.closest('button') && ev.target.closest('button').id
+    if (id === 'replay-toggle') { if (replay.playing) pause(); else play() }
+    else if (id === 'replay-step') step()
+    else if (id === 'replay-restart') { pause(); replay.index = 0; play() }
+    else if (replay.playing && (id === 'btn-toggle' || id === 'btn-step' || id === 'btn-stop' || id === 'btn-reset')) pause()
+  }, true)
+
+  // --- race: both runs on their engine clocks ----------------------------------------------------------------------
+  function startRace(race) {
+    var finish = parseFloat(race.dataset.finishMs) || 1
+    var choice = $('race-slowdown') ? $('race-slowdown').value : 'auto'
+    var slow = choice === 'auto' ? Math.max(1, 8000 / finish) : parseFloat(choice)   // wall ms per engine ms
+    var lanes = Array.prototype.map.call(race.querySelectorAll('.race-lane'), function (lane) {
+      return { el: lane, total: parseFloat(lane.dataset.totalMs) || 0, next: 0, done: false,
+        toks: lane.querySelectorAll('.race-stream .tok'), clock: lane.querySelector('[data-clock]'),
+        count: lane.querySelector('[data-count]'), fill: lane.querySelector('[data-fill]') }
+    })
+    race.dataset.state = 'running'
+    race.dataset.slowdown = slow.toFixed(1)
+    var t0 = performance.now()
+    function frame() {
+      if (!race.isConnected) return
+      var clock = (performance.now() - t0) / slow
+      var running = false
+      lanes.forEach(function (l) {
+        var shown = Math.min(clock, l.total)
+        while (l.next < l.toks.length && parseFloat(l.toks[l.next].dataset.t) <= clock) l.toks[l.next++].classList.add('shown')
+        l.clock.textContent = shown.toFixed(1) + ' ms'
+        l.count.textContent = l.next
+        l.fill.setAttribute('width', (shown / finish * 1000).toFixed(1))
+        if (clock >= l.total && !l.done) {
+          l.done = true
+          while (l.next < l.toks.length) l.toks[l.next++].classList.add('shown')
+          l.count.textContent = l.next
+          l.el.classList.add('finished')
+          l.el.querySelector('[data-final]').hidden = false
+        }
+        if (!l.done) running = true
+      })
+      if (running) requestAnimationFrame(frame)
+      else { race.dataset.state = 'done'; var v = race.querySelector('[data-verdict]'); if (v) v.hidden = false }
+    }
+    requestAnimationFrame(frame)
+  }
+
+  document.addEventListener('htmx:afterSwap', function (evt) {
+    var target = evt.detail && evt.detail.target
+    if (target && target.id === 'race-result') {
+      var race = target.querySelector('.race')
+      if (race) startRace(race)
+    }
+  })
+
+  // --- setup ---------------------------------------------------------------------------------------------------------
+  document.addEventListener('DOMContentLoaded', function () {
+    watchChartFeed()
+    syncInputs()
+    var t = teach()
+    window.addEventListener('resize', function () { if (openName() === 'theory') scheduleTheory() })
+    document.addEventListener('change', function (ev) {
+      if (ev.target && (ev.target.id === 'f-theme' || ev.target.id === 'f-presenter')) {
+        theory.colors = null
+        if (openName() === 'theory') scheduleTheory()
+      }
+    })
+    if (t && t.dataset.open) setTimeout(function () { onOpen(t.dataset.open) }, 0)
+  })
+})()
