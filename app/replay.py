@@ -14,12 +14,13 @@ from app.recording import Recording
 
 
 class _ReplayConnection:
-    """What HtmlView reads of a connection."""
+    """What HtmlView reads of a connection. The run id is the replay's own (the page starts its charts over
+    when it changes: a live run of this page has numbers)."""
     paused = False
     state = "running"
 
-    def __init__(self):
-        self.run = SimpleNamespace(run_id=1)
+    def __init__(self, run_id: str):
+        self.run = SimpleNamespace(run_id=run_id)
 
 
 class ReplayView(HtmlView):
@@ -70,10 +71,11 @@ def rounds_of(events: list) -> list[list]:
 
 def replay_frames(recording: Recording) -> list[str]:
     """The HTML messages of a replay, one per round (deterministic: the same recording, the same frames)."""
-    view, conn = ReplayView(recording), _ReplayConnection()
+    run_id = f"replay-{recording.key[:8]}"
+    view, conn = ReplayView(recording), _ReplayConnection(run_id)
     frames = []
     for i, chunk in enumerate(rounds_of(recording.events)):
-        items: list = [Batch(1, chunk)]
+        items: list = [Batch(run_id, chunk)]
         if i == 0:
             what = f"“{recording.name}”" if recording.name else "a recorded run"
             items.insert(0, Notice("note", {"kind": "replay", "text": f"replay of {what}: no engine, the "

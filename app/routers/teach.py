@@ -306,7 +306,7 @@ def distribution_view(job: DistributionJob) -> dict:
         return {"job": job}
     top = r["top_tokens"]
     other = {k: max(0.0, 1 - sum(t[k] for t in top)) for k in ("p", "q", "speculative", "direct", "draft_only")}
-    peak = max(max(t[k] for k in ("p", "speculative", "direct", "draft_only")) for t in [*top, other])
+    peak = max(max(t[k] for k in ("p", "speculative", "direct", "draft_only")) for t in top)
     seed_row = next((s for s in SEED_PREFIXES if s[0] == r["prompt"]), None)
     return {"job": job, "r": r, "top": top, "peak": peak, "other": other, "seed_row": seed_row}
 
