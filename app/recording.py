@@ -89,8 +89,8 @@ class Recording:
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "created": self.created, "prompt": self.prompt,
                 "settings": self.settings, "complete": self.complete, "truncated": self.truncated,
-                "events": [e.to_dict() for e in self.events],
-                "kv_after": [{"key": list(k), "pool": p} for k, p in self.snapshots.items()]}
+                "events": [e.to_dict() for e in list(self.events)],       # (a copy: the run may go on meanwhile)
+                "kv_after": [{"key": list(k), "pool": p} for k, p in list(self.snapshots.items())]}
 
     @classmethod
     def from_json(cls, data, name: str | None = None) -> "Recording":

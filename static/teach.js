@@ -191,14 +191,33 @@
     return t ? t / c.target_ms['1'] : null
   }
 
-  // Cumulative figures after each round: measured and predicted tokens per call and speed-up.
+  // c, one draft step in target steps: the draft model's as measured with the curve (both on an idle engine);
+  // for n-gram lookup (no model) this run's own proposal time over t(1)
+  function draftCost(draftMs, draftSteps, t1) {
+    var lane = $('draft-lane')
+    var ngram = lane && lane.dataset.method === 'ngram'
+    if (!ngram && theory.curve && theory.curve.c) return theory.curve.c
+    return t1 && draftSteps ? draftMs / draftSteps / t1 : 0
+  }
+
+  function insertSorted(sorted, v) {
+    var lo = 0, hi = sorted.length
+    while (lo < hi) { var mid = (lo + hi) >> 1; if (sorted[mid] < v) lo = mid + 1; else hi = mid }
+    sorted.splice(lo, 0, v)
+  }
+
+  // Cumulative figures after each round: measured and predicted tokens per call and speed-up. The measured
+  // speed-up is tokens per target call × t(1) ÷ the median round's forward time (draft + target): the median,
+  // because a round now and then is slowed by the machine (the first ones, the browser, other viewers).
   function series() {
     var pts = theory.points, out = { tokens: [], e: [], measured: [], flat: [], curve: [] }
-    var counts = {}, n = 0, emitted = 0, accepted = 0, tested = 0, drafted = 0, draftMs = 0, draftSteps = 0, fwdMs = 0
+    var counts = {}, n = 0, emitted = 0, accepted = 0, tested = 0, drafted = 0, draftMs = 0, draftSteps = 0
+    var roundMs = []
     var t1 = theory.curve ? theory.curve.target_ms['1'] : null
     for (var i = 0; i < pts.length; i++) {
       var p = pts[i]
-      n++; emitted += p.emitted; fwdMs += p.target + p.draft
+      n++; emitted += p.emitted
+      insertSorted(roundMs, p.target + p.draft)
       counts[p.drafted] = (counts[p.drafted] || 0) + 1
       if (p.drafted > 0) {
         accepted += p.accepted; drafted += p.drafted
@@ -208,7 +227,7 @@
       var alpha = tested ? accepted / tested : null
       out.tokens.push(emitted / n)
       if (alpha === null) { out.e.push(null); out.flat.push(null); out.curve.push(null); out.measured.push(null); continue }
-      var sumE = 0, flatDen = 0, curveDen = 0, c = t1 && draftSteps ? draftMs / draftSteps / t1 : 0
+      var sumE = 0, flatDen = 0, curveDen = 0, c = draftCost(draftMs, draftSteps, t1)
       var curveOk = !!t1
       for (var k in counts) {
         var kk = +k, m = counts[k]
@@ -220,13 +239,15 @@
       out.e.push(sumE / n)
       out.flat.push(t1 ? sumE / flatDen : null)
       out.curve.push(curveOk ? sumE / curveDen : null)
-      out.measured.push(t1 && fwdMs ? t1 * emitted / fwdMs : null)
+      var median = roundMs.length % 2 ? roundMs[roundMs.length >> 1]
+        : (roundMs[roundMs.length / 2 - 1] + roundMs[roundMs.length / 2]) / 2
+      out.measured.push(t1 && median ? t1 * (emitted / n) / median : null)
     }
     var last = out.tokens.length - 1
     out.summary = {
       rounds: n, alpha: tested ? accepted / tested : null, acceptanceRate: drafted ? accepted / drafted : null,
       gamma: pts.filter(function (p) { return p.drafted > 0 }).length ? drafted / pts.filter(function (p) { return p.drafted > 0 }).length : null,
-      c: t1 && draftSteps ? draftMs / draftSteps / t1 : null, t1: t1,
+      c: t1 && draftSteps ? draftCost(draftMs, draftSteps, t1) : null, t1: t1,
       e: last >= 0 ? out.e[last] : null, flat: last >= 0 ? out.flat[last] : null,
       curve: last >= 0 ? out.curve[last] : null, measured: last >= 0 ? out.measured[last] : null
     }
@@ -404,8 +425,9 @@
       note.textContent = !sum.rounds ? 'Run a generation with a draft model or n-gram lookup (or replay one): each round adds a point.'
         : !speculative ? 'This run proposes nothing (method none, or no n-gram found): choose a draft model or n-gram lookup.'
           : sum.rounds + ' rounds. Measured tokens per call: ' + fmt(s.tokens[s.tokens.length - 1], 2) +
-            '; E with the measured α: ' + fmt(sum.e, 2) + '. Measured speed-up counts forward time only, against ' +
-            't(1) measured on this machine' + (theory.curve ? ' (' + theory.curve.model + ')' : '') + '.'
+            '; E with the measured α: ' + fmt(sum.e, 2) + '. Measured speed-up: tokens per call × t(1) ÷ the median ' +
+            'round’s forward time, t(1) and c measured on an idle engine' + (theory.curve ? ' (' + theory.curve.model + ')' : '') +
+            '; a busy machine pulls it down. The Race times plain decoding in the same conditions.'
     }
   }
 

@@ -155,6 +155,9 @@ def test_a_partial_recording_replays_up_to_where_it_ends(recorded):
      "event 0"),
     (json.dumps({"format": "decoding-playground/recording", "version": 1,
                  "events": [{"type": "metrics", "values": {}}]}).encode(), "started"),
+    (json.dumps({"format": "decoding-playground/recording", "version": 1,
+                 "events": [{"type": "started", "session_id": "s", "settings": "nonsense", "model": {},
+                             "draft_model": None, "prompt_tokens": 5}]}).encode(), "do not render"),
 ])
 def test_a_file_that_is_not_a_recording_is_refused_with_its_reason(client, body, message):
     response = client.post("/teach/replays", content=body)

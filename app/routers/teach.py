@@ -201,8 +201,13 @@ async def load_replay(request: Request) -> JSONResponse:
         rec = Recording.from_json(data, name=name)
     except (ValueError, RecordingError) as e:
         return JSONResponse({"error": f"cannot replay this file: {e}"}, status_code=400)
+    try:
+        frames = await anyio.to_thread.run_sync(replay_frames, rec)
+    except Exception as e:  # noqa: BLE001 - a file with events of the right names but wrong contents
+        logger.info("replay of %s failed: %s: %s", rec.key, type(e).__name__, e)
+        return JSONResponse({"error": f"cannot replay this file: its events do not render ({type(e).__name__})"},
+                            status_code=400)
     rec = RECORDINGS.put(rec)
-    frames = await anyio.to_thread.run_sync(replay_frames, rec)
     started = rec.started
     return JSONResponse({"key": rec.key, "name": rec.name, "frames": frames, "rounds": rec.num_rounds,
                          "complete": rec.complete, "settings": rec.settings,
