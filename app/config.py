@@ -7,7 +7,11 @@ built by `decoding-playground serve` from its options:
 |---|---|---|
 | DECODING_PLAYGROUND_MODELS_DIR | `--models-dir` | the repository's `models/` |
 | DECODING_PLAYGROUND_ALLOWED_ORIGINS (comma-separated) | `--allowed-origin` (repeatable) | none: own origin only |
-| DECODING_PLAYGROUND_MAX_SESSIONS | `--max-sessions` | 8 |
+| DECODING_PLAYGROUND_MAX_SESSIONS | `--max-sessions` | 8 generating sessions |
+| DECODING_PLAYGROUND_MAX_QUEUE | `--max-queue` | 32 starts waiting for a slot |
+| DECODING_PLAYGROUND_MAX_CONNECTIONS | `--max-connections` | 1000 websockets (watchers included) |
+| DECODING_PLAYGROUND_IDLE_TIMEOUT | `--idle-timeout` | 600 s without progress or a message |
+| DECODING_PLAYGROUND_TOKEN | `--token` | none (workshop mode off) |
 | DECODING_PLAYGROUND_FRAME_ANCESTORS | `--frame-ancestors` | `*` (who may frame `/embed`) |
 """
 from __future__ import annotations
@@ -20,6 +24,13 @@ from pathlib import Path
 from app.paths import PROJECT_DIR
 
 ENV_PREFIX = "DECODING_PLAYGROUND_"
+
+# A client message is at most MAX_MESSAGE_BYTES: a longer one is answered with an error event (the
+# connection stays usable). uvicorn's own limit (`ws_max_size`) is set higher, to TRANSPORT_MAX_MESSAGE_BYTES,
+# because uvicorn closes the connection (1009) on a message over it before the app sees the message; only
+# beyond that transport limit does an oversized message close the connection.
+MAX_MESSAGE_BYTES = 64 * 1024
+TRANSPORT_MAX_MESSAGE_BYTES = 1024 * 1024
 
 
 def normalize_origin(origin: str) -> str:
@@ -39,14 +50,30 @@ def normalize_origin(origin: str) -> str:
 class AppConfig:
     models_dir: Path = PROJECT_DIR / "models"
     allowed_origins: tuple[str, ...] = field(default_factory=tuple)
-    max_sessions: int = 8
+    max_sessions: int = 8                 # generations at once (each holds KV blocks)
     embed_frame_ancestors: str = "*"
+    max_queue: int = 32                   # starts waiting for a slot; beyond: close 1013 "busy, retry"
+    max_connections: int = 1000           # websockets at once, watchers included; beyond: close 1013
+    idle_timeout_s: float = 600.0         # a generation without progress or a client message is stopped
+    token: str | None = None              # workshop mode: the shared secret of page, API and websockets
+    messages_per_s: float = 100.0         # per-connection message rate (token bucket) ...
+    message_burst: int = 200              # ... and burst
 
     def __post_init__(self):
         object.__setattr__(self, "models_dir", Path(self.models_dir))
         object.__setattr__(self, "allowed_origins", tuple(normalize_origin(o) for o in self.allowed_origins))
-        if self.max_sessions < 1:
-            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        for name in ("max_sessions", "max_connections", "message_burst"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.idle_timeout_s <= 0 or self.messages_per_s <= 0:
+            raise ValueError("idle_timeout_s and messages_per_s must be > 0")
+        if self.token is not None:
+            token = self.token.strip()
+            if len(token) < 8 or not token.isascii() or not token.isprintable() or " " in token:
+                raise ValueError("token: at least 8 printable ASCII characters without spaces")
+            object.__setattr__(self, "token", token)
         if any(c in self.embed_frame_ancestors for c in ";,\r\n"):
             raise ValueError("frame ancestors must be a space-separated CSP source list: "
                              f"{self.embed_frame_ancestors!r}")
@@ -63,8 +90,13 @@ class AppConfig:
             kwargs["models_dir"] = Path(env[ENV_PREFIX + "MODELS_DIR"])
         if env.get(ENV_PREFIX + "ALLOWED_ORIGINS"):
             kwargs["allowed_origins"] = tuple(o for o in env[ENV_PREFIX + "ALLOWED_ORIGINS"].split(",") if o.strip())
-        if env.get(ENV_PREFIX + "MAX_SESSIONS"):
-            kwargs["max_sessions"] = int(env[ENV_PREFIX + "MAX_SESSIONS"])
+        for name, var, kind in (("max_sessions", "MAX_SESSIONS", int), ("max_queue", "MAX_QUEUE", int),
+                                ("max_connections", "MAX_CONNECTIONS", int),
+                                ("idle_timeout_s", "IDLE_TIMEOUT", float)):
+            if env.get(ENV_PREFIX + var):
+                kwargs[name] = kind(env[ENV_PREFIX + var])
+        if env.get(ENV_PREFIX + "TOKEN"):
+            kwargs["token"] = env[ENV_PREFIX + "TOKEN"]
         if env.get(ENV_PREFIX + "FRAME_ANCESTORS"):
             kwargs["embed_frame_ancestors"] = env[ENV_PREFIX + "FRAME_ANCESTORS"]
         return cls(**kwargs)

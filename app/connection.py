@@ -1,54 +1,70 @@
-"""One websocket connection: receive commands, run a generation off the event loop, stream its events.
+"""One websocket connection: receive commands, run a generation on the engine thread, stream its events.
 
 Both websocket endpoints use this handler; they differ only in their `View` (how messages are parsed and
-how events are rendered: HTML fragments for htmx, or JSON objects).
+how events are rendered: HTML fragments for htmx, or JSON objects). Watchers (app/rooms.py) share the
+receiving half (`Socket`).
 
-Three tasks in one anyio task group:
+Tasks of one connection, in one anyio task group (cancelled together when the client goes):
 - the receiver reads every client message at once, also while a generation streams (uvicorn stops
-  reading a socket the app does not receive from, and then pings fail);
-- the producer (one per generation) advances the session's event generator one round at a time in a
-  worker thread, applying pacing (speed, pause, step) between rounds; it puts each round's events into
-  the outbox, which is bounded so that a slow client slows the engine down instead of queueing memory;
+  reading a socket the app does not receive from, and then pings fail); it enforces the message size,
+  the message rate and UTF-8, and answers bad input with an error item;
 - the sender takes everything in the outbox at once, lets the view coalesce it into few messages (one
-  per frame when the engine is fast) and sends them.
+  per frame when the engine is fast) and sends them;
+- a run task per generation: it waits for a slot (admission control, app/admission.py), hands the session
+  to the engine thread (app/engine_thread.py), and when the generation ends, or is ended, makes sure its
+  KV blocks are freed and its slot given back;
+- the idle watch stops a generation that has made no progress and heard nothing for `idle_timeout_s`.
+
+The engine thread runs the rounds. Pacing (pause, step, speed) and backpressure are its gate for this
+session (`SessionLink.may_continue`): a paused session, or one whose client has `OUTBOX_MAX_BATCHES`
+rounds not yet taken by the sender, waits at its round boundary, holding only itself.
 
 NOTE (invariants):
 - At most one generation per connection. Starting another, reset and disconnect end the current one;
-  its producer closes the event generator (which frees the session's KV blocks) before it exits, even
-  when cancelled, and only then leaves `Playground.sessions`.
-- Pacing is applied here, between rounds; the engine's own timings are never affected by it.
-- Bad input is answered with an error item; the connection stays usable.
+  `end_run` returns once the engine thread has freed its blocks and its slot is given back.
+- Pacing is applied between rounds; the engine's own timings are never affected by it.
+- Bad input is answered with an error item; the connection stays usable. Only policy violations close
+  it (1008: a flood of messages, a client that never reads); a start beyond the queue closes it with 1013.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from app.state import Playground
-from engine.events import Error
+from app.admission import Busy
+from app.config import MAX_MESSAGE_BYTES
+from app.engine_thread import PARKED, SessionLink
+from app.logs import log_event
+from app.security import TokenBucket
 from engine.session import GenerationSession
 from engine.settings import SettingsError
 
+if TYPE_CHECKING:
+    from app.state import Playground
+
 logger = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 64 * 1024
 MAX_UNSENT_ITEMS = 512          # a client that sends but never reads is closed (1008) before it costs memory
-OUTBOX_MAX_BATCHES = 32         # rounds waiting to be sent before the engine waits for the client
-# At full speed the sender coalesces: what arrives while it waits goes out as one message. It waits at least
-# MIN_INTERVAL_S between messages (at most 10 a second: each costs the browser a fixed amount of work, taken
-# from the engine when no core is free) and, for a view whose page acknowledges what it has rendered (the
-# htmx page, once per animation frame), until the page has caught up, at most ACK_TIMEOUT_S; for other
-# views FRAME_S.
+OUTBOX_MAX_BATCHES = 32         # rounds waiting to be sent before the engine holds the session for its client
+FLOOD_CLOSE_AFTER = 2000        # messages over the rate limit without a pause: the connection is closed (1008)
+RATE_ERROR_EVERY_S = 1.0        # at most one "rate limit" error a second
+# At full speed the sender coalesces: what arrives while it waits goes out as one message. For a view whose
+# page acknowledges what it has rendered (the htmx page, once per animation frame) it waits at least
+# MIN_INTERVAL_S between messages (at most 10 a second: each costs the browser a fixed amount of work,
+# taken from the engine when no core is free) and until the page has caught up, at most ACK_TIMEOUT_S.
+# Other views (programs) get each round as soon as it is computed; what piles up while a send is in
+# progress goes out together.
 MIN_INTERVAL_S = 1 / 10
 ACK_TIMEOUT_S = 0.5
-FRAME_S = 1 / 10
-FULL_SPEED_BUDGET_S = 0.012     # at full speed, run rounds for up to this long per worker-thread call
+IDLE_CHECK_MAX_S = 15.0
+_run_ids = itertools.count(1)   # process-wide: a watcher follows runs across its presenter's reconnects
 
 
 class CommandError(ValueError):
@@ -76,12 +92,13 @@ class Batch:
     """The events of one or more rounds of one generation, in order."""
     run_id: int
     events: list
+    link: Any = None            # the SessionLink it came through (its sender counts what it takes)
 
 
 @dataclass
 class Notice:
     """Something the connection (not the engine) has to say: state changes, queued settings, errors."""
-    type: str                   # state | settings_queued | error | note | reset | hello
+    type: str                   # state | queued | settings_queued | error | note | reset | hello
     data: dict
 
 
@@ -103,49 +120,18 @@ def parse_speed(value: Any) -> float | None:
     return speed
 
 
-def next_batch(gen, budget_s: float) -> list:
-    """Advance the generator by one round (or more rounds within `budget_s`); runs in a worker thread.
-
-    A round ends with its `metrics` event; `started` is its own batch (nothing computed yet), and the
-    generation ends with `done` or `error`.
-    """
-    out = []
-    deadline = time.perf_counter() + budget_s
-    for event in gen:
-        out.append(event)
-        if event.type == "started" or (event.type == "metrics" and time.perf_counter() >= deadline):
-            break
-        # after done / error the loop runs on to the generator's end, whose `finally` frees the blocks
-    return out
-
-
-def _close(gen, session: GenerationSession) -> None:
-    gen.close()         # GeneratorExit inside events() -> session.close()
-    session.close()     # idempotent; also covers a generator that never started
-
-
 class Outbox:
-    """Items for the sender, in order. Notices never wait; round batches wait while `max_batches` are queued."""
+    """Items for the sender, in order. Never waits: the engine thread's gate bounds the rounds in it."""
 
-    def __init__(self, max_batches: int = OUTBOX_MAX_BATCHES):
+    def __init__(self):
         self.items: deque = deque()
-        self.max_batches = max_batches
-        self.num_batches = 0
         self._ready = anyio.Event()
-        self._room = anyio.Event()
 
-    def put_notice(self, item: Notice) -> None:
+    def put(self, item) -> None:
         self.items.append(item)
         self._ready.set()
 
-    async def put_batch(self, item: Batch) -> None:
-        while self.num_batches >= self.max_batches:
-            if self._room.is_set():
-                self._room = anyio.Event()
-            await self._room.wait()
-        self.items.append(item)
-        self.num_batches += 1
-        self._ready.set()
+    put_notice = put_batch = put
 
     async def take_all(self) -> list:
         while not self.items:
@@ -154,52 +140,47 @@ class Outbox:
             await self._ready.wait()
         items = list(self.items)
         self.items.clear()
-        self.num_batches = 0
-        self._room.set()
         return items
 
 
-@dataclass
-class Run:
-    """One generation of this connection."""
-    run_id: int
-    session: GenerationSession
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    finished: anyio.Event = field(default_factory=anyio.Event)
-    stopping: bool = False
-    ended: bool = False           # done or error was produced
-    round: int = 0
-    last_round_at: float = 0.0
-    announced_pause: bool = False
-    producing: bool = False       # its producer runs (and will give back the session slot)
-    sent_settings: dict = field(default_factory=dict)
+class Socket:
+    """The receiving half every websocket of the app shares: limits first, then `on_text`.
 
+    NOTE: a message over MAX_MESSAGE_BYTES, binary that is not UTF-8, or a message over the rate limit is
+    answered with an error (the rate error at most once a second) and otherwise ignored. A client that goes
+    over the rate FLOOD_CLOSE_AFTER times without once letting its bucket fill up again is closed (1008).
+    """
 
-class Connection:
-    def __init__(self, websocket: WebSocket, playground: Playground, view: View, speed: float | None = None):
-        self.ws, self.playground, self.view = websocket, playground, view
-        self.outbox = Outbox()
-        self.run: Run | None = None
-        self.speed: float | None = speed
-        self.paused = False
-        self.step_credits = 0
-        self._run_ids = 0
-        self._changed = anyio.Event()
-        self._wake = anyio.Event()        # set by acknowledgements and by the end of a generation
-        self._sent = 0                    # messages sent, and acknowledged by the page (views that ack)
-        self._acked = 0
+    def __init__(self, websocket: WebSocket, playground: Playground):
+        self.ws, self.playground = websocket, playground
+        cfg = playground.config
+        self.bucket = TokenBucket(cfg.messages_per_s, cfg.message_burst)
+        self.last_message_at = anyio.current_time()
+        self.closed: int | None = None
+        self._dropped = 0
+        self._last_rate_error = -1e9
         self._tg: anyio.abc.TaskGroup | None = None
 
-    # --- lifecycle -------------------------------------------------------------------------------
-    async def serve(self) -> None:
-        self.playground.connections += 1
-        try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                tg.start_soon(self._receiver)
-                tg.start_soon(self._sender)
-        finally:
-            self.playground.connections -= 1
+    def error(self, message: str, setting: str | None = None) -> None:
+        raise NotImplementedError
+
+    async def on_text(self, text: str) -> None:
+        raise NotImplementedError
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close the websocket (if it is still open) and end every task of this connection."""
+        if self.closed is None:
+            self.closed = code
+            log_event(logger, "ws_closed_by_server", code=code, reason=reason)
+            try:
+                await self.ws.close(code=code, reason=reason[:120])
+            except (RuntimeError, OSError, WebSocketDisconnect):
+                pass
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    def unsent(self) -> int:
+        return 0
 
     async def _receiver(self) -> None:
         while True:
@@ -212,30 +193,126 @@ class Connection:
                 try:
                     text = message["bytes"].decode("utf-8")
                 except UnicodeDecodeError:
-                    self.error("binary messages must be UTF-8 JSON text")
+                    text = None
+                    if self._admit():
+                        self.error("binary messages must be UTF-8 JSON text")
                     continue
             if text is None:
                 continue
-            if len(self.outbox.items) > MAX_UNSENT_ITEMS:
-                await self.ws.close(code=1008, reason="too many unanswered messages: read what the server sends")
-                self._tg.cancel_scope.cancel()
+            if self.unsent() > MAX_UNSENT_ITEMS:
+                await self.close(1008, "too many unanswered messages: read what the server sends")
                 return
-            if len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
+            if not self._admit():
+                if self._dropped > FLOOD_CLOSE_AFTER:
+                    await self.close(1008, "message rate limit exceeded")
+                    return
+                continue
+            if len(text) > MAX_MESSAGE_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
                 self.error(f"message too large: at most {MAX_MESSAGE_BYTES} bytes")
                 continue
-            try:
-                for command in self.view.parse(text, self):
-                    await self.handle(command)
-            except SettingsError as e:
-                self.error(str(e), e.setting)
-            except CommandError as e:
-                self.error(str(e), e.setting)
+            self.last_message_at = anyio.current_time()
+            await self.on_text(text)
+
+    def _admit(self) -> bool:
+        """Rate limit: True if this message may be handled."""
+        now = anyio.current_time()
+        if self.bucket.take(now):
+            if self.bucket.level >= self.bucket.burst - 1:
+                self._dropped = 0          # it was quiet long enough for the bucket to fill up again
+            return True
+        self._dropped += 1
+        if now - self._last_rate_error >= RATE_ERROR_EVERY_S:
+            self._last_rate_error = now
+            self.error(f"rate limit: at most {self.bucket.rate:g} messages a second "
+                       f"(bursts of {self.bucket.burst}); this message was ignored")
+        return False
+
+
+@dataclass(eq=False)
+class Run:
+    """One generation of this connection."""
+    run_id: int
+    session: GenerationSession
+    link: SessionLink | None = None
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    finished: anyio.Event = field(default_factory=anyio.Event)     # blocks freed, slot given back
+    ended_event: anyio.Event = field(default_factory=anyio.Event)  # done or error arrived
+    queued: bool = True           # waiting for a slot
+    position: int = 0
+    stopping: bool = False
+    ended: bool = False           # done or error was produced
+    round: int = 0
+    last_progress_at: float = 0.0
+    sent_settings: dict = field(default_factory=dict)
+
+
+class Connection(Socket):
+    """A presenter's connection: one generation at a time, followed by any number of watchers."""
+
+    def __init__(self, websocket: WebSocket, playground: Playground, view: View, speed: float | None = None,
+                 key: str | None = None):
+        super().__init__(websocket, playground)
+        self.view = view
+        self.outbox = Outbox()
+        self.run: Run | None = None
+        self.speed: float | None = speed
+        self.paused = False
+        self.steps_granted = 0
+        self.key = key
+        self.room = None                  # app/rooms.py: where watchers follow this connection
+        self.watch_id: str | None = None
+        self._wake = anyio.Event()        # set by acknowledgements and by the end of a generation
+        self._sent = 0                    # messages sent, and acknowledged by the page (views that ack)
+        self._acked = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def serve(self) -> None:
+        pg = self.playground
+        pg.connections += 1
+        if self.key is not None and pg.rooms is not None:
+            pg.rooms.join_presenter(self, self.key)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._receiver)
+                tg.start_soon(self._sender)
+                tg.start_soon(self._idle_watch)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.end_run()
+            pg.connections -= 1
+            if self.room is not None:
+                pg.rooms.leave_presenter(self)
+
+    def unsent(self) -> int:
+        return len(self.outbox.items)
+
+    async def on_text(self, text: str) -> None:
+        try:
+            for command in self.view.parse(text, self):
+                await self.handle(command)
+        except SettingsError as e:
+            self.error(str(e), e.setting)
+        except CommandError as e:
+            self.error(str(e), e.setting)
+        except RecursionError:
+            self.error("not valid JSON: nested too deeply")
+        except Exception as e:  # noqa: BLE001 - a bug handling one message must not end the connection
+            logger.exception("handling a message failed")
+            self.error(f"internal error handling this message: {type(e).__name__}")
 
     async def _sender(self) -> None:
+        engine_thread = self.playground.engine_thread
         last_send = 0.0
         try:
             while True:
                 items = await self.outbox.take_all()
+                for item in items:
+                    link = getattr(item, "link", None)
+                    if link is not None:
+                        link.rounds_taken += 1
+                        if link.held == "client" and engine_thread is not None:
+                            engine_thread.poke()
                 try:
                     messages = self.view.render(items, self)
                 except Exception:            # a rendering bug must not take the connection down
@@ -245,7 +322,8 @@ class Connection:
                     await self.ws.send_text(text)
                     self._sent += 1
                 await anyio.sleep(0)      # let other connections run even while the write buffer has room
-                if self.speed is None and self.run is not None and not self.run.ended:
+                if getattr(self.view, "acks", False) and self.speed is None and self.run is not None \
+                        and not self.run.ended:
                     await self._pace_messages(last_send)
                 last_send = anyio.current_time()
         except (WebSocketDisconnect, OSError, RuntimeError):
@@ -253,14 +331,13 @@ class Connection:
             self._tg.cancel_scope.cancel()
 
     async def _pace_messages(self, last_send: float) -> None:
-        """At full speed, wait before the next message (see MIN_INTERVAL_S); the end of a generation goes out
-        at once (waiting would only delay `done`)."""
-        acks = getattr(self.view, "acks", False)
-        deadline = last_send + (ACK_TIMEOUT_S if acks else FRAME_S)
+        """At full speed, wait before the next message until the page has caught up (see MIN_INTERVAL_S);
+        the end of a generation goes out at once (waiting would only delay `done`)."""
+        deadline = last_send + ACK_TIMEOUT_S
         earliest = last_send + MIN_INTERVAL_S
         while self.run is not None and not self.run.ended:
             now = anyio.current_time()
-            caught_up = acks and self._acked >= self._sent
+            caught_up = self._acked >= self._sent
             if now >= deadline or (caught_up and now >= earliest):
                 return
             wake = self._wake
@@ -272,14 +349,37 @@ class Connection:
         self._wake.set()
         self._wake = anyio.Event()
 
+    def _poke_engine(self) -> None:
+        if self.playground.engine_thread is not None:
+            self.playground.engine_thread.poke()
+
     def acknowledge(self, rendered: int) -> None:
         """The page has rendered `rendered` messages of this connection."""
         self._acked = max(self._acked, rendered)
         self._poke()
 
+    async def _idle_watch(self) -> None:
+        """Stop a generation that has made no progress and heard nothing from its client for
+        `idle_timeout_s` (a forgotten paused tab, a client that stopped reading): its blocks and slot go."""
+        timeout = self.playground.config.idle_timeout_s
+        while True:
+            await anyio.sleep(min(timeout / 4, IDLE_CHECK_MAX_S))
+            run = self.run
+            if run is None or run.ended or run.queued or run.stopping:
+                continue
+            quiet = anyio.current_time() - max(self.last_message_at, run.last_progress_at)
+            if quiet >= timeout:
+                log_event(logger, "idle_timeout", session=run.session.id, quiet_s=round(quiet, 1))
+                self.notice("note", kind="idle", text=f"stopped after {quiet:.0f} s without progress or a message "
+                                                      "(idle timeout): its KV blocks are free again")
+                self._stop(run)
+
     # --- what the views use --------------------------------------------------------------------------
     def notice(self, type: str, **data) -> None:
-        self.outbox.put_notice(Notice(type, data))
+        notice = Notice(type, data)
+        self.outbox.put_notice(notice)
+        if self.room is not None and type in ("state", "reset", "settings_queued", "queued"):
+            self.room.publish(notice)
 
     def error(self, message: str, setting: str | None = None) -> None:
         self.notice("error", message=message, setting=setting)
@@ -293,11 +393,9 @@ class Connection:
             return "done"
         if run.stopping:
             return "stopping"
+        if run.queued:
+            return "queued"
         return "paused" if self.paused else "running"
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
 
     def _state_notice(self) -> None:
         self.notice("state", state=self.state, round=self.run.round if self.run else 0,
@@ -310,10 +408,11 @@ class Connection:
             return
         if command.speed != "keep":
             self.speed = command.speed
-            self._notify()
+            self._poke_engine()
         kind = command.kind
         if kind == "toggle":
-            kind = "start" if self.state in ("idle", "done") else "pause" if self.state == "running" else "resume"
+            state = self.state
+            kind = "start" if state in ("idle", "done") else "pause" if state in ("running", "queued") else "resume"
         if kind == "start":
             await self.start(command.prompt, command.settings, paused=command.paused)
         elif kind == "settings":
@@ -324,7 +423,7 @@ class Connection:
             run = self.run
             if run is None or run.ended:
                 raise CommandError(f"{kind}: no generation running; send start first")
-            # "paused" is announced by the producer once it is idle (after the round in flight, or after
+            # "paused" is announced once the engine has come to rest (after the round in flight, or after
             # the stepped round), so that a client seeing it knows no more rounds are coming
             if kind == "pause":
                 self.paused = True
@@ -333,12 +432,14 @@ class Connection:
                 self._state_notice()
             elif kind == "step":
                 self.paused = True
-                self.step_credits += 1
-            else:
-                run.stopping = True
-                run.session.cancel()
+                self.steps_granted += 1
+            elif run.queued:                  # stop while waiting for a slot: leave the line
+                await self.end_run()
                 self._state_notice()
-            self._notify()
+            else:
+                self._stop(run)
+                self._state_notice()
+            self._poke_engine()
         elif kind == "reset":
             await self.end_run()
             self.notice("reset")
@@ -348,29 +449,30 @@ class Connection:
         elif kind != "noop":
             raise CommandError(f"unknown command {kind!r}")
 
+    def _stop(self, run: Run) -> None:
+        run.stopping = True
+        run.session.cancel()
+        if run.link is not None:
+            run.link.stopping = True
+        self._poke_engine()
+
     async def start(self, prompt: str | None, settings: dict, paused: bool = False) -> None:
         pg = self.playground
-        if pg.engine is None:
+        if pg.engine is None or pg.engine_thread is None:
             raise CommandError(pg.load_error or "no models loaded")
         if prompt is None:
             raise SettingsError("prompt", "must not be empty")
         await self.end_run()
-        if pg.sessions >= pg.config.max_sessions:
-            raise CommandError(f"busy: {pg.sessions} generations are running (the limit is "
-                               f"{pg.config.max_sessions}); try again in a moment")
-        pg.sessions += 1        # the slot is taken now (creating the session awaits); the producer gives it back
-        run = None
-        try:
-            # validates (raises SettingsError); in a worker thread: a fetched model's weights load on first use
-            session = await anyio.to_thread.run_sync(GenerationSession, pg.engine, prompt, settings)
-            self._run_ids += 1
-            run = self.run = Run(self._run_ids, session, sent_settings=dict(settings))
-            self.paused, self.step_credits = paused, 0
-            await self._tg.start(self._produce, run)
-        except BaseException:
-            if run is None or not run.producing:
-                pg.sessions -= 1
-            raise
+        requested_at = time.perf_counter()
+        # validates (raises SettingsError); in a worker thread: a fetched model's weights load on first use
+        session = await anyio.to_thread.run_sync(GenerationSession, pg.engine, prompt, settings)
+        run = self.run = Run(next(_run_ids), session, sent_settings=dict(settings))
+        self.paused = paused
+        run.link = SessionLink(session, self, lambda item: self._deliver(run, item), OUTBOX_MAX_BATCHES,
+                               None if paused else requested_at)
+        if self.room is not None:
+            self.room.run_started(run)
+        await self._tg.start(self._run_task, run)
 
     def update_settings(self, changes: dict) -> None:
         run = self.run
@@ -382,69 +484,89 @@ class Connection:
             self.notice("settings_queued", changes=changes, round=run.round)
 
     async def end_run(self) -> None:
-        """Cancel the current generation (if any) and wait until its blocks are freed."""
+        """End the current generation (if any) and wait until its blocks are freed and its slot given back."""
         run, self.run = self.run, None
         if run is not None:
             run.scope.cancel()
             await run.finished.wait()
 
-    # --- the producer --------------------------------------------------------------------------------
-    async def _wait_turn(self, run: Run) -> None:
-        """Return when the next round may run: not paused (or a step is due) and the speed allows."""
-        while not run.stopping:
-            changed = self._changed
-            if self.paused:
-                if self.step_credits:
-                    self.step_credits -= 1
-                    run.announced_pause = False
-                    return
-                if not run.announced_pause:
-                    run.announced_pause = True
-                    self._state_notice()
-                await changed.wait()
-                continue
-            run.announced_pause = False
-            if self.speed is not None:
-                delay = run.last_round_at + 1 / self.speed - anyio.current_time()
-                if delay > 0:
-                    with anyio.move_on_after(delay):
-                        await changed.wait()
-                    continue
-            return
+    # --- the run -------------------------------------------------------------------------------------
+    async def _run_task(self, run: Run, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Wait for a slot, hand the session to the engine thread, wait for its end.
 
-    async def _produce(self, run: Run, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """NOTE: owns one slot of Playground.sessions (taken by `start`) and gives it back when it ends."""
-        gen = run.session.events()
-        run.producing = True
+        NOTE: however it ends (done, error, stop, reset, a new start, disconnect, busy), the `finally`
+        removes the session from the engine thread (which frees its blocks; a no-op if it ended by itself)
+        and then gives its slot back, shielded from cancellation.
+        """
+        pg = self.playground
+        admitted = False
         try:
-            task_status.started()
             with run.scope:
-                first = True
-                while True:
-                    if not first:
-                        await self._wait_turn(run)
-                    full_speed = self.speed is None and not self.paused and not run.stopping
-                    run.last_round_at = anyio.current_time()
-                    events = await anyio.to_thread.run_sync(next_batch, gen,
-                                                            FULL_SPEED_BUDGET_S if full_speed and not first else 0.0)
-                    if not first:
-                        run.round += sum(e.type == "metrics" for e in events)
-                    first = False
-                    ended = any(e.type in ("done", "error") for e in events)
-                    if ended:
-                        run.ended = True
-                    await self.outbox.put_batch(Batch(run.run_id, events))
-                    if ended:
-                        self._poke()
-                    if ended or not events:
-                        return
-        except Exception as e:          # an engine bug: say so on this connection, keep the server up
-            logger.exception("generation %s failed", run.session.id)
-            run.ended = True
-            await self.outbox.put_batch(Batch(run.run_id, [Error(f"internal error: {type(e).__name__}: {e}")]))
+                task_status.started()
+                try:
+                    await pg.admission.acquire(lambda position: self._queued(run, position))
+                except Busy as e:
+                    log_event(logger, "refused_busy", running=pg.admission.running, waiting=pg.admission.waiting)
+                    self.run = None
+                    await self.close(1013, str(e))
+                    return
+                admitted = True
+                run.queued = False
+                run.last_progress_at = anyio.current_time()
+                if run.position:
+                    self._state_notice()
+                log_event(logger, "generation_started", session=run.session.id, **_described(run.session))
+                try:
+                    await pg.engine_thread.add(run.session, run.link)
+                except Exception as e:  # noqa: BLE001 - a bug: say so on this connection, keep it open
+                    logger.exception("handing generation %s to the engine thread failed", run.session.id)
+                    self.error(f"internal error: {type(e).__name__}: {e}")
+                    return
+                await run.ended_event.wait()
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_close, gen, run.session)
-                self.playground.sessions -= 1
-                run.ended = True
-                run.finished.set()
+                try:
+                    await pg.engine_thread.remove(run.session)
+                finally:
+                    if admitted:
+                        pg.admission.release()
+                    run.ended = True
+                    run.finished.set()
+
+    def _queued(self, run: Run, position: int) -> None:
+        run.position = position
+        adm = self.playground.admission
+        self.notice("queued", position=position, running=adm.running, max_sessions=adm.limit)
+
+    def _deliver(self, run: Run, item) -> None:
+        """Events of one round (or PARKED) from the engine thread; on the event loop."""
+        if run is not self.run:
+            return                        # a generation that was ended meanwhile (reset, new start)
+        if item is PARKED:
+            if not run.ended and self.paused and run.link.steps_used >= self.steps_granted:
+                self._state_notice()
+            return
+        run.round += sum(e.type == "metrics" for e in item)
+        run.last_progress_at = anyio.current_time()
+        last = item[-1]
+        batch = Batch(run.run_id, item, run.link)
+        self.outbox.put_batch(batch)
+        if self.room is not None:
+            self.room.publish(batch)
+        if last.type in ("done", "error"):
+            run.ended = True
+            run.ended_event.set()
+            self._poke()
+            if last.type == "done":
+                s = last.summary
+                log_event(logger, "generation_done", session=run.session.id, finish_reason=s.get("finish_reason"),
+                          num_output_tokens=s.get("num_output_tokens"), elapsed_s=round(s.get("elapsed_s") or 0, 4))
+            else:
+                log_event(logger, "generation_error", session=run.session.id, message=last.message[:200])
+
+
+def _described(session: GenerationSession) -> dict:
+    """What a log line may say about a generation: its settings, never its prompt."""
+    s = session.settings
+    return {"model": session.target_lm.name, "method": s.method, "num_speculative_tokens": s.num_speculative_tokens,
+            "max_tokens": s.max_tokens, "kv_cache_dtype": s.kv_cache_dtype, "prompt_tokens": len(session.prompt_ids)}

@@ -251,6 +251,9 @@ class HtmlView:
         labels = {"idle": "Ready", "running": "Running", "paused": "Paused", "stopping": "Stopping",
                   "done": "Done", "error": "Error"}
         detail = []
+        if s["state"] == "queued":
+            return {"state": "queued", "round": 0, "label": "Waiting",
+                    "detail": f"all slots busy: number {s.get('position')} in line"}
         if s["state"] != "idle":
             detail.append(f"round {s['round']}")
             detail.append(f"{s['tokens']} tokens")
@@ -273,6 +276,11 @@ class HtmlView:
             if self.status["state"] in ("running", "paused", "stopping") and d["state"] in ("running", "paused",
                                                                                            "stopping"):
                 self.status["state"] = d["state"]
+            elif self.status["state"] == "queued" and d["state"] == "idle":     # left the line
+                self.status = {"state": "idle", "round": 0, "tokens": 0, "gamma": None, "finish": None}
+        elif item.type == "queued":         # waiting for a free slot (admission control)
+            self.status = {"state": "queued", "round": 0, "tokens": 0, "gamma": None, "finish": None,
+                           "position": d["position"]}
         elif item.type == "settings_queued":
             text = ", ".join(setting_text(k, v) for k, v in d["changes"].items())
             frame.append("notes", m.note("settings_queued", f"{text}: queued, applies at the next round"))

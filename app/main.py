@@ -1,4 +1,5 @@
-"""Builds the FastAPI app: routers per concern, static files, security headers; models load once in the lifespan."""
+"""Builds the FastAPI app: routers per concern, static files, security headers, workshop mode's token;
+the models load once in the lifespan, which also runs the engine thread."""
 
 from contextlib import asynccontextmanager
 
@@ -7,8 +8,8 @@ from fastapi.staticfiles import StaticFiles
 
 from app.config import AppConfig
 from app.paths import STATIC_DIR
-from app.routers import api, health, pages, vendor, ws
-from app.security import SecurityHeadersMiddleware
+from app.routers import api, health, metrics, pages, vendor, watch, ws
+from app.security import SecurityHeadersMiddleware, TokenMiddleware
 from app.state import Playground
 
 
@@ -18,16 +19,23 @@ def create_app(config: AppConfig | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.playground = Playground.load(config)
-        yield
+        await app.state.playground.start()
+        try:
+            yield
+        finally:
+            await app.state.playground.stop()
 
     app = FastAPI(title="Decoding Playground", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.config = config
-    app.add_middleware(SecurityHeadersMiddleware)
+    app.add_middleware(TokenMiddleware, token=config.token)
+    app.add_middleware(SecurityHeadersMiddleware)        # outermost: also on the token middleware's 401
 
     app.include_router(health.router)
     app.include_router(pages.router)
     app.include_router(api.router)
+    app.include_router(metrics.router)
     app.include_router(ws.router)
+    app.include_router(watch.router)
     # /static/vendor/* is routed before the /static mount so that it serves only the pinned htmx files.
     app.include_router(vendor.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -1,15 +1,24 @@
-"""What the app holds for its lifetime: the configuration, the loaded models and the engine.
+"""What the app holds for its lifetime: the configuration, the models, the engine and its thread.
 
-`Playground` is created once in the FastAPI lifespan and reached through `get_playground` (deps).
-NOTE (invariant): `sessions` counts generations that hold (or may hold) KV blocks; a connection adds
-one when it starts a generation and removes it after the generation's blocks are freed.
+`Playground` is created once in the FastAPI lifespan and reached through `get_playground` (deps);
+`await playground.start()` starts the engine thread (it needs the running event loop), `await
+playground.stop()` ends it after freeing every session's blocks.
+NOTE (invariants): `admission.running` (= `sessions`) counts generations holding a slot, i.e. KV blocks or
+the right to take them; a slot is given back only after the generation's blocks are freed.
+`connections` counts open websockets of presenters, `watchers` those of read-only viewers.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from dataclasses import dataclass, field
 
+from app.admission import Admission
 from app.config import AppConfig
+from app.engine_thread import EngineThread
+from app.metrics import ServerMetrics
+from app.rooms import Rooms
 from engine.checkpoint import CheckpointError
 from engine.registry import InferenceEngine, ModelRegistry
 
@@ -21,9 +30,18 @@ class Playground:
     config: AppConfig
     engine: InferenceEngine | None = None
     load_error: str | None = None
-    sessions: int = 0
     connections: int = 0
-    _open: set = field(default_factory=set)
+    watchers: int = 0
+    engine_thread: EngineThread | None = None
+    admission: Admission = None
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    rooms: Rooms | None = None
+
+    def __post_init__(self):
+        if self.admission is None:
+            self.admission = Admission(self.config.max_sessions, self.config.max_queue)
+        if self.rooms is None:
+            self.rooms = Rooms(self)
 
     @classmethod
     def load(cls, config: AppConfig) -> "Playground":
@@ -35,16 +53,47 @@ class Playground:
             return cls(config, None, f"no models loaded from {config.models_dir}: {e}")
         return cls(config, InferenceEngine(registry, max_sessions=config.max_sessions))
 
+    async def start(self) -> None:
+        if self.engine is not None and self.engine_thread is None:
+            self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics)
+            self.engine_thread.start()
+            logger.info("engine thread started (BLAS threads: OPENBLAS_NUM_THREADS=%s)",
+                        os.environ.get("OPENBLAS_NUM_THREADS"))
+
+    async def stop(self) -> None:
+        if self.engine_thread is not None:
+            await self.engine_thread.stop()
+
+    @property
+    def sessions(self) -> int:
+        return self.admission.running
+
     @property
     def registry(self) -> ModelRegistry | None:
         return self.engine.registry if self.engine else None
 
+    def pools(self) -> list[dict]:
+        """Each KV pool: name, dtype, block size, blocks used / total, cached (read without stopping the engine:
+        a snapshot that may be a step old)."""
+        if self.engine is None:
+            return []
+        managers = list(self.engine.managers.values())   # one C-level copy: the engine thread may add a pool
+        return [{"name": m.pool.name, "kv_cache_dtype": m.dtype.name, "block_size": m.block_size,
+                 "num_blocks": m.pool.num_blocks, "used": m.pool.num_used_blocks, "cached": len(m.pool.cached)}
+                for m in managers]
+
     def stats(self) -> dict:
-        pools = self.engine.pool_stats() if self.engine else []
-        return {"sessions": self.sessions, "connections": self.connections,
-                "max_sessions": self.config.max_sessions,
+        pools = self.pools()
+        thread = self.engine_thread
+        return {"sessions": self.sessions, "waiting": self.admission.waiting, "connections": self.connections,
+                "watchers": self.watchers, "rooms": len(self.rooms.rooms) if self.rooms else 0,
+                "max_sessions": self.config.max_sessions, "max_queue": self.config.max_queue,
                 "kv_blocks_used": sum(p["used"] for p in pools),
-                "kv_blocks_total": sum(p["num_blocks"] for p in pools), "pools": pools}
+                "kv_blocks_total": sum(p["num_blocks"] for p in pools), "pools": pools,
+                "engine": {"alive": bool(thread and thread.alive), "scheduled": len(thread.links) if thread else 0,
+                           "steps": thread.steps if thread else 0,
+                           "batches": thread.scheduler.batches if thread else 0,
+                           "batched_requests": thread.scheduler.batched_requests if thread else 0}}
 
     def models(self) -> list[dict]:
         if self.registry is None:

@@ -8,18 +8,36 @@ import engine  # noqa: F401  (pins BLAS to one thread before numpy is imported)
 
 
 def cmd_serve(args) -> int:
+    import logging
+
     import uvicorn
 
-    from app.config import AppConfig
+    from app.config import TRANSPORT_MAX_MESSAGE_BYTES, AppConfig
+    from app.logs import configure
     from app.main import create_app
 
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"WARNING: serving on {args.host}:{args.port}: reachable from other machines.", file=sys.stderr)
+    log_config = configure(args.log_format)
+    log = logging.getLogger("app.serve")
     config = AppConfig.from_env().with_overrides(
         models_dir=args.models_dir, allowed_origins=tuple(args.allowed_origin) if args.allowed_origin else None,
-        max_sessions=args.max_sessions, embed_frame_ancestors=args.frame_ancestors)
-    uvicorn.run(create_app(config), host=args.host, port=args.port, ws_max_size=64 * 1024,
-                ws_per_message_deflate=False, log_level="info")
+        max_sessions=args.max_sessions, embed_frame_ancestors=args.frame_ancestors, max_queue=args.max_queue,
+        max_connections=args.max_connections, idle_timeout_s=args.idle_timeout, token=args.token)
+    local = args.host in ("127.0.0.1", "localhost", "::1")
+    exposure = "this machine only" if local else "REACHABLE FROM OTHER MACHINES"
+    origins = ", ".join(config.allowed_origins) or "none"
+    log.warning("serving on http://%s:%s (%s): page, JSON API, /metrics and websockets%s; websocket origins: "
+                "the page's own%s; extra allowed origins: %s; at most %d generating sessions (%d more wait in line)",
+                args.host, args.port, exposure, "" if config.token else ", without a token",
+                "" if local else " (checked on every handshake)", origins, config.max_sessions, config.max_queue)
+    if config.token:
+        log.warning("workshop mode: every page, API call and websocket needs the token "
+                    "(open http://%s:%s/?token=... ; /healthz and static files stay open)", args.host, args.port)
+    elif not local:
+        log.warning("no --token: anyone who can reach %s:%s can use this server", args.host, args.port)
+    # The app answers a message over 64 KiB with an error; uvicorn's own limit is higher so that it does
+    # not close the connection first (app/config.py). One process: sessions live in it.
+    uvicorn.run(create_app(config), host=args.host, port=args.port, ws_max_size=TRANSPORT_MAX_MESSAGE_BYTES,
+                ws_per_message_deflate=False, log_config=log_config, log_level="info", access_log=True)
     return 0
 
 
@@ -43,6 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-sessions", type=int, default=None, help="generations at once (default 8)")
     s.add_argument("--frame-ancestors", default=None,
                    help="CSP frame-ancestors of /embed: who may frame it (default '*')")
+    s.add_argument("--max-queue", type=int, default=None,
+                   help="starts that wait for a free slot (default 32); beyond, close 1013 'busy, retry'")
+    s.add_argument("--max-connections", type=int, default=None,
+                   help="websockets at once, watchers included (default 1000)")
+    s.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop a generation without progress or a client message for this long (default 600)")
+    s.add_argument("--token", default=None,
+                   help="workshop mode: a shared secret required by page, API and websockets (?token=...); "
+                        "DECODING_PLAYGROUND_TOKEN does the same without showing it in the process list")
+    s.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="structured log lines as key=value pairs (default) or JSON; never prompts or tokens")
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="measure the engine (results also go to docs/benchmarks.md)")
@@ -57,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_page.add_parser(bsub)
     from cli import bench_smollm2
     bench_smollm2.add_parser(bsub)
+    from cli import bench_serve
+    bench_serve.add_parser(bsub)
 
     from cli import fetch, generate
     generate.add_parsers(sub)

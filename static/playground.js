@@ -95,7 +95,7 @@
     if (theme && theme.value !== 'light') params.set('theme', theme.value)
     var presenter = $('f-presenter')
     if (presenter && presenter.checked) params.set('presenter', '1')
-    ;['autoplay', 'hide'].forEach(function (name) {   // not controls on the page: kept as the link had them
+    ;['autoplay', 'hide', 'token'].forEach(function (name) {   // not controls on the page: kept as the link had them
       if (current.has(name)) params.set(name, current.get(name))
     })
     var query = params.toString()

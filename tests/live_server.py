@@ -2,7 +2,7 @@
 
 NOTE: `TestClient.websocket_connect` is in-memory (no ping, size limit, backpressure or close handshake),
 so websocket behaviour is tested against this. The server is configured as `decoding-playground serve`
-configures it: 64 KiB websocket messages, no per-message deflate.
+configures it: uvicorn's message limit above the app's 64 KiB (app/config.py), no per-message deflate.
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from typing import Iterator
 
 import uvicorn
 
+from app.config import TRANSPORT_MAX_MESSAGE_BYTES as WS_MAX_SIZE
+
 SERVER_START_TIMEOUT_S = 30.0
-WS_MAX_SIZE = 64 * 1024
 
 
 def _wait_for_healthz(base_url: str, thread: threading.Thread, timeout_s: float) -> None:

@@ -1,4 +1,4 @@
-"""A small JSON API: the models this server has loaded, and how many sessions and KV blocks are in use."""
+"""A small JSON API: the models this server has loaded, and what it is doing now (sessions, KV blocks)."""
 
 from fastapi import APIRouter
 
@@ -14,5 +14,7 @@ def models(playground: PlaygroundDep) -> dict:
 
 @router.get("/stats")
 def stats(playground: PlaygroundDep) -> dict:
-    """`kv_blocks_used` counts blocks referenced by a sequence; cached free blocks are not used."""
+    """`sessions` generating (holding a slot), `waiting` for one, `connections` (presenters), `watchers`,
+    `kv_blocks_used` / `kv_blocks_total` over all pools and per pool (`pools`); a block counts as used while a
+    sequence references it (cached free blocks are not used)."""
     return playground.stats()

@@ -1,64 +1,67 @@
 """The websocket endpoints: `/ws` speaks HTML fragments to htmx, `/api/ws` JSON to programs.
 
-Both check the Origin header before accepting (a refused handshake is an HTTP 403) and then hand the
-connection to `app.connection.Connection` with their view. docs/protocol.md has the vocabulary.
+Both check the Origin header before accepting (a refused handshake is an HTTP 403), then refuse politely
+when the server already holds `max_connections` websockets (close 1013: htmx retries with backoff), and
+hand the connection to `app.connection.Connection` with their view. `?key=` (16-64 characters of
+A-Z a-z 0-9 _ -) names the presenter's session for watch mode (app/rooms.py); without one a fresh key is
+made. docs/protocol.md has the vocabulary.
 """
 
 import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketException, status
 
-from app.config import normalize_origin
 from app.connection import Connection
 from app.deps import get_playground
 from app.html_view import HtmlView
 from app.json_view import JsonView
+from app.logs import log_event
+from app.rooms import KEY_RE, new_key
+from app.security import origin_allowed
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["websockets"])
 
 
-def own_origin(websocket: WebSocket) -> str | None:
-    """The origin this app is served from, as the client addressed it (scheme and Host header)."""
-    host = websocket.headers.get("host")
-    if not host:
-        return None
-    scheme = "https" if websocket.url.scheme in ("wss", "https") else "http"
-    try:
-        return normalize_origin(f"{scheme}://{host}")
-    except ValueError:
-        return None
-
-
 def check_origin(websocket: WebSocket) -> None:
-    """Accept the app's own origin and the configured ones, compared exactly; refuse others with 403.
-
-    A client that sends no Origin at all is not a browser (browsers always send one with a websocket
-    handshake), so no other site's page can be behind it: it is accepted.
-    """
-    origin = websocket.headers.get("origin")
-    if origin is None:
-        return
-    try:
-        origin = normalize_origin(origin)
-    except ValueError:
-        origin = None          # "null" (sandboxed frames, file://) and garbage
-    allowed = set(get_playground(websocket).config.allowed_origins)
-    own = own_origin(websocket)
-    if own:
-        allowed.add(own)
-    if origin is None or origin not in allowed:
-        logger.warning("websocket refused: origin %r is not allowed", websocket.headers.get("origin"))
+    """Accept the app's own origin and the configured ones, compared exactly; refuse others with 403."""
+    if not origin_allowed(websocket, get_playground(websocket).config.allowed_origins):
+        log_event(logger, "ws_refused", logging.WARNING, reason="origin", path=websocket.url.path,
+                  origin=websocket.headers.get("origin", "")[:100])
         raise WebSocketException(code=status.WS_1008_POLICY_VIOLATION, reason="origin not allowed")
+
+
+def presenter_key(websocket: WebSocket) -> str:
+    key = websocket.query_params.get("key")
+    if key is None:
+        return new_key()
+    if not KEY_RE.fullmatch(key):
+        raise WebSocketException(code=status.WS_1008_POLICY_VIOLATION,
+                                 reason="key: 16-64 characters of A-Z a-z 0-9 _ -")
+    return key
+
+
+async def accept(websocket: WebSocket) -> bool:
+    """Accept the handshake; False (after a 1013 close) when the server holds all the websockets it may."""
+    pg = get_playground(websocket)
+    await websocket.accept()
+    if pg.connections + pg.watchers >= pg.config.max_connections:
+        log_event(logger, "ws_refused", logging.WARNING, reason="max_connections", path=websocket.url.path)
+        await websocket.close(code=status.WS_1013_TRY_AGAIN_LATER,
+                              reason=f"busy: {pg.config.max_connections} connections; retry in a moment")
+        return False
+    return True
 
 
 @router.websocket("/ws")
 async def html_ws(websocket: WebSocket) -> None:
     check_origin(websocket)
-    await websocket.accept()
+    key = presenter_key(websocket)
+    if not await accept(websocket):
+        return
     playground = get_playground(websocket)
     view = HtmlView(playground)
-    conn = Connection(websocket, playground, view, speed=view.default_speed)
+    conn = Connection(websocket, playground, view, speed=view.default_speed, key=key)
     view.hello(conn)
     await conn.serve()
 
@@ -66,6 +69,8 @@ async def html_ws(websocket: WebSocket) -> None:
 @router.websocket("/api/ws")
 async def json_ws(websocket: WebSocket) -> None:
     check_origin(websocket)
-    await websocket.accept()
+    key = presenter_key(websocket)
+    if not await accept(websocket):
+        return
     playground = get_playground(websocket)
-    await Connection(websocket, playground, JsonView(), speed=JsonView.default_speed).serve()
+    await Connection(websocket, playground, JsonView(), speed=JsonView.default_speed, key=key).serve()

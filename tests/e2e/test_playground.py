@@ -93,7 +93,7 @@ def test_a_run_loads_from_our_origin_only_without_console_errors(live_server, pa
     assert page.recorder.errors == []
     hosts = {urlsplit(u).hostname for u in page.recorder.requests}
     assert hosts == {"127.0.0.1"}, page.recorder.requests
-    assert any(u.startswith("ws://127.0.0.1") and u.endswith("/ws") for u in page.recorder.requests)
+    assert any(u.startswith("ws://127.0.0.1") and urlsplit(u).path == "/ws" for u in page.recorder.requests)
 
 
 def test_a_run_shows_tokens_of_every_status(live_server, page, artifacts_dir):

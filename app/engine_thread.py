@@ -1,0 +1,298 @@
+"""The engine thread: one thread runs every generation of the process, with continuous batching.
+
+    engine_thread = EngineThread(engine, loop)      # in the lifespan; .start() / await .stop()
+    link = SessionLink(session, pacing, deliver)    # one generation of one connection
+    await engine_thread.add(session, link)          # events now reach deliver(), a round at a time
+    await engine_thread.remove(session)             # stop it now and free its KV blocks (idempotent)
+
+The thread runs the engine's `Scheduler` (engine/scheduler.py): every admitted session advances to its
+next forward, and the forwards of the same model run as one batched computation. Between steps it runs
+the calls the event loop queued (add, remove), and sends everything the step produced to the event loop
+in one `loop.call_soon_threadsafe`.
+
+NOTE (invariants):
+- Only this thread touches the scheduler, the sessions' generators and the KV pools (under
+  `engine.lock`). The event loop talks to it through `call()` and `poke()` only.
+- It never waits for a client. A session is held at its round boundary by its gate (`may_continue`):
+  while its connection has `max_backlog` rounds not yet taken by its sender (a slow client), while it is
+  paused (pause, step mode) or while its speed says not yet. A held session holds only itself.
+- When nothing can move it sleeps until poked (a command, a client that caught up) or until the earliest
+  time a paced session may go on.
+- BLAS stays at one thread (engine/__init__.py); this is the only thread doing engine work.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import deque
+from typing import Callable, Protocol
+
+from engine.events import Error
+from engine.runner import ROUND_BOUNDARY
+from engine.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+ROUND_END = frozenset(("started", "metrics", "done", "error"))   # the last event of a delivered batch
+PARKED = "parked"            # delivered (instead of events) when a paused session has come to rest
+MAX_IDLE_WAIT_S = 1.0        # the thread re-checks its gates at least this often, poked or not
+
+
+class Pacing(Protocol):
+    """What a gate reads from its connection (written on the event loop only)."""
+    paused: bool
+    speed: float | None          # rounds per second; None: full speed
+    steps_granted: int           # step commands so far
+
+
+def scheduled_steps(session):
+    """`session.steps()` as served: a round boundary right after `started`, so that a session started
+    paused waits before its prefill, and an unexpected exception (an engine bug) ends this session with an
+    `error` event instead of escaping into the scheduler (and every other session's step)."""
+    gen = session.steps()
+    try:
+        yield next(gen)                       # started
+        yield ROUND_BOUNDARY
+        yield from gen
+    except Exception as e:  # noqa: BLE001
+        logger.exception("generation %s failed", session.id)
+        yield Error(f"internal error: {type(e).__name__}: {e}")
+    finally:
+        gen.close()
+
+
+class _Scheduled:
+    """What the scheduler holds for a session: its id and its served steps."""
+    __slots__ = ("id", "session")
+
+    def __init__(self, session):
+        self.id, self.session = session.id, session
+
+    def steps(self):
+        return scheduled_steps(self.session)
+
+
+class SessionLink:
+    """One generation between its connection (event loop) and the engine thread.
+
+    The engine thread calls `may_continue()` at every round boundary and `sink()` with every event; the
+    events reach `deliver` on the event loop a round at a time (a list ending with started, metrics, done
+    or error), and `PARKED` once a paused session has come to rest.
+
+    NOTE (threads): `pacing`, `stopping` and `rounds_taken` are written on the event loop only; every other
+    field in the engine thread only. Each side only reads the other's ints and bools.
+    """
+
+    def __init__(self, session, pacing: Pacing, deliver: Callable, max_backlog: int = 32,
+                 requested_at: float | None = None):
+        self.session, self.pacing, self.deliver, self.max_backlog = session, pacing, deliver, max_backlog
+        # event loop side
+        self.stopping = False
+        self.rounds_taken = 0          # delivered rounds the connection's sender has taken
+        # engine thread side
+        self.thread: EngineThread | None = None
+        self.steps_used = pacing.steps_granted
+        self.rounds_sent = 0
+        self.held: str | None = None   # why the session waits at its boundary: client | paused | speed
+        self.last_round_at = -math.inf
+        self.round_started_at = 0.0
+        self.requested_at = requested_at   # when the start was asked for (None: not timed, e.g. started paused)
+        self.first_token_at: float | None = None
+        self.model_name = getattr(getattr(session, "target_lm", None), "name", "")
+        self._events: list = []
+
+    @property
+    def backlog(self) -> int:
+        return self.rounds_sent - self.rounds_taken
+
+    # --- engine thread ---------------------------------------------------------------------------
+    def may_continue(self) -> bool:
+        now = time.perf_counter()
+        if self.stopping:              # a stop is seen by the session right after this boundary
+            return self._go(now)
+        if self.backlog >= self.max_backlog:
+            return self._hold("client")
+        pacing = self.pacing
+        if pacing.paused:
+            if self.steps_used < pacing.steps_granted:
+                self.steps_used += 1
+                return self._go(now)
+            return self._hold("paused")
+        if pacing.speed is not None:
+            due = self.last_round_at + 1.0 / pacing.speed
+            if now < due:
+                self.thread.wake_at(due)
+                return self._hold("speed")
+        return self._go(now)
+
+    def _go(self, now: float) -> bool:
+        self.held = None
+        self.last_round_at = self.round_started_at = now
+        return True
+
+    def _hold(self, why: str) -> bool:
+        if why != self.held:
+            self.held = why
+            if why == "paused":
+                self.thread.emit(self, PARKED)
+        return False
+
+    def sink(self, event) -> None:
+        self._events.append(event)
+        thread = self.thread
+        if thread.metrics is not None:
+            thread.metrics.observe(self, event, time.perf_counter())
+        if event.type in ROUND_END:
+            events, self._events = self._events, []
+            self.rounds_sent += 1
+            thread.emit(self, events)
+
+
+class EngineThread:
+    def __init__(self, engine, loop: asyncio.AbstractEventLoop, metrics=None):
+        self.engine, self.metrics = engine, metrics
+        self.scheduler = Scheduler()
+        self.links: dict[str, SessionLink] = {}
+        self.steps = 0                   # scheduler steps that moved something
+        self.busy_s = 0.0                # time spent in them
+        self._loop = loop
+        self._calls: deque = deque()
+        self._out: list = []
+        self._wake = threading.Event()
+        self._next_wake = math.inf
+        self._stopping = False
+        self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
+
+    # --- event loop side -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop every session (their blocks are freed) and end the thread."""
+        if not self._thread.is_alive():
+            return
+        await self.call(self._remove_all)
+        self._stopping = True
+        self._wake.set()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10)
+        self._run_calls()                          # any call queued while it was stopping
+
+    def call(self, fn: Callable, *args) -> asyncio.Future:
+        """Run `fn(*args)` in the engine thread between two steps; the future gets its result.
+
+        Once the thread has ended (the server is shutting down) nothing else touches the engine, so the
+        call runs here and now (a late disconnect still frees its session's blocks and never waits forever).
+        """
+        future = self._loop.create_future()
+        if self._stopping or not self._thread.is_alive():
+            try:
+                future.set_result(fn(*args))
+            except Exception as e:  # noqa: BLE001
+                future.set_exception(e)
+            return future
+        self._calls.append((fn, args, future))
+        self._wake.set()
+        return future
+
+    async def add(self, session, link: SessionLink) -> None:
+        await self.call(self._add, session, link)
+
+    async def remove(self, session) -> None:
+        """Stop `session` now (no more events) and free its blocks; harmless if it already ended."""
+        await self.call(self._remove, session)
+
+    def poke(self) -> None:
+        """Something a gate reads has changed (resume, step, speed, stop, a client caught up)."""
+        self._wake.set()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # --- engine thread ---------------------------------------------------------------------------
+    def wake_at(self, t: float) -> None:
+        if t < self._next_wake:
+            self._next_wake = t
+
+    def emit(self, link: SessionLink, item) -> None:
+        self._out.append((link, item))
+
+    def _add(self, session, link: SessionLink) -> None:
+        link.thread = self
+        self.links[session.id] = link
+        self.scheduler.add(_Scheduled(session), link.sink, link.may_continue)
+
+    def _remove(self, session) -> None:
+        self.links.pop(session.id, None)
+        if session.id in self.scheduler.entries:
+            self.scheduler.remove(session.id)      # closes its generator: the session frees its blocks
+        else:
+            session.close()                        # never added, or already ended (idempotent)
+
+    def _remove_all(self) -> None:
+        for entry in list(self.scheduler.entries.values()):
+            self._remove(entry.session.session)
+
+    def _main(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            self._next_wake = math.inf
+            self._run_calls()
+            t = time.perf_counter()
+            try:
+                with self.engine.lock:
+                    moved = self.scheduler.step()
+            except Exception:  # noqa: BLE001 - a scheduler bug: log it, keep serving the others
+                logger.exception("scheduler step failed")
+                moved = False
+            if moved:
+                self.steps += 1
+                self.busy_s += time.perf_counter() - t
+            for session_id in [s for s in self.links if s not in self.scheduler.entries]:
+                del self.links[session_id]         # ended by itself (done or error)
+            self._flush()
+            if not moved and not self._calls:
+                timeout = min(MAX_IDLE_WAIT_S, max(0.0, self._next_wake - time.perf_counter()))
+                self._wake.wait(timeout)
+
+    def _run_calls(self) -> None:
+        while self._calls:
+            fn, args, future = self._calls.popleft()
+            try:
+                with self.engine.lock:
+                    result, ok = fn(*args), True
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                result, ok = e, False
+            self._flush()                           # events a call produced go before its result
+            self._post(_settle, future, ok, result)
+
+    def _flush(self) -> None:
+        if self._out:
+            out, self._out = self._out, []
+            self._post(_dispatch, out)
+
+    def _post(self, fn, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:                       # the loop is closed: the process is ending
+            pass
+
+
+def _settle(future: asyncio.Future, ok: bool, result) -> None:
+    if future.done():                              # the caller was cancelled meanwhile
+        return
+    if ok:
+        future.set_result(result)
+    else:
+        future.set_exception(result)
+
+
+def _dispatch(out: list) -> None:
+    for link, item in out:
+        try:
+            link.deliver(item)
+        except Exception:  # noqa: BLE001 - one connection's bug must not stop the others' events
+            logger.exception("delivering to session %s failed", link.session.id)

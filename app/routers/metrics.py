@@ -1,0 +1,53 @@
+"""`GET /metrics`: Prometheus text format, vLLM's names where one exists (app/metrics.py lists them)."""
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+
+from app.deps import PlaygroundDep
+
+router = APIRouter(tags=["metrics"])
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def scrape_gauges(pg) -> list[tuple]:
+    """(name, type, help, labels, value) rows read now: sessions, KV pools, connections, the engine thread."""
+    rows = [
+        ("vllm:num_requests_running", "gauge", "Generations holding a slot (running or paused).", {}, pg.sessions),
+        ("vllm:num_requests_waiting", "gauge", "Generations waiting for a slot.", {}, pg.admission.waiting),
+    ]
+    for p in pg.pools():
+        labels = {"model_name": p["name"].split(":", 1)[-1], "pool": p["name"], "kv_cache_dtype": p["kv_cache_dtype"],
+                  "block_size": p["block_size"]}
+        rows.append(("vllm:kv_cache_usage_perc", "gauge", "Fraction of the pool's KV blocks in use (0..1).", labels,
+                     p["used"] / p["num_blocks"] if p["num_blocks"] else 0.0))
+    for p in pg.pools():
+        labels = {"pool": p["name"], "kv_cache_dtype": p["kv_cache_dtype"], "block_size": p["block_size"]}
+        rows.append(("playground_kv_blocks_used", "gauge", "KV blocks referenced by a sequence.", labels, p["used"]))
+    for p in pg.pools():
+        labels = {"pool": p["name"], "kv_cache_dtype": p["kv_cache_dtype"], "block_size": p["block_size"]}
+        rows.append(("playground_kv_blocks_total", "gauge", "KV blocks in the pool.", labels, p["num_blocks"]))
+    thread = pg.engine_thread
+    rows += [
+        ("playground_max_sessions", "gauge", "Generations allowed at once (--max-sessions).", {},
+         pg.config.max_sessions),
+        ("playground_websocket_connections", "gauge", "Open presenter websockets.", {}, pg.connections),
+        ("playground_watchers", "gauge", "Open watcher websockets.", {}, pg.watchers),
+        ("playground_rooms", "gauge", "Presenter sessions that watchers can follow.", {},
+         len(pg.rooms.rooms) if pg.rooms else 0),
+        ("playground_admission_refused", "counter", "Starts refused because slots and line were full.", {},
+         pg.admission.refused),
+        ("playground_engine_steps", "counter", "Scheduler steps that ran engine work.", {},
+         thread.steps if thread else 0),
+        ("playground_engine_busy_seconds", "counter", "Time the engine thread spent in those steps.", {},
+         thread.busy_s if thread else 0.0),
+        ("playground_engine_batches", "counter", "Batched forward computations (several sessions in one).", {},
+         thread.scheduler.batches if thread else 0),
+        ("playground_engine_batched_requests", "counter", "Forward requests served by batched computations.", {},
+         thread.scheduler.batched_requests if thread else 0),
+    ]
+    return rows
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+def metrics(playground: PlaygroundDep) -> PlainTextResponse:
+    return PlainTextResponse(playground.metrics.render(scrape_gauges(playground)), media_type=CONTENT_TYPE)

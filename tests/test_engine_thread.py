@@ -1,0 +1,273 @@
+"""The engine thread (app/engine_thread.py) and admission control (app/admission.py), without a web server.
+
+The engine thread runs the scheduler for every session; these tests drive it from an asyncio loop as the
+app does, with pacing objects standing in for connections. Waits are bounded.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from app.admission import Admission, Busy
+from app.engine_thread import PARKED, EngineThread, SessionLink
+from app.metrics import ServerMetrics
+from engine.registry import InferenceEngine, ModelRegistry
+from engine.session import GenerationSession
+
+PROMPTS = ["def add(a, b):\n    return a", "class Foo:\n    def __init__(self", "import os\nimport s",
+           "for i in range(10):\n    print(i", "x = [1, 2, 3]\ny = x"]
+
+
+@pytest.fixture(scope="module")
+def registry(models_dir):
+    return ModelRegistry.from_dir(models_dir, fetched=False)
+
+
+def pacing(paused=False, speed=None):
+    return SimpleNamespace(paused=paused, speed=speed, steps_granted=0)
+
+
+class Collector:
+    """A connection's stand-in: collects delivered batches (on the loop) and says when one ends."""
+
+    def __init__(self):
+        self.batches, self.parked = [], 0
+        self.ended = asyncio.Event()
+
+    def __call__(self, item):
+        if item is PARKED:
+            self.parked += 1
+            return
+        self.batches.append(item)
+        if item[-1].type in ("done", "error"):
+            self.ended.set()
+
+    @property
+    def events(self):
+        return [e for b in self.batches for e in b]
+
+
+def run(coro, timeout=60):
+    """On a fresh event loop in its own thread (the browser tests keep a loop running in the main one)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, asyncio.wait_for(coro, timeout)).result()
+
+
+def blocks_used(engine) -> int:
+    return sum(m.pool.num_used_blocks for m in engine.managers.values())
+
+
+def test_sessions_run_together_batched_with_the_same_output_as_alone(registry):
+    engine = InferenceEngine(registry, max_sessions=8)
+    settings = {"max_tokens": 30, "method": "draft_model", "num_speculative_tokens": 3}
+    alone = [list(GenerationSession(engine, p, settings).events())[-1].summary["text"] for p in PROMPTS]
+
+    async def scenario():
+        thread = EngineThread(engine, asyncio.get_running_loop(), ServerMetrics())
+        thread.start()
+        sessions = [GenerationSession(engine, p, settings) for p in PROMPTS]
+        collectors = [Collector() for _ in sessions]
+        for s, c in zip(sessions, collectors):
+            await thread.add(s, SessionLink(s, pacing(), c, requested_at=time.perf_counter()))
+        for c in collectors:
+            await c.ended.wait()
+        await thread.stop()
+        return thread, collectors
+
+    thread, collectors = run(scenario())
+    assert [c.events[-1].summary["text"] for c in collectors] == alone
+    assert thread.scheduler.batches > 0 and thread.scheduler.batched_requests >= 2 * thread.scheduler.batches
+    for c in collectors:                    # a delivered batch is one round: it ends with started/metrics/done
+        assert [b[-1].type for b in c.batches][:2] == ["started", "metrics"]
+        assert all(b[-1].type in ("metrics", "done") for b in c.batches[1:])
+    assert blocks_used(engine) == 0
+
+
+def test_a_paused_session_waits_before_its_prefill_and_steps_one_round_at_a_time(registry):
+    engine = InferenceEngine(registry, max_sessions=4)
+
+    async def scenario():
+        thread = EngineThread(engine, asyncio.get_running_loop())
+        thread.start()
+        held, runner = pacing(paused=True), pacing()
+        a = GenerationSession(engine, PROMPTS[0], {"max_tokens": 20})
+        b = GenerationSession(engine, PROMPTS[1], {"max_tokens": 20})
+        ca, cb = Collector(), Collector()
+        await thread.add(a, SessionLink(a, held, ca))
+        await thread.add(b, SessionLink(b, runner, cb))
+        await cb.ended.wait()                             # the paused one holds only itself
+        assert [e.type for e in ca.events] == ["started"] and ca.parked == 1
+        assert blocks_used(engine) == 0                   # not even its prefill ran
+        for expected_rounds in (1, 2):
+            held.steps_granted += 1
+            thread.poke()
+            while sum(e.type == "metrics" for e in ca.events) < expected_rounds or ca.parked < expected_rounds + 1:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            assert sum(e.type == "metrics" for e in ca.events) == expected_rounds    # exactly one round per step
+        held.paused = False
+        thread.poke()
+        await ca.ended.wait()
+        await thread.stop()
+        return ca
+
+    ca = run(scenario())
+    assert ca.events[-1].type == "done"
+    assert blocks_used(engine) == 0
+
+
+def test_a_client_that_does_not_take_its_rounds_holds_its_session_only(registry):
+    engine = InferenceEngine(registry, max_sessions=4)
+
+    async def scenario():
+        thread = EngineThread(engine, asyncio.get_running_loop())
+        thread.start()
+        slow = GenerationSession(engine, PROMPTS[0], {"max_tokens": 200, "method": "none"})
+        fast = GenerationSession(engine, PROMPTS[1], {"max_tokens": 60})
+        cs, cf = Collector(), Collector()
+        link = SessionLink(slow, pacing(), cs, max_backlog=3)
+        await thread.add(slow, link)
+        await thread.add(fast, SessionLink(fast, pacing(), cf))
+        await cf.ended.wait()
+        while link.held != "client":
+            await asyncio.sleep(0.01)
+        assert len(cs.batches) == 3 and not cs.ended.is_set()       # three rounds, then it waits
+        link.rounds_taken = len(cs.batches)                          # the client catches up
+        thread.poke()
+        while len(cs.batches) < 6:
+            await asyncio.sleep(0.01)
+        await thread.remove(slow)                                    # a disconnect: blocks freed at once
+        assert blocks_used(engine) == 0
+        await thread.stop()
+
+    run(scenario())
+
+
+def test_an_engine_bug_ends_its_session_with_an_error_and_the_others_go_on(registry, monkeypatch):
+    engine = InferenceEngine(registry, max_sessions=4)
+    original = GenerationSession._round
+
+    def broken(self):
+        if self.settings.seed == 13 and self.round >= 1:
+            raise RuntimeError("simulated engine bug")
+        return original(self)
+
+    monkeypatch.setattr(GenerationSession, "_round", broken)
+
+    async def scenario():
+        thread = EngineThread(engine, asyncio.get_running_loop())
+        thread.start()
+        bad = GenerationSession(engine, PROMPTS[0], {"max_tokens": 30, "seed": 13})
+        good = GenerationSession(engine, PROMPTS[0], {"max_tokens": 30})
+        cb, cg = Collector(), Collector()
+        await thread.add(bad, SessionLink(bad, pacing(), cb))
+        await thread.add(good, SessionLink(good, pacing(), cg))
+        await cb.ended.wait()
+        await cg.ended.wait()
+        await thread.stop()
+        return cb, cg
+
+    cb, cg = run(scenario())
+    assert cb.events[-1].type == "error" and "simulated engine bug" in cb.events[-1].message
+    assert cg.events[-1].type == "done"
+    assert blocks_used(engine) == 0
+
+
+def test_speed_paces_rounds_without_holding_the_thread(registry):
+    engine = InferenceEngine(registry, max_sessions=4)
+
+    async def scenario():
+        thread = EngineThread(engine, asyncio.get_running_loop())
+        thread.start()
+        s = GenerationSession(engine, PROMPTS[0], {"max_tokens": 200, "method": "none"})
+        c = Collector()
+        t0 = time.perf_counter()
+        await thread.add(s, SessionLink(s, pacing(speed=20), c))
+        while sum(e.type == "metrics" for e in c.events) < 6:
+            await asyncio.sleep(0.005)
+        elapsed = time.perf_counter() - t0
+        await thread.remove(s)
+        await thread.stop()
+        return elapsed
+
+    assert run(scenario()) >= 5 / 20 * 0.9          # 6 rounds at 20 rounds/s: 5 gaps of 50 ms
+
+
+def test_metrics_count_what_the_sessions_report(registry):
+    engine = InferenceEngine(registry, max_sessions=4)
+    metrics = ServerMetrics()
+
+    async def scenario():
+        thread = EngineThread(engine, asyncio.get_running_loop(), metrics)
+        thread.start()
+        sessions = [GenerationSession(engine, p, {"max_tokens": 25, "num_speculative_tokens": 3}) for p in PROMPTS[:3]]
+        collectors = [Collector() for _ in sessions]
+        for s, c in zip(sessions, collectors):
+            await thread.add(s, SessionLink(s, pacing(), c, requested_at=time.perf_counter()))
+        for c in collectors:
+            await c.ended.wait()
+        await thread.stop()
+        return [c.events[-1].summary for c in collectors]
+
+    summaries = run(scenario())
+    model = (("model_name", summaries[0]["model"]["name"]),)
+    counters = metrics.counters
+    assert counters["vllm:spec_decode_num_draft_tokens"][model] == sum(s["num_draft_tokens"] for s in summaries)
+    assert counters["vllm:spec_decode_num_accepted_tokens"][model] == sum(s["num_accepted_tokens"] for s in summaries)
+    assert counters["vllm:spec_decode_num_drafts"][model] == sum(s["num_drafts"] for s in summaries)
+    assert counters["vllm:generation_tokens"][model] == sum(s["num_output_tokens"] for s in summaries)
+    per_pos = [counters["vllm:spec_decode_num_accepted_tokens_per_pos"].get(model + (("position", str(i)),), 0)
+               for i in range(3)]
+    assert per_pos == [sum(s["accepted_per_position"][i] if i < len(s["accepted_per_position"]) else 0
+                           for s in summaries) for i in range(3)]
+    assert metrics.histograms["vllm:time_to_first_token_seconds"][model].count == 3
+    text = metrics.render([])
+    assert "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter" in text
+    assert f'vllm:spec_decode_num_draft_tokens_total{{model_name="{summaries[0]["model"]["name"]}"}}' in text
+    assert 'vllm:time_to_first_token_seconds_bucket{model_name=' in text and 'le="+Inf"} 3' in text
+
+
+# --- admission ------------------------------------------------------------------------------------------------
+def test_admission_serves_in_order_tells_positions_and_refuses_beyond_the_line():
+    async def scenario():
+        adm = Admission(limit=1, max_queue=2)
+        await adm.acquire()
+        positions = {"b": [], "c": []}
+        b = asyncio.create_task(adm.acquire(positions["b"].append))
+        c = asyncio.create_task(adm.acquire(positions["c"].append))
+        await asyncio.sleep(0)
+        assert adm.waiting == 2 and positions == {"b": [1], "c": [2]}
+        with pytest.raises(Busy):
+            await adm.acquire()
+        adm.release()                                   # the slot goes to b, not to a newcomer
+        await b
+        assert positions["c"] == [2, 1] and adm.running == 1
+        c.cancel()                                      # c leaves the line
+        with pytest.raises(asyncio.CancelledError):
+            await c
+        assert adm.waiting == 0
+        adm.release()
+        assert adm.running == 0 and adm.refused == 1
+
+    run(scenario())
+
+
+def test_a_waiter_cancelled_as_it_gets_the_slot_passes_it_on():
+    async def scenario():
+        adm = Admission(limit=1, max_queue=2)
+        await adm.acquire()
+        b = asyncio.create_task(adm.acquire())
+        c = asyncio.create_task(adm.acquire())
+        await asyncio.sleep(0)
+        adm.release()                                   # b is granted ...
+        b.cancel()                                      # ... and cancelled before it runs
+        with pytest.raises(asyncio.CancelledError):
+            await b
+        await c                                         # so c has the slot
+        assert adm.running == 1 and adm.waiting == 0
+
+    run(scenario())
