@@ -157,3 +157,23 @@ def test_no_block_leaks_under_any_sequence_of_operations(ops):
     for s in live:
         mgr.free(s)
     assert mgr.pool.num_used_blocks == 0
+
+
+def test_block_states_follow_every_change():
+    """block_states() is kept block by block (not rebuilt); check_invariants compares it with the blocks."""
+    pool = BlockPool(4)
+    assert pool.block_states() == "ffff"
+    a, b = pool.get_new_blocks(2)
+    pool.touch(b)                                   # a second reference: shared
+    assert pool.block_states() == "usff"
+    pool.cache_full_block(a, hash_block_tokens(None, [1, 2]))
+    pool.free_blocks([a, b])                        # a keeps its hash (cached), b is still used once
+    assert pool.block_states() == "cuff"
+    pool.touch(a)                                   # a prefix-cache hit revives it
+    assert pool.block_states() == "uuff"
+    pool.free_blocks([a])
+    pool.uncache_block(a)
+    assert pool.block_states() == "fuff"
+    pool.get_new_blocks(3)                          # reuse: free blocks handed out again
+    assert pool.block_states() == "uuuu"
+    pool.check_invariants()
