@@ -268,12 +268,16 @@ def run_main(args) -> dict:
     out = {"settings": settings, "machine": machine()}
     with server(max(args.clients, 1), args.models_dir) as base:
         ws_base = base.replace("http://", "ws://")
-        asyncio.run(client(ws_base, 0, {**settings, "max_tokens": 8}))       # warm up (weights, caches)
+        # warm up: weights, caches, and the KV pools' memory (first touched by the first run at full load)
+        asyncio.run(many(ws_base, args.clients, settings))
+        for _ in range(3):
+            asyncio.run(many(ws_base, 1, settings))
         # interleaved, so that the noise of a shared machine hits both sides alike; medians of tokens/s,
         # latencies pooled over the repeats
         alone, concurrent = [], []
         for _ in range(args.repeats):
-            alone.append(asyncio.run(many(ws_base, 1, settings)))
+            for _ in range(3):        # one alone is short (~0.1 s) and noisy: three samples per repeat
+                alone.append(asyncio.run(many(ws_base, 1, settings)))
             concurrent.append(asyncio.run(many(ws_base, args.clients, settings)))
         out["alone"], out["concurrent"] = merge(alone), merge(concurrent)
         out["after_all_left"] = {k: v for k, v in blocks_left(base).items() if k in ("sessions", "kv_blocks_used",
@@ -292,7 +296,7 @@ def run_sweep(args) -> dict:
     rows = []
     with server(max(SWEEP_CONCURRENCY), args.models_dir) as base:
         ws_base = base.replace("http://", "ws://")
-        asyncio.run(client(ws_base, 0, {"max_tokens": 8}))
+        asyncio.run(many(ws_base, max(SWEEP_CONCURRENCY), settings_of("draft_model", 4, args.max_tokens)))  # warm up
         for concurrency in SWEEP_CONCURRENCY:
             baseline = None
             for gamma in SWEEP_GAMMAS:
@@ -330,8 +334,8 @@ def main_markdown(r: dict) -> str:
     a, c, s = r["alone"], r["concurrent"], r["settings"]
     targets = []
     lines = [f"{r['machine']['date']}, {r['machine']['cpus']} cores, 1-minute load {r['machine']['loadavg_1m']} at "
-             f"the end of the run; settings {json.dumps(s)}, full speed, `/api/ws`; {a['repeats']} interleaved repeats "
-             "(tokens/s: the median; latencies: all repeats pooled).", "",
+             f"the end of the run; settings {json.dumps(s)}, full speed, `/api/ws`; {c['repeats']} interleaved repeats "
+             f"({a['repeats']} runs alone; tokens/s: the median; latencies: all runs pooled).", "",
              "| | clients | errors | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | TPOT (ms) |",
              "|---|---|---|---|---|---|---|"]
     for label, x in (("one alone", a), (f"{c['clients']} at once", c)):
@@ -351,6 +355,9 @@ def main_markdown(r: dict) -> str:
                      f"{w['errors']} errors (target 0); they saw `done` {_f(_ms(lag['p50']))} ms (p50) / "
                      f"{_f(_ms(lag['p99']))} ms (p99) after the presenter; blocks in use after: "
                      f"{r['after_watchers_left']['kv_blocks_used']}")
+    lines.append("- TTFT: `start` sent -> first output token received; ITL: gaps between the arrivals of one client's "
+                 "rounds (a round ends with its `metrics`; with speculation it brings several tokens); TPOT: "
+                 "(done - first token) / (output tokens - 1); all on the client's clock.")
     e = r.get("server", {})
     if e.get("batches"):
         lines.append(f"- engine thread: {e['batches']} batched computations served {e['batched_requests']} forward "
@@ -364,7 +371,8 @@ def sweep_markdown(r: dict) -> str:
     lines = [f"`bench serve --sweep`, {r['machine']['date']}, {r['machine']['cpus']} cores, 1-minute load "
              f"{r['machine']['loadavg_1m']} at the end; {r['max_tokens']} output tokens per client, full speed, "
              f"{r['repeats']} repeats per cell (tokens/s: the median). "
-             "Ratio: output tokens/s over no speculation at the same concurrency.", "",
+             "Ratio: output tokens/s over no speculation at the same concurrency. ITL is per round (a round "
+             "brings 1 token without speculation, up to γ + 1 with it); TPOT per token.", "",
              "| γ | concurrency | TPOT (ms) | ITL p50 / p99 (ms) | output tok/s | mean acceptance length | ratio "
              "| errors |",
              "|---|---|---|---|---|---|---|---|"]
