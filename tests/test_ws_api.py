@@ -356,6 +356,34 @@ def test_a_start_beyond_the_limit_waits_in_line_and_is_served_after(small_server
     assert stats["sessions"] == 0 and stats["waiting"] == 0 and stats["kv_blocks_used"] == 0, stats
 
 
+def test_the_page_shows_its_place_in_line_then_runs(small_server):
+    """The htmx page's view of the line: run-status `queued` with the position, then the run."""
+    from test_ws_html import form
+
+    async def until_raw(ws, needle: str) -> str:
+        async with asyncio.timeout(30):
+            while needle not in (text := await ws.recv()):
+                pass
+        return text
+
+    async def scenario():
+        async with connect(small_server) as first, \
+                websockets.connect(ws_url(small_server, "/ws"), open_timeout=10) as page:
+            await page.recv()                                      # hello
+            await first.send(type="start", prompt=PROMPT, settings={"max_tokens": 300}, speed=5)
+            await first.until("started")
+            await page.send(json.dumps(form(action="toggle", max_tokens="6")))
+            waiting = await until_raw(page, 'data-state="queued"')
+            assert "Waiting" in waiting and "number 1 in line" in waiting
+            await first.send(type="stop")
+            await first.until("done")
+            await until_raw(page, 'data-state="done"')
+
+    run(scenario())
+    stats = wait_for_stats(small_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
+    assert stats["sessions"] == 0 and stats["waiting"] == 0, stats
+
+
 # --- disconnects free the blocks --------------------------------------------------------------------------------------
 def test_disconnect_mid_stream_frees_every_block(live_server):
     async def scenario():
