@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .events import Error
 from .model import forward_batch
 from .runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner
 
@@ -81,6 +82,12 @@ class Scheduler:
             except StopIteration:
                 entry.state = "done"
                 self.entries.pop(entry.session.id, None)
+                return
+            except Exception as exc:  # noqa: BLE001 - a bug in one session ends that session only
+                entry.state = "done"
+                self.entries.pop(entry.session.id, None)
+                entry.sink(Error(f"internal error: {type(exc).__name__}: {exc}"))
+                entry.session.close()
                 return
             entry.value = entry.error = None
             if isinstance(item, ForwardRequest):

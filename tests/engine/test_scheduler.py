@@ -70,3 +70,28 @@ def test_removing_a_session_frees_its_blocks_and_an_error_stays_its_own(family):
     assert events[huge.id][-1].type == "error" and "exhausted" in events[huge.id][-1].message
     assert events[small.id][-1].type == "done"
     assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
+
+
+def test_each_session_gets_its_own_block_events_from_a_shared_pool(family):
+    engine = family()
+    scheduler = Scheduler()
+    sessions = [GenerationSession(engine, p, {"max_tokens": 40, "method": "none"}) for p in PROMPTS[:3]]
+    events = run_all(scheduler, sessions)
+    allocated = []
+    for s in sessions:
+        mine = [k["block_id"] for e in events[s.id] if e.type == "kv" for k in e.events if k["kind"] == "allocate"]
+        assert len(mine) >= 3        # ~30 prompt + 40 output tokens: at least 3 blocks of 16, reported here
+        allocated += mine
+    assert len(allocated) == len(set(allocated))   # plain decoding frees nothing mid-run: no block twice
+
+
+def test_a_bug_in_one_session_ends_only_that_session(family):
+    engine = family()
+    scheduler = Scheduler()
+    good = GenerationSession(engine, PROMPTS[0], {"max_tokens": 20})
+    bad = GenerationSession(engine, PROMPTS[1], {"max_tokens": 20})
+    bad._sample_target = None          # a bug: calling it raises TypeError inside the session's own code
+    events = run_all(scheduler, [good, bad])
+    assert events[bad.id][-1].type == "error" and "TypeError" in events[bad.id][-1].message
+    assert events[good.id][-1].type == "done"
+    assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
