@@ -155,18 +155,20 @@ class KVCacheManager:
             raise ValueError("match_prefix needs an empty sequence")
         bs = self.block_size
         self.prefix_queries += len(token_ids)
-        parent = None
-        for b in range((len(token_ids) - 1) // bs):
-            chunk = token_ids[b * bs:(b + 1) * bs]
-            h = hash_block_tokens(parent, chunk)
+        ids = np.asarray(token_ids, dtype=np.int64)
+        data, width = ids.tobytes(), bs * ids.itemsize     # converted once, not per block
+        parent, hits = None, []
+        for b in range((len(ids) - 1) // bs):
+            h = hash_block_tokens(parent, data[b * width:(b + 1) * width])
             block = self.pool.get_cached_block(h)
             if block is None:
                 break
             self.pool.touch(block, seq.seq_id)
-            self._append_block(seq, block)
-            seq.token_ids.extend(chunk)
+            hits.append(block)
             seq.block_hashes.append(h)
             parent = h
+        self._append_blocks(seq, hits)
+        seq.token_ids.extend(ids[:len(hits) * bs].tolist())
         self.prefix_hits += seq.num_tokens
         return seq.num_tokens
 
@@ -178,8 +180,7 @@ class KVCacheManager:
                              f"of {seq.max_tokens} (max_position_embeddings)")
         need = -(-(p0 + n) // bs) - len(seq.blocks)
         if need > 0:
-            for block in self.pool.get_new_blocks(need, seq.seq_id):
-                self._append_block(seq, block)
+            self._append_blocks(seq, self.pool.get_new_blocks(need, seq.seq_id))
         seq.token_ids.extend(int(t) for t in token_ids)
         if seq.contiguous:
             start = seq.blocks[0].block_id * bs
@@ -222,7 +223,7 @@ class KVCacheManager:
         child = self.new_sequence()
         for block in seq.blocks:
             self.pool.touch(block, child.seq_id)
-            self._append_block(child, block)
+        self._append_blocks(child, seq.blocks)
         child.token_ids = list(seq.token_ids)
         child.block_hashes = list(seq.block_hashes)
         if seq.num_tokens % self.block_size:
@@ -244,12 +245,16 @@ class KVCacheManager:
         return self.pool.num_used_blocks * self.block_size * self.bytes_per_token
 
     # --- internals ------------------------------------------------------------------------------
-    def _append_block(self, seq: Sequence, block: Block) -> None:
+    def _append_blocks(self, seq: Sequence, blocks: list[Block]) -> None:
+        if not blocks:
+            return
         b, bs = len(seq.blocks), self.block_size
-        if seq.blocks and block.block_id != seq.blocks[-1].block_id + 1:
+        ids = [block.block_id for block in blocks]
+        chain = [seq.blocks[-1].block_id] + ids if seq.blocks else ids
+        if any(x + 1 != y for x, y in zip(chain, chain[1:])):
             seq.contiguous = False
-        seq.blocks.append(block)
-        seq.slots[b * bs:(b + 1) * bs] = np.arange(block.block_id * bs, (block.block_id + 1) * bs)
+        seq.blocks.extend(blocks)
+        seq.slots[b * bs:(b + len(ids)) * bs] = (np.array(ids)[:, None] * bs + np.arange(bs)).ravel()
 
     def _copy_on_write_last_block(self, seq: Sequence) -> None:
         old = seq.blocks.pop()
@@ -259,4 +264,4 @@ class KVCacheManager:
                               slice(new.block_id * bs, (new.block_id + 1) * bs))
         self.pool.free_blocks([old], seq.seq_id)
         seq.contiguous = all(a.block_id + 1 == b.block_id for a, b in zip(seq.blocks, seq.blocks[1:]))
-        self._append_block(seq, new)
+        self._append_blocks(seq, [new])

@@ -14,6 +14,7 @@ choices, each exact up to float32 rounding:
 """
 from __future__ import annotations
 
+import math
 import operator
 import time
 from dataclasses import dataclass
@@ -45,6 +46,12 @@ class Model:
         c, hd = cfg.hidden_size, cfg.head_dim
         nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         sqrt_c = np.sqrt(c)                          # see rms_norm
+        # Hugging Face's rotate-half RoPE rotates dims (j, j + hd/2) of a head together. Reordering the
+        # query and key columns of each head to (0, hd/2, 1, hd/2 + 1, ...) puts every rotated pair side
+        # by side, so RoPE becomes one complex multiply (see apply_rope_inplace); q . k is unchanged, as
+        # both use the same order. Keys in the cache are stored in this order.
+        half = hd // 2
+        pair_order = np.stack([np.arange(half), np.arange(half) + half], axis=1).ravel()
         self.embed = np.ascontiguousarray(weights["model.embed_tokens.weight"], F32)   # [V, C]
         self.layers = []
         for i in range(cfg.num_hidden_layers):
@@ -53,6 +60,7 @@ class Model:
             g2 = weights[p + "post_attention_layernorm.weight"][:, None] * sqrt_c
             wq = weights[p + "self_attn.q_proj.weight"].T * F32(1.0 / np.sqrt(hd))     # [C, nq hd]
             wk = weights[p + "self_attn.k_proj.weight"].T                               # [C, nkv hd]
+            wq, wk = (w.reshape(c, -1, hd)[:, :, pair_order].reshape(c, -1) for w in (wq, wk))
             wv = weights[p + "self_attn.v_proj.weight"].T
             self.layers.append(LayerWeights(
                 w_qkv=np.ascontiguousarray(g1 * np.concatenate([wq, wk, wv], axis=1), F32),
@@ -65,25 +73,16 @@ class Model:
         self.lm_head = np.ascontiguousarray(weights["model.norm.weight"][:, None] * sqrt_c * head.T, F32)
         self.q_dim, self.kv_dim = nq * hd, nkv * hd
         self.c_eps = F32(c * cfg.rms_norm_eps)      # see rms_norm
-        self.cos, self.sin_signed = rope_tables(hd, cfg.max_position_embeddings, cfg.rope_theta)
-        half = hd // 2
-        self.rotate_half_index = np.r_[half:hd, 0:half]   # x[..., idx] * [-1.., +1..] = rotate_half(x)
+        self.rotation = rope_rotation(hd, cfg.max_position_embeddings, cfg.rope_theta)
         self.num_parameters = sum(int(w.size) for w in weights.values())
         # row counts (3..16: verification) whose products run faster in 4-row pieces for these shapes
         self.split_rows = measure_split_rows(self.layers[0].w_gate_up)
 
 
-def rope_tables(head_dim: int, max_pos: int, theta: float):
-    """cos and sign-folded sin tables [max_pos, hd] for rotate-half RoPE (Hugging Face's layout).
-
-    rotate_half(x) = concat(-x[hd/2:], x[:hd/2]); with sin_signed = concat(-sin, sin) over the two halves,
-    rotate_half(x) * sin == x[rotate_half_index] * sin_signed, one gather and one multiply.
-    """
+def rope_rotation(head_dim: int, max_pos: int, theta: float):  # -> [max_pos, hd/2] complex64
+    """e^(i pos freq_j): RoPE rotates the pair (x_j, x_{j+hd/2}) = x_j + i x_{j+hd/2} by pos freq_j."""
     inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # [hd/2]
-    ang = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq                       # [P, hd/2]
-    cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=1).astype(F32)
-    sin_signed = np.concatenate([-np.sin(ang), np.sin(ang)], axis=1).astype(F32)
-    return cos, sin_signed
+    return np.exp(1j * np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq).astype(np.complex64)
 
 
 def matmul_rows(x, w):  # [n, C] @ [C, D] -> [n, D], in products of at most 4 rows (3 padded to 4)
@@ -123,21 +122,31 @@ def measure_split_rows(w, sizes=range(3, 17), repeats: int = 9) -> frozenset:
 
 def rms_norm(x, c_eps):  # [n, C] -> [n, C] times 1/sqrt(C): the weight g and sqrt(C) live in the next matmul
     # x / sqrt(mean(x^2) + eps) == sqrt(C) * x / sqrt(sum(x^2) + C eps)
+    if len(x) == 1:  # a decode step: scalar arithmetic in Python beats three array operations on one row
+        return x * (1.0 / math.sqrt(float(np.vecdot(x[0], x[0])) + c_eps))
     return x / np.sqrt(np.vecdot(x, x)[:, None] + c_eps)
 
 
-def apply_rope_inplace(x, cos, sin_signed, rotate_half_index):  # [n, h, hd], [n, 1, hd] x2
-    rotated = x.take(rotate_half_index, axis=-1)       # x * cos + rotate_half(x) * sin
-    rotated *= sin_signed
-    x *= cos
-    x += rotated
+def apply_rope_inplace(x, rotation):  # [n, h, hd] float32 in pair order (see Model), [n, 1, hd/2] complex64
+    pairs = x.view(np.complex64)
+    np.multiply(pairs, rotation, out=pairs)
 
 
-def softmax_inplace(s):  # [..., T] -> [..., T]
+def swiglu(gate, up):  # silu(gate) * up = gate * up / (1 + e^-gate), with two temporaries instead of four
+    e = np.exp(-gate)
+    e += 1.0
+    h = gate * up
+    h /= e
+    return h
+
+
+def softmax_weighted_sum(s, v):  # scores [nkv, r, T] (overwritten), v [nkv, T, hd] -> softmax(s) @ v [nkv, r, hd]
+    # Normalising after the product with V divides hd numbers per row instead of T.
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
-    return s
+    o = s @ v
+    o /= s.sum(axis=-1, keepdims=True)
+    return o
 
 
 def attention(q, k, v, p0, causal=True):  # [n, nq, hd], [nkv, T, hd] x2, first new position -> [n, nq hd]
@@ -151,13 +160,17 @@ def attention(q, k, v, p0, causal=True):  # [n, nq, hd], [nkv, T, hd] x2, first 
     nkv, T, _ = k.shape
     g = nq // nkv
     if n == 1:                                                                     # decode: no mask
-        s = q.reshape(nkv, g, hd) @ k.transpose(0, 2, 1)                           # [nkv, g, T]
-        return (softmax_inplace(s) @ v).reshape(1, nq * hd)
+        # K [T, hd] @ q.T rather than q @ K.T: OpenBLAS runs a product with a transposed [T, hd]
+        # operand ~1.7x slower, and the copy that puts the scores back in [g, T] order is small
+        # (none when g = 1, as in MHA: [T, 1] and [1, T] are the same numbers).
+        s = k @ q.reshape(nkv, g, hd).transpose(0, 2, 1)                           # [nkv, T, g]
+        s = s.reshape(nkv, 1, T) if g == 1 else np.ascontiguousarray(s.transpose(0, 2, 1))
+        return softmax_weighted_sum(s, v).reshape(1, nq * hd)                       # s: [nkv, g, T]
     qg = q.reshape(n, nkv, g, hd).transpose(1, 0, 2, 3).reshape(nkv, n * g, hd)   # [nkv, n g, hd]
     s = (qg @ k.transpose(0, 2, 1)).reshape(nkv, n, g, T)                          # [nkv, n, g, T]
     if causal:  # False only for the teaching fault "no causal mask in verification"
         s[..., p0:] += causal_mask(n)[None, :, None, :]
-    o = softmax_inplace(s).reshape(nkv, n * g, T) @ v                              # [nkv, n g, hd]
+    o = softmax_weighted_sum(s.reshape(nkv, n * g, T), v)                          # [nkv, n g, hd]
     return o.reshape(nkv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, nq * hd)
 
 
@@ -189,26 +202,23 @@ def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_on
     if kv is None and p0 != 0:
         raise ValueError("without a KV cache the whole sequence must be passed (p0 = 0)")
     nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q_dim, qk_dim, i_dim = model.q_dim, model.q_dim + model.kv_dim, cfg.intermediate_size
-    c_eps, idx = model.c_eps, model.rotate_half_index
-    cos = model.cos[p0:p0 + n, None, :]                                            # [n, 1, hd]
-    sin = model.sin_signed[p0:p0 + n, None, :]
+    i_dim, c_eps = cfg.intermediate_size, model.c_eps
+    rotation = model.rotation[p0:p0 + n, None, :]                                  # [n, 1, hd/2]
     mm = matmul_rows if n in model.split_rows else operator.matmul                  # x @ w
     x = model.embed.take(tokens, axis=0)                                           # [n, C]
     for i, lw in enumerate(model.layers):
-        qkv = mm(rms_norm(x, c_eps), lw.w_qkv)                                     # [n, (nq+2nkv) hd]
-        apply_rope_inplace(qkv[:, :qk_dim].reshape(n, nq + nkv, hd), cos, sin, idx)
-        q = qkv[:, :q_dim].reshape(n, nq, hd)
-        new_kv = qkv[:, q_dim:].reshape(n, 2, nkv, hd)                             # K (roped) and V
+        heads = mm(rms_norm(x, c_eps), lw.w_qkv).reshape(n, nq + 2 * nkv, hd)      # q, k, v heads
+        apply_rope_inplace(heads[:, :nq + nkv], rotation)
+        q, new_kv = heads[:, :nq], heads[:, nq:].reshape(n, 2, nkv, hd)            # K (roped) and V
         if kv is None:
             K, V = new_kv.transpose(1, 2, 0, 3)                                    # [nkv, n, hd] x2
         else:
             kv.write(i, new_kv)
             K, V = kv.read(i)                                                      # [nkv, p0+n, hd] x2
-        x = x + mm(attention(q, K, V, p0, causal), lw.w_o)
+        x += mm(attention(q, K, V, p0, causal), lw.w_o)
         gate_up = mm(rms_norm(x, c_eps), lw.w_gate_up)                             # [n, 2 I]
         gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
-        x = x + mm(gate * up / (1.0 + np.exp(-gate)), lw.w_down)                   # SwiGLU: silu(g) u
+        x += mm(swiglu(gate, up), lw.w_down)
     if last_only:
         return rms_norm(x[-1:], c_eps) @ model.lm_head                             # [1, V]
     return mm(rms_norm(x, c_eps), model.lm_head)                                   # [n, V]
@@ -233,7 +243,7 @@ def forward_batch(model: Model, requests):
     cfg = model.cfg
     nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q_dim, qk_dim, i_dim = model.q_dim, model.q_dim + model.kv_dim, cfg.intermediate_size
-    c_eps, idx = model.c_eps, model.rotate_half_index
+    c_eps = model.c_eps
     sizes = [len(t) for t, _, _ in requests]
     for (t, p0, _), n in zip(requests, sizes):
         if p0 + n > cfg.max_position_embeddings:
@@ -242,7 +252,7 @@ def forward_batch(model: Model, requests):
     N = sum(sizes)
     bounds = np.cumsum([0] + sizes)
     positions = np.concatenate([np.arange(p0, p0 + n) for (_, p0, _), n in zip(requests, sizes)])
-    cos, sin = model.cos[positions, None, :], model.sin_signed[positions, None, :]      # [N, 1, hd]
+    rotation = model.rotation[positions, None, :]                                  # [N, 1, hd/2]
     x = model.embed.take(np.concatenate([np.asarray(t) for t, _, _ in requests]), axis=0)   # [N, C]
     # One write of all new K/V per layer when every sequence lives in the same store (the usual case).
     stores = {id(kv.store) for _, _, kv in requests}
@@ -251,7 +261,7 @@ def forward_batch(model: Model, requests):
         write_slots = np.concatenate([_slot_array(kv.write_slots) for _, _, kv in requests])
     for i, lw in enumerate(model.layers):
         qkv = rms_norm(x, c_eps) @ lw.w_qkv                                        # [N, (nq+2nkv) hd]
-        apply_rope_inplace(qkv[:, :qk_dim].reshape(N, nq + nkv, hd), cos, sin, idx)
+        apply_rope_inplace(qkv[:, :qk_dim].reshape(N, nq + nkv, hd), rotation)
         if store is not None:
             store.write(i, write_slots, qkv[:, q_dim:].reshape(N, 2, nkv, hd))
         att = np.empty((N, q_dim), np.float32)
@@ -260,9 +270,9 @@ def forward_batch(model: Model, requests):
                 kv.write(i, qkv[a:b, q_dim:].reshape(b - a, 2, nkv, hd))
             K, V = kv.read(i)
             att[a:b] = attention(qkv[a:b, :q_dim].reshape(b - a, nq, hd), K, V, p0)
-        x = x + att @ lw.w_o
+        x += att @ lw.w_o
         gate_up = rms_norm(x, c_eps) @ lw.w_gate_up
         gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
-        x = x + (gate * up / (1.0 + np.exp(-gate))) @ lw.w_down
+        x += swiglu(gate, up) @ lw.w_down
     logits = rms_norm(x, c_eps) @ model.lm_head
     return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
