@@ -72,7 +72,7 @@ class SpecDecodeStats:
             "verify_ms_by_tokens": {n: statistics.median(v) for n, v in sorted(self.target_ms_by_tokens.items())},
             "elapsed_s": self.elapsed_s, "ttft_s": self.ttft_s,
             "tpot_s": (self.elapsed_s - ttft) / (num_output_tokens - 1) if num_output_tokens > 1 else None,
-            "ttft_ms": ttft * 1e3, "itl_ms": statistics.mean(self.itl_s) * 1e3 if self.itl_s else None,
+            "ttft_ms": ttft * 1e3, "itl_ms": sum(self.itl_s) / len(self.itl_s) * 1e3 if self.itl_s else None,
             "tokens_per_s": num_output_tokens / self.elapsed_s if self.elapsed_s else None,
         }
 

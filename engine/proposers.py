@@ -60,15 +60,17 @@ class DraftModelProposer:
         logits = (yield ForwardRequest(runner, tokens[runner.num_tokens:], last_only=True))[-1]   # catch up
         drafts, qs, raw = [], [], []
         for i in range(k):
-            q = probs_from_logits(logits, temperature, top_p)
-            x = int(np.argmax(q)) if temperature == 0 else sample(q, rng)
+            if temperature == 0:    # greedy: the argmax; q is its point mass, built once below
+                x = int(np.argmax(logits))
+            else:
+                qs.append(probs_from_logits(logits, temperature, top_p))
+                x = sample(qs[-1], rng)
             drafts.append(x)
-            qs.append(q)
             raw.append(logits)
             if i < k - 1:
                 logits = (yield ForwardRequest(runner, [x], last_only=True))[-1]
         self.display_q = np.array(raw)
-        return drafts, np.array(qs)
+        return drafts, np.array(qs) if qs else point_masses(drafts, len(logits))
 
     def rollback(self, num_valid: int) -> None:
         """Keep the first `num_valid` tokens held (context before the round + accepted drafts)."""

@@ -88,6 +88,7 @@ class GenerationSession:
         self._cancel = threading.Event()
         self._closed = False
         self._seq_ids: set = set()
+        self._unshown: list = []    # token events whose inspector figures are filled in after the round
         # output text, token by token: a byte-level token may end inside a character (engine/tokenizer.py)
         self._stream = StreamDecoder(self.tokenizer)
 
@@ -171,6 +172,7 @@ class GenerationSession:
             t = time.perf_counter()
             out = yield from self._prefill()
             self.stats.add_engine_time(time.perf_counter() - t, first_token=True)
+            self._annotate()
             yield from out + self._after_round()
             while self.finish_reason is None:
                 yield ROUND_BOUNDARY
@@ -180,6 +182,7 @@ class GenerationSession:
                 t = time.perf_counter()
                 out = (yield from self._apply_pending()) + (yield from self._round())
                 self.stats.add_engine_time(time.perf_counter() - t)
+                self._annotate()
                 yield from out + self._after_round()
             yield Done(self.summary())
         except (KVCacheFullError, ContextLengthError, ValueError) as e:
@@ -222,8 +225,8 @@ class GenerationSession:
         self.stats.target_forward(ms, len(self.tokens), prefill=True)
         events: list[Event] = [Prefill("target", len(self.tokens), self.target.cached_tokens, ms)]
         self.target.commit()
-        t = self._sample_target(logits)
-        events.append(self._target_token(t, logits, position=1))
+        t, p = self._sample_target(logits)
+        events.append(self._target_token(t, logits, p))
         self._emit([t], ["target"], events[-1:])
         return events
 
@@ -257,19 +260,13 @@ class GenerationSession:
         verdicts, residual = verify(drafts, q, p, self.rng, greedy, s.fault != "unnormalized_residual")
         n_acc = sum(v.status == "accepted" for v in verdicts)
         self.stats.record_round(len(drafts), n_acc)
+        shown = [TokenResult(self.round, v.position, v.token_id, self.tokenizer.token_text(v.token_id), v.status,
+                             None, None, v.accept_prob, v.r) for v in verdicts]
         # display distributions: at temperature 0 the decision uses point masses; show softmax(T=1)
-        p_show = softmax(logits) if greedy else p
-        q_show = softmax(self.proposer.display_q) if greedy and self.proposer.method == "draft_model" else q
-        for v in verdicts:
-            i = v.position - 1
-            tr = TokenResult(self.round, v.position, v.token_id, self.tokenizer.token_text(v.token_id), v.status,
-                             float(p_show[i, v.token_id]),
-                             float(q_show[i, v.token_id]) if v.q is not None and i < len(drafts) else None,
-                             v.accept_prob, v.r, self._top(p_show[i]),
-                             self._top(q_show[i]) if i < len(drafts) else [])
-            if v.status == "resampled" and residual is not None:
-                tr.residual_top = self._top(residual)
-            events.append(tr)
+        display_q = self.proposer.display_q if greedy and self.proposer.method == "draft_model" else None
+        self._unshown.append((shown, logits if greedy else p, greedy, display_q if display_q is not None else q,
+                              display_q is not None, residual))
+        events += shown
         emitted = [v for v in verdicts if v.status != "rejected"]
         if s.fault != "no_truncate":          # the fault keeps the rejected drafts' K/V in the cache
             self.target.truncate(old_len + n_acc)
@@ -290,8 +287,8 @@ class GenerationSession:
         logits = (yield ForwardRequest(self.target, [self.tokens[-1]]))[-1]
         target_ms = (time.perf_counter() - t) * 1e3
         self.stats.target_forward(target_ms, 1)
-        tok = self._sample_target(logits)
-        events = [self._target_token(tok, logits, position=1)]
+        tok, p = self._sample_target(logits)
+        events = [self._target_token(tok, logits, p)]
         self._emit([tok], ["target"], events)
         self.target.commit()
         if self.proposer is not None:
@@ -299,16 +296,38 @@ class GenerationSession:
         events.append(RoundDone(self.round, 0, 0, 1, 1, target_ms, draft_ms, target_ms + draft_ms))
         return events
 
-    def _sample_target(self, logits) -> int:
+    def _sample_target(self, logits):  # -> (token, p: the sampling distribution, None when greedy)
         s = self.settings
+        if s.temperature == 0:      # greedy: the argmax of the logits (what the point mass would give)
+            return int(np.argmax(logits)), None
         p = probs_from_logits(logits, s.temperature, s.top_p)
-        return int(np.argmax(p)) if s.temperature == 0 else sample(p, self.rng)
+        return sample(p, self.rng), p
 
-    def _target_token(self, tok: int, logits, position: int) -> TokenResult:
-        s = self.settings
-        p = softmax(logits) if s.temperature == 0 else probs_from_logits(logits, s.temperature, s.top_p)
-        return TokenResult(self.round, position, tok, self.tokenizer.token_text(tok), "target", float(p[tok]),
-                           None, None, None, self._top(p))
+    def _target_token(self, tok: int, logits, p) -> TokenResult:
+        event = TokenResult(self.round, 1, tok, self.tokenizer.token_text(tok), "target", None, None, None, None)
+        self._unshown.append(([event], (logits if p is None else p)[None], p is None, None, False, None))
+        return event
+
+    def _annotate(self) -> None:
+        """Fill in what the token inspector shows: p(x), q(x) and the top-5 of p, q and the residual.
+
+        Display, not decoding: it runs after the round's engine time is taken. p is softmax of the
+        target's logits when greedy (the decision itself used point masses), else the sampling
+        distribution; likewise q (softmax of the draft's logits when greedy).
+        """
+        for events, p_source, p_is_logits, q_source, q_is_logits, residual in self._unshown:
+            p = softmax(p_source) if p_is_logits else p_source                     # [positions, V]
+            q = softmax(q_source) if q_is_logits else q_source                     # [drafts, V] or None
+            for e in events:
+                i = e.position - 1
+                e.p, e.top_p = float(p[i, e.id]), self._top(p[i])
+                if q is not None and i < len(q):
+                    e.top_q = self._top(q[i])
+                    if e.status != "bonus":
+                        e.q = float(q[i, e.id])
+                if e.status == "resampled" and residual is not None:
+                    e.residual_top = self._top(residual)
+        self._unshown.clear()
 
     def _emit(self, new_tokens: list[int], statuses: list[str], token_events: list[TokenResult]) -> int:
         """Append output tokens, stopping exactly at EOS, max_tokens or the context limit; returns how many.
