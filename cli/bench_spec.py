@@ -4,8 +4,14 @@ For every (k, temperature): 8 prompts (the first 16 characters of held-out lines
 the draft model and with plain decoding, in the same run, repeated and interleaved; reported with the
 seed's columns plus two predictions:
 - flat-verify bound (Leviathan et al., Theorem 3.8): E / (k c + 1), as if verifying k+1 tokens cost one step;
-- curve prediction: E / (k c + t(k+1)/t(1)), with this machine's measured verify-cost curve t(n).
-where E = (1 - a^(k+1)) / (1 - a) is the expected number of tokens per target call at acceptance a.
+- curve prediction: E / (k c + t(k+1)/t(1)), with the forward times measured in the same runs: t(1) from the
+  plain decoding runs, t(k+1) and the draft step (c = draft step / t(1)) from the speculative runs;
+where E = (1 - a^(k+1)) / (1 - a) is the expected number of tokens per target call at acceptance a. What the
+measured speedup loses against the curve prediction is what the session spends besides the models.
+
+NOTE: a forward inside a generation costs more than the same call repeated in a loop (the isolated curve
+printed with the sweep): other work between the calls leaves the CPU's caches and predictors cold. The
+prediction uses the in-run times so that it states the models' cost as they actually ran.
 """
 from __future__ import annotations
 
@@ -21,9 +27,9 @@ from engine.session import GenerationSession
 
 KS = (1, 2, 3, 4, 6, 8)
 TEMPERATURES = (0.0, 0.7, 1.0)
-REPEATING_PROMPT = ("    def get(self, key):\n        return self.data[key]\n\n"
-                    "    def set(self, key, value):\n        self.data[key] = value\n\n"
-                    "    def get(self, key):\n        return self.data[key]\n\n    def set(self, key, value):\n")
+# A prompt that repeats itself, whose continuation the models also repeat (prompt lookup's best case; a
+# prompt whose continuation wanders off, such as repeated method definitions, gets ~0.4 acceptance here).
+REPEATING_PROMPT = "import os\nimport os\nimport os\nimport os\nimport os\n"
 NON_REPEATING_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    parser = "
 
 
@@ -87,19 +93,22 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
     for temp in temps:
         rows = []
         base_times, spec_times = [], {k: [] for k in ks}
-        base_text, spec_sum = None, {}
-        for _ in range(repeats):    # interleave baseline and every k within each repeat
-            t, base = run_prompts(engine, prompts, max_tokens, method="none", temperature=temp)
-            base_times.append(t)
-            base_text = [s["text"] for s in base]
+        for _ in range(repeats):    # prompt by prompt: the baseline, then every k, so that noise hits all alike
+            base_sum, spec_sum = [], {k: [] for k in ks}
+            for prompt in prompts:
+                base_sum += run_prompts(engine, [prompt], max_tokens, method="none", temperature=temp)[1]
+                for k in ks:
+                    spec_sum[k] += run_prompts(engine, [prompt], max_tokens, method="draft_model", temperature=temp,
+                                               num_speculative_tokens=k)[1]
+            base_times.append(sum(x["elapsed_s"] for x in base_sum))
             for k in ks:
-                t, spec = run_prompts(engine, prompts, max_tokens, method="draft_model", temperature=temp,
-                                      num_speculative_tokens=k)
-                spec_times[k].append(t)
-                spec_sum[k] = spec
+                spec_times[k].append(sum(x["elapsed_s"] for x in spec_sum[k]))
+        base_text = [x["text"] for x in base_sum]
         base_t = statistics.median(base_times)
+        t1 = in_run_ms(base_sum, 1)
         for k in ks:
             s = spec_sum[k]
+            c_run = sum(x["draft_time_s"] for x in s) * 1e3 / sum(x["draft_forward_calls"] for x in s) / t1
             accepted = sum(x["num_accepted_tokens"] for x in s)
             proposed = sum(x["num_draft_tokens"] for x in s)
             drafts = sum(x["num_drafts"] for x in s)
@@ -114,12 +123,14 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
                 "k": k, "alpha": alpha, "accepted_per_proposed": accepted / proposed,
                 "mean_acceptance_length": 1 + accepted / drafts,
                 "tokens_per_target_call": out_tokens / target_calls, "formula_E": e,
-                "flat_verify_bound": e / (k * c + 1),
-                "curve_prediction": e / (k * c + curve_at(curve, k + 1) / curve[1]),
+                "flat_verify_bound": e / (k * c_run + 1),
+                "c_in_run": c_run, "verify_ratio_in_run": in_run_ms(s, k + 1) / t1,
+                "curve_prediction": e / (k * c_run + in_run_ms(s, k + 1) / t1),
+                "isolated_curve_prediction": e / (k * c + curve_at(curve, k + 1) / curve[1]),
                 "speedup": base_t / statistics.median(spec_times[k]),
                 "identical_to_greedy": [x["text"] for x in s] == base_text if temp == 0 else None,
             })
-        by_temperature.append({"temperature": temp, "baseline_s": base_t,
+        by_temperature.append({"temperature": temp, "baseline_s": base_t, "t1_in_run_ms": t1,
                                "baseline_tok_s": len(prompts) * max_tokens / base_t, "rows": rows})
     ngram = []
     for name, prompt in (("repeating", REPEATING_PROMPT), ("non_repeating", NON_REPEATING_PROMPT)):
@@ -139,6 +150,11 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
             "prompts": prompts, "max_tokens": max_tokens, "by_temperature": by_temperature, "ngram": ngram}
 
 
+def in_run_ms(summaries, n: int) -> float:
+    """Median ms of the target forwards over n positions in these generations (median of each one's median)."""
+    return statistics.median(s["verify_ms_by_tokens"][n] for s in summaries if n in s["verify_ms_by_tokens"])
+
+
 def curve_at(curve: dict[int, float], n: int) -> float:
     """t(n) from the measured curve, linearly interpolated between measured sizes."""
     if n in curve:
@@ -149,20 +165,25 @@ def curve_at(curve: dict[int, float], n: int) -> float:
 
 def markdown(r: dict) -> str:
     ratio = r["verify_curve_ratio"]
-    lines = [f"Target `{r['target']}`, draft `{r['draft']}`: one draft step {r['draft_step_ms']:.3f} ms, "
-             f"c = {r['c']:.2f}. Verify-cost curve t(n)/t(1) at a 100-token context: "
+    lines = [f"Target `{r['target']}`, draft `{r['draft']}`. In a loop of the same call (isolated): one draft step "
+             f"{r['draft_step_ms']:.3f} ms, c = {r['c']:.2f}; verify-cost curve t(n)/t(1) at a 100-token context: "
              + ", ".join(f"{n}: {v:.2f}" for n, v in ratio.items())
-             + f" (t(1) = {r['verify_curve_ms'][1]:.3f} ms).", "",
+             + f" (t(1) = {r['verify_curve_ms'][1]:.3f} ms). The curve prediction uses the forward times measured "
+               "in the runs themselves (columns c and t(k+1)/t(1) in run); the isolated curve's prediction is shown "
+               "beside it.", "",
              f"{len(r['prompts'])} prompts (first 16 characters of held-out lines) x {r['max_tokens']} tokens.", ""]
     for t in r["by_temperature"]:
-        lines += [f"Temperature {t['temperature']}: baseline {t['baseline_s']:.2f} s ({t['baseline_tok_s']:.0f} tok/s).",
-                  "", "| k | alpha | accepted/proposed | tokens/target call | formula E | flat-verify bound "
-                  "| curve prediction | measured speedup | identical to greedy |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"Temperature {t['temperature']}: baseline {t['baseline_s']:.2f} s ({t['baseline_tok_s']:.0f} tok/s), "
+                  f"t(1) in run {t['t1_in_run_ms']:.3f} ms.",
+                  "", "| k | alpha | accepted/proposed | tokens/target call | formula E | c in run | t(k+1)/t(1) in run "
+                  "| flat-verify bound | curve prediction | isolated-curve prediction | measured speedup "
+                  "| identical to greedy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in t["rows"]:
             ident = "" if row["identical_to_greedy"] is None else str(row["identical_to_greedy"])
             lines.append(f"| {row['k']} | {row['alpha']:.3f} | {row['accepted_per_proposed']:.3f} | "
-                         f"{row['tokens_per_target_call']:.2f} | {row['formula_E']:.2f} | "
-                         f"{row['flat_verify_bound']:.2f}x | {row['curve_prediction']:.2f}x | "
+                         f"{row['tokens_per_target_call']:.2f} | {row['formula_E']:.2f} | {row['c_in_run']:.2f} | "
+                         f"{row['verify_ratio_in_run']:.2f} | {row['flat_verify_bound']:.2f}x | "
+                         f"{row['curve_prediction']:.2f}x | {row['isolated_curve_prediction']:.2f}x | "
                          f"{row['speedup']:.2f}x | {ident} |")
         lines.append("")
     lines += ["n-gram prompt lookup (k = 4, prompt_lookup_min 2, max 4), temperature 0:", "",
