@@ -34,8 +34,8 @@ class ContextLengthError(ValueError):
 class LayerWeights:
     w_qkv: np.ndarray      # [C, (nq + 2 nkv) hd], input norm and 1/sqrt(hd) folded in
     w_o: np.ndarray        # [nq hd, C]
-    w_gate_up: np.ndarray  # [C, 2 I], post-attention norm folded in
-    w_down: np.ndarray     # [I, C]
+    w_gate_up: np.ndarray  # [C, 2 I], post-attention norm folded in; the gate half negated (see swiglu)
+    w_down: np.ndarray     # [I, C], negated (see swiglu)
 
 
 class Model:
@@ -66,8 +66,8 @@ class Model:
                 w_qkv=np.ascontiguousarray(g1 * np.concatenate([wq, wk, wv], axis=1), F32),
                 w_o=np.ascontiguousarray(weights[p + "self_attn.o_proj.weight"].T, F32),
                 w_gate_up=np.ascontiguousarray(g2 * np.concatenate(
-                    [weights[p + "mlp.gate_proj.weight"].T, weights[p + "mlp.up_proj.weight"].T], axis=1), F32),
-                w_down=np.ascontiguousarray(weights[p + "mlp.down_proj.weight"].T, F32),
+                    [-weights[p + "mlp.gate_proj.weight"].T, weights[p + "mlp.up_proj.weight"].T], axis=1), F32),
+                w_down=np.ascontiguousarray(-weights[p + "mlp.down_proj.weight"].T, F32),
             ))
         head = weights["model.embed_tokens.weight"] if cfg.tie_word_embeddings else weights["lm_head.weight"]
         self.lm_head = np.ascontiguousarray(weights["model.norm.weight"][:, None] * sqrt_c * head.T, F32)
@@ -123,7 +123,8 @@ def measure_split_rows(w, sizes=range(3, 17), repeats: int = 9) -> frozenset:
 def rms_norm(x, c_eps):  # [n, C] -> [n, C] times 1/sqrt(C): the weight g and sqrt(C) live in the next matmul
     # x / sqrt(mean(x^2) + eps) == sqrt(C) * x / sqrt(sum(x^2) + C eps)
     if len(x) == 1:  # a decode step: scalar arithmetic in Python beats three array operations on one row
-        return x * (1.0 / math.sqrt(float(np.vecdot(x[0], x[0])) + c_eps))
+        row = x[0]
+        return x * (1.0 / math.sqrt(float(np.dot(row, row)) + c_eps))
     return x / np.sqrt(np.vecdot(x, x)[:, None] + c_eps)
 
 
@@ -132,10 +133,12 @@ def apply_rope_inplace(x, rotation):  # [n, h, hd] float32 in pair order (see Mo
     np.multiply(pairs, rotation, out=pairs)
 
 
-def swiglu(gate, up):  # silu(gate) * up = gate * up / (1 + e^-gate), with two temporaries instead of four
-    e = np.exp(-gate)
+def swiglu(neg_gate, up):  # -(silu(gate) * up), from -gate: the signs live in the weights (Model)
+    # silu(g) u = g u / (1 + e^-g) = -(n u / (1 + e^n)) with n = -g: the gate weights are stored negated so
+    # that the product gives n with no negation, and the down projection negated to undo the sign.
+    e = np.exp(neg_gate)
     e += 1.0
-    h = gate * up
+    h = neg_gate * up
     h /= e
     return h
 
