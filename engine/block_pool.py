@@ -74,14 +74,26 @@ class BlockPool:
     def usage(self) -> float:
         return self.num_used_blocks / self.num_blocks
 
-    def get_new_blocks(self, n: int, seq_id: int | None = None) -> list[Block]:
+    def get_new_blocks(self, n: int, seq_id: int | None = None, after: int | None = None) -> list[Block]:
+        """n blocks from the free queue, least recently used first.
+
+        `after`: the id of the block that precedes the new ones in a block table. When the next id is
+        free and holds no cached prefix it is taken instead of the queue's head, so that a table stays
+        one run of consecutive blocks: attention then reads K/V as a slice, not a gather (engine.kv_cache).
+        A block without a hash is as good as any other, so eviction order is unchanged.
+        """
         if n > len(self.free_queue):
             raise KVCacheFullError(
                 f"KV cache pool '{self.name}' is exhausted: {n} more blocks needed, "
                 f"{len(self.free_queue)} of {self.num_blocks} free")
         out = []
         for _ in range(n):
-            _, block = self.free_queue.popitem(last=False)
+            nxt = None if after is None else after + 1
+            if nxt is not None and nxt in self.free_queue and self.blocks[nxt].block_hash is None:
+                block = self.free_queue.pop(nxt)
+            else:
+                _, block = self.free_queue.popitem(last=False)
+            after = block.block_id
             if block.block_hash is not None:       # reuse for new content: forget the old prefix
                 if self.cached.get(block.block_hash) is block:
                     del self.cached[block.block_hash]

@@ -180,7 +180,8 @@ class KVCacheManager:
                              f"of {seq.max_tokens} (max_position_embeddings)")
         need = -(-(p0 + n) // bs) - len(seq.blocks)
         if need > 0:
-            self._append_blocks(seq, self.pool.get_new_blocks(need, seq.seq_id))
+            last = seq.blocks[-1].block_id if seq.blocks else None
+            self._append_blocks(seq, self.pool.get_new_blocks(need, seq.seq_id, after=last))
         seq.token_ids.extend(int(t) for t in token_ids)
         if seq.contiguous:
             start = seq.blocks[0].block_id * bs
