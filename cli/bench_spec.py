@@ -86,7 +86,7 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
     draft_step = verify_curve(draft, ns=(1,), repeats=7 if quick else 21)[1]
     c = draft_step / curve[1]
     prompts = held_out_prompts()[:2 if quick else 8]
-    max_tokens, repeats = (32, 1) if quick else (96, 3)
+    max_tokens, repeats = (32, 1) if quick else (96, 5)
     ks = (2, 4) if quick else KS
     temps = (0.0,) if quick else TEMPERATURES
     by_temperature = []
