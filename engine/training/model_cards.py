@@ -35,9 +35,28 @@ ids = tok("def __init__(self", return_tensors="pt").input_ids
 print(tok.decode(model.generate(ids, max_new_tokens=64, do_sample=False)[0]))
 ```
 
-In this project: `engine.checkpoint.load_checkpoint("models/{name}")` -> (config, float32 weights,
+{verified}In this project: `engine.checkpoint.load_checkpoint("models/{name}")` -> (config, float32 weights,
 tokenizer), then `engine.model.Model(config, weights)`.
 """
+
+# The last run of scripts/check_hf_transformers.py (by hand, in a separate venv with torch and transformers;
+# not part of the tests): update these figures when re-running it, then regenerate the cards.
+HF_CHECK = {"date": "2026-11-29", "torch": "2.13.0 (CPU build)", "transformers": "5.24.0", "tokenizers": "0.23.3",
+            "max_delta_logit": {"target-mha": 1.24e-05, "target-gqa": 1.24e-05, "target-mqa": 1.57e-05,
+                                "draft": 1.53e-05}}
+
+
+def hf_verified(name) -> str:
+    delta = HF_CHECK["max_delta_logit"].get(name)
+    if delta is None:
+        return ""
+    return (f"Verified on {HF_CHECK['date']} with torch {HF_CHECK['torch']}, transformers {HF_CHECK['transformers']} "
+            f"and tokenizers {HF_CHECK['tokenizers']} by `scripts/check_hf_transformers.py` (run in a separate venv "
+            "with torch and transformers): on three Python prompts of 63-98 characters, the float32 logits of "
+            "transformers and of this project's engine differ by at most "
+            f"**{delta:.1e}** (max |delta logit| over every position), greedy generation of 64 tokens gives "
+            "identical text both ways, and `PreTrainedTokenizerFast` gives the engine's token ids (an unknown "
+            "character -> id 1, `<|endoftext|>` -> id 0) and decodes them back to the same text.\n\n")
 
 
 def total_seconds(t):  # a run that continued an earlier stage (distillation) counts both
@@ -123,7 +142,7 @@ def card(name, t, acc=None, sample=None, flops=None) -> str:
                  + (f"   # needs models/{Path(tc['init_from']).name} first" if tc.get("init_from") else "")]),
               "```", "", "Validation loss during training (fixed windows):", "",
               " ".join(f"{h['step']}: {h['val_loss']:.3f}" for h in t["history"]), "",
-              LOADING.format(name=name)]
+              LOADING.format(name=name, verified=hf_verified(name))]
     return "\n".join(lines)
 
 
