@@ -138,6 +138,9 @@ class Outbox:
             if self._ready.is_set():
                 self._ready = anyio.Event()
             await self._ready.wait()
+        return self.take_now()
+
+    def take_now(self) -> list:
         items = list(self.items)
         self.items.clear()
         return items
@@ -302,50 +305,61 @@ class Connection(Socket):
             self.error(f"internal error handling this message: {type(e).__name__}")
 
     async def _sender(self) -> None:
-        engine_thread = self.playground.engine_thread
         last_send = 0.0
+        items: list = []
         try:
             while True:
-                items = await self.outbox.take_all()
-                for item in items:
-                    link = getattr(item, "link", None)
-                    if link is not None:
-                        link.rounds_taken += 1
-                        if link.held == "client" and engine_thread is not None:
-                            engine_thread.poke()
+                items += self._take(await self.outbox.take_all() if not items else self.outbox.take_now())
                 try:
                     messages = self.view.render(items, self)
                 except Exception:            # a rendering bug must not take the connection down
                     logger.exception("rendering %d items failed", len(items))
                     messages = []
+                items = []
                 for text in messages:
                     await self.ws.send_text(text)
                     self._sent += 1
                 await anyio.sleep(0)      # let other connections run even while the write buffer has room
                 if getattr(self.view, "acks", False) and self.speed is None and self.run is not None \
                         and not self.run.ended:
-                    await self._pace_messages(last_send)
+                    items = await self._pace_messages(last_send)
                 last_send = anyio.current_time()
         except (WebSocketDisconnect, OSError, RuntimeError):
             # the client is gone (or we already closed): end everything, which frees the session's blocks
             self._tg.cancel_scope.cancel()
 
-    async def _pace_messages(self, last_send: float) -> None:
+    def _take(self, items: list) -> list:
+        """The sender has taken these items: their rounds no longer count as the client's backlog."""
+        engine_thread = self.playground.engine_thread
+        for item in items:
+            link = getattr(item, "link", None)
+            if link is not None:
+                link.rounds_taken += 1
+                if link.held == "client" and engine_thread is not None:
+                    engine_thread.poke()
+        return items
+
+    async def _pace_messages(self, last_send: float) -> list:
         """At full speed, wait before the next message until the page has caught up (see MIN_INTERVAL_S);
-        the end of a generation goes out at once (waiting would only delay `done`)."""
+        the end of a generation goes out at once (waiting would only delay `done`). Meanwhile it keeps
+        taking what the engine delivers (returned, for the next message): this pacing only coalesces, it
+        never holds the engine (only a client that does not read does, through the backlog)."""
         deadline = last_send + ACK_TIMEOUT_S
         earliest = last_send + MIN_INTERVAL_S
+        taken: list = []
         while self.run is not None and not self.run.ended:
+            taken += self._take(self.outbox.take_now())
             now = anyio.current_time()
             caught_up = self._acked >= self._sent
             if now >= deadline or (caught_up and now >= earliest):
-                return
+                break
             wake = self._wake
             with anyio.move_on_after((earliest if caught_up else deadline) - now):
                 await wake.wait()
+        return taken
 
     def _poke(self) -> None:
-        """Wake the sender's pacing (an acknowledgement arrived, or a generation ended)."""
+        """Wake the sender's pacing (an acknowledgement arrived, a generation ended, or rounds pile up)."""
         self._wake.set()
         self._wake = anyio.Event()
 
@@ -551,6 +565,8 @@ class Connection(Socket):
         last = item[-1]
         batch = Batch(run.run_id, item, run.link)
         self.outbox.put_batch(batch)
+        if run.link.backlog >= OUTBOX_MAX_BATCHES // 2:
+            self._poke()                  # a pacing sender takes them before the engine would be held
         if self.room is not None:
             self.room.publish(batch)
         if last.type in ("done", "error"):
