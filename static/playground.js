@@ -310,13 +310,22 @@
     if (!frameScheduled) { frameScheduled = true; requestAnimationFrame(afterMessages) }
   })
 
-  // --- autoplay: press play once the websocket is open ----------------------------------------------------------
+  // --- autoplay: press play once the websocket is open and the page has loaded --------------------------------------
+  // The websocket often opens while the document is still being parsed and laid out: a run started then
+  // competes with the page's own loading for the CPU (on a 2-core machine, ~100 ms of it), so play waits for
+  // the load event and the frame after it.
   var autoplayed = false
-  document.addEventListener('htmx:wsOpen', function () {
+  function autoplay() {
     var playground = $('playground')
     if (autoplayed || !playground || playground.dataset.autoplay !== '1') return
     autoplayed = true
     $('btn-toggle').click()
+  }
+  document.addEventListener('htmx:wsOpen', function () {
+    if (document.readyState === 'complete') { autoplay(); return }
+    window.addEventListener('load', function () {
+      requestAnimationFrame(function () { setTimeout(autoplay, 0) })
+    }, { once: true })
   })
 
   document.addEventListener('DOMContentLoaded', function () {
