@@ -17,6 +17,7 @@ from typing import Iterator
 import uvicorn
 
 from app.config import TRANSPORT_MAX_MESSAGE_BYTES as WS_MAX_SIZE
+from app.ws_transport import WS_PROTOCOL
 
 SERVER_START_TIMEOUT_S = 30.0
 
@@ -47,7 +48,7 @@ def serve(app, host: str = "127.0.0.1") -> Iterator[str]:
     sock.bind((host, 0))
     port = sock.getsockname()[1]
     base_url = f"http://{host}:{port}"
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", ws=WS_PROTOCOL,
                             ws_max_size=WS_MAX_SIZE, ws_per_message_deflate=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True)
