@@ -17,7 +17,7 @@ DECODING_PLAYGROUND_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/decoding-pla
 export DECODING_PLAYGROUND_CACHE
 SMOLLM2_STAMP := $(DECODING_PLAYGROUND_CACHE)/models/smollm2-135m/fetched.json
 
-.PHONY: setup browser fetch run test clean
+.PHONY: setup browser fetch run test screenshot clean
 
 setup: $(VENV)/.stamp node_modules/.stamp
 
@@ -74,6 +74,10 @@ test: setup browser fetch
 	$(VENV_PYTHON) -m pytest -q -rs $(PYTEST_ARGS) || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "error: no tests ran (pytest exit code 5)" >&2; exit 1; fi; \
 	exit $$status
+
+# README's picture: the page mid-run from a real server, in Debian's Chromium (docs/screenshot.png).
+screenshot: setup browser
+	$(VENV_PYTHON) scripts/screenshot.py
 
 clean:
 	rm -rf $(VENV) node_modules test-artifacts .pytest_cache .hypothesis build dist *.egg-info
