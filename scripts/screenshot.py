@@ -10,36 +10,14 @@ speculative decoding (the draft model, γ = 4) and 5 rounds a second, presses pl
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 CHROMIUM = "/usr/bin/chromium"
 PROMPT = "def fibonacci(n):\n    "
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(base + "/healthz", timeout=2):
-                return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the server did not start (try: decoding-playground serve)")
-            time.sleep(0.2)
 
 
 def main() -> int:
@@ -50,35 +28,24 @@ def main() -> int:
 
     from playwright.sync_api import sync_playwright
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_healthy(base, proc)
-        query = urlencode({"prompt": PROMPT, "method": "draft_model", "num_speculative_tokens": 4,
-                           "max_tokens": 128, "speed": 5, "autoplay": 1})
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                         args=["--disable-gpu", "--no-sandbox", "--no-first-run"])
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 720})
-                page.goto(f"{base}/?{query}", wait_until="networkidle")
-                page.wait_for_function(
-                    "r => { const s = document.getElementById('run-status');"
-                    " return s && s.dataset.state === 'running' && Number(s.dataset.round) >= r; }",
-                    arg=args.round, timeout=60_000)
-                page.wait_for_timeout(150)         # let the last swap's animation frame be drawn
-                page.screenshot(path=args.out)
-            finally:
-                browser.close()
-    finally:
-        proc.terminate()
+    from cli.bench_serve import server     # `decoding-playground serve` on a free port, stopped afterwards
+
+    query = urlencode({"prompt": PROMPT, "method": "draft_model", "num_speculative_tokens": 4, "max_tokens": 128,
+                       "speed": 5, "autoplay": 1})
+    with server(max_sessions=8, models_dir=None) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--disable-gpu", "--no-sandbox", "--no-first-run"])
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            page = browser.new_page(viewport={"width": 1280, "height": 720})
+            page.goto(f"{base}/?{query}", wait_until="networkidle")
+            page.wait_for_function(
+                "r => { const s = document.getElementById('run-status');"
+                " return s && s.dataset.state === 'running' && Number(s.dataset.round) >= r; }",
+                arg=args.round, timeout=60_000)
+            page.wait_for_timeout(150)         # let the last swap's animation frame be drawn
+            page.screenshot(path=args.out)
+        finally:
+            browser.close()
     print(f"{args.out}: {Path(args.out).stat().st_size // 1024} KiB")
     return 0
 
