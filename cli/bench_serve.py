@@ -12,6 +12,9 @@ own Python does not share the server's GIL) and drives it with `websockets` clie
 - **watchers** (`--watchers W`, default 200): W read-only viewers of one presenter's session on
   `/watch/{id}/ws` (the HTML fragments a phone gets); each must see the run end (`data-state="done"`);
   reported: errors and how long after the presenter's `done` the watchers saw it;
+- **the engine alone**: the same sessions through the engine's `Scheduler` in a loop in this process, once
+  the server has stopped: the ceiling of both figures above (the server adds sockets, JSON and an event
+  loop that shares the GIL with the engine thread), and so of their ratio;
 - `--sweep`: γ in {none, 2, 4, 6} x concurrency in {1, 4, 16}: TPOT, ITL, output tokens/s, mean
   acceptance length and the ratio of tokens/s to no speculation at the same concurrency.
 
@@ -256,6 +259,46 @@ async def watchers(ws_base: str, n: int, settings: dict) -> dict:
             "presenter_tokens": result["tokens"], "lag_after_presenter_done_s": pcts(lag)}
 
 
+# --- the engine alone: the ceiling the server can reach --------------------------------------------------------
+def engine_tokens_per_s(eng, n: int, settings: dict) -> float:
+    """n sessions (the clients' prompts and settings) through engine/scheduler.py's Scheduler in a loop, in
+    this process: no server, no sockets, no event loop. Output tokens / wall time, sessions created inside
+    the timed part (as the server creates them on `start`)."""
+    from app.engine_thread import _Scheduled
+    from engine.scheduler import Scheduler
+    from engine.session import GenerationSession
+
+    scheduler, tokens = Scheduler(), []
+
+    def sink(event) -> None:
+        if event.type == "done":
+            tokens.append(event.summary["num_output_tokens"])
+
+    t0 = time.perf_counter()
+    for i in range(n):
+        prompt = PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS))
+        scheduler.add(_Scheduled(GenerationSession(eng, prompt, settings)), sink)
+    while scheduler.entries:
+        scheduler.step()
+    return sum(tokens) / (time.perf_counter() - t0)
+
+
+def engine_alone(n: int, settings: dict, repeats: int, models_dir: str | None) -> dict:
+    """The same interleaving as the server's measurement (three runs of one per run of n); medians."""
+    from app.config import AppConfig
+    from engine.registry import InferenceEngine, ModelRegistry
+
+    config = AppConfig(models_dir=models_dir) if models_dir else AppConfig()
+    eng = InferenceEngine(ModelRegistry.from_dir(config.models_dir), max_sessions=max(n, 1))
+    engine_tokens_per_s(eng, n, settings)                      # warm up, as the server's run
+    one, many_ = [], []
+    for _ in range(repeats):
+        one += [engine_tokens_per_s(eng, 1, settings) for _ in range(3)]
+        many_.append(engine_tokens_per_s(eng, n, settings))
+    a, c = statistics.median(one), statistics.median(many_)
+    return {"alone_tokens_per_s": a, "concurrent_tokens_per_s": c, "ratio": c / a}
+
+
 # --- the runs ----------------------------------------------------------------------------------------------
 def settings_of(method: str, gamma, max_tokens: int) -> dict:
     if method == "none" or gamma == "none":
@@ -287,6 +330,7 @@ def run_main(args) -> dict:
             out["after_watchers_left"] = {k: v for k, v in blocks_left(base).items()
                                           if k in ("sessions", "kv_blocks_used", "watchers")}
         out["server"] = get_json(base + "/api/stats")["engine"]
+    out["engine_alone"] = engine_alone(args.clients, settings, args.repeats, args.models_dir)   # server stopped
     c, a = out["concurrent"], out["alone"]
     out["ratio_to_alone"] = (c["tokens_per_s"] / a["tokens_per_s"]) if c["tokens_per_s"] and a["tokens_per_s"] else None
     return out
@@ -358,6 +402,13 @@ def main_markdown(r: dict) -> str:
     lines.append("- TTFT: `start` sent -> first output token received; ITL: gaps between the arrivals of one client's "
                  "rounds (a round ends with its `metrics`; with speculation it brings several tokens); TPOT: "
                  "(done - first token) / (output tokens - 1); all on the client's clock.")
+    g = r.get("engine_alone")
+    if g:
+        lines.append(f"- the engine alone (engine/scheduler.py's `Scheduler` in a loop in the bench's process, no server, "
+                     f"same prompts, settings and interleaving): one session {_f(g['alone_tokens_per_s'])} tok/s, "
+                     f"{c['clients']} at once {_f(g['concurrent_tokens_per_s'])} tok/s = {_f(g['ratio'], '{:.2f}')}x; "
+                     f"the server reaches {_f(100 * a['tokens_per_s'] / g['alone_tokens_per_s'], '{:.0f}')}% and "
+                     f"{_f(100 * c['tokens_per_s'] / g['concurrent_tokens_per_s'], '{:.0f}')}% of them")
     e = r.get("server", {})
     if e.get("batches"):
         lines.append(f"- engine thread: {e['batches']} batched computations served {e['batched_requests']} forward "

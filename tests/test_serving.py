@@ -355,6 +355,8 @@ def test_bench_serve_runs_real_clients_against_a_real_server(models_dir):
     assert out["alone"]["tokens_per_s"] > 0 and out["ratio_to_alone"] > 0
     assert out["after_all_left"]["kv_blocks_used"] == 0
     assert out["watch"]["errors"] == 0 and out["watch"]["connected"] == 4
+    engine_alone = out["engine_alone"]                   # the ceiling: the Scheduler in a loop, no server
+    assert engine_alone["alone_tokens_per_s"] > 0 and engine_alone["concurrent_tokens_per_s"] > 0
 
 
 def test_serve_says_what_it_exposes_and_logs_neither_prompts_nor_tokens(models_dir):
