@@ -170,6 +170,9 @@
     if (!host) return
     var feed = $('chart-feed')
     theory.reset = feed.dataset.reset
+    // a message that replaces the feed and appends to it is seen twice: the new feed already holding its
+    // points, and then the points added to it; each point element counts once
+    var counted = new WeakSet()
     new MutationObserver(function (mutations) {
       var reset = null, packed = []
       mutations.forEach(function (m) {
@@ -177,7 +180,11 @@
           if (node.nodeType !== 1) return
           if (node.id === 'chart-feed') { reset = node.dataset.reset; packed = [] }
           var items = node.matches('i[data-points]') ? [node] : node.querySelectorAll('i[data-points]')
-          for (var i = 0; i < items.length; i++) packed.push(items[i].dataset.points)
+          for (var i = 0; i < items.length; i++) {
+            if (counted.has(items[i])) continue
+            counted.add(items[i])
+            packed.push(items[i].dataset.points)
+          }
         })
       })
       if (reset !== null || packed.length) onRounds(reset, packed)
