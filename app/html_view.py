@@ -69,6 +69,23 @@ def token_html(t) -> str:
 templates.env.globals["piece"] = piece        # for templates/_fragments.html
 
 
+def kv_cell_html(role: str, c: dict, oob: bool = False) -> str:
+    """One KV block cell, as templates/_fragments.html's kv_cell macro writes it. Built here: a whole pool is
+    hundreds of cells (a macro call each was most of the time spent drawing the KV map)."""
+    role, i = escape(role), int(c["id"])
+    attrs = f' id="kv-{role}-{i}" hx-swap-oob="outerHTML:#kv-{role}-grid > [data-kv-block=\'{i}\']"' if oob else ""
+    event = f' data-event="{escape(c["event"])}"' if c["event"] else ""
+    mine = ' data-mine="1"' if c["mine"] else ""
+    return f'<i{attrs} class="kv" data-kv-block="{i}" data-state="{escape(c["state"])}"{event}{mine}></i>'
+
+
+def kv_grid_html(role: str, pool: dict, cells: list) -> str:
+    """A whole pool, as the kv_grid macro writes it."""
+    return (f'<div id="kv-{escape(role)}-grid" hx-swap-oob="true" class="kv-grid" data-pool="{escape(pool["name"])}" '
+            f'data-kv-cache-dtype="{escape(pool["kv_cache_dtype"])}" data-block-size="{escape(pool["block_size"])}">'
+            + "".join(kv_cell_html(role, c) for c in cells) + "</div>")
+
+
 def macros():
     """The fragment macros of templates/_fragments.html (autoescaped: it is an .html template)."""
     global _macros
@@ -125,6 +142,7 @@ class Frame:
     kv_snapshot: bool = False
     metrics: dict | None = None
     chart: list = field(default_factory=list)            # packed latency-chart points of this message
+    lane: dict | None = None                             # the draft lane to draw (once, after the last round)
 
     def append(self, target: str, html: str) -> None:
         self.appends.setdefault(target, []).append(html)
@@ -234,6 +252,8 @@ class HtmlView:
             self._render_gauges(frame.metrics, frame)
         if self.status != status_before:
             frame.replace["run-status"] = m.status(self._status_view())
+        if frame.lane is not None:     # drawn once per message, not once per round (most of render's time)
+            frame.replace["draft-lane"] = m.lane(frame.lane)
         if frame.chart:           # one element for all of this message's rounds (one per round costs the browser)
             frame.append("chart-feed", f'<i data-points="{",".join(frame.chart)}"></i>')
         parts = list(frame.replace.values())
@@ -304,6 +324,7 @@ class HtmlView:
             frame.replace["stream"] = m.stream_empty()
             frame.appends.pop("stream", None)
             frame.replace["draft-lane"] = m.lane_empty("The draft lane shows each round's proposal and verdicts.")
+            frame.lane = None
             frame.replace["chart-feed"] = m.chart_reset("reset")
             frame.appends.pop("chart-feed", None)
             frame.chart.clear()
@@ -331,6 +352,7 @@ class HtmlView:
         frame.replace["run-recording"] = m.run_recording(self.recording)
         frame.appends.pop("stream", None)
         frame.replace["draft-lane"] = m.lane_empty("Prefill next: the prompt goes through the target in one forward.")
+        frame.lane = None
         frame.replace["chart-feed"] = m.chart_reset(run_id)
         frame.appends.pop("chart-feed", None)
         frame.chart.clear()
@@ -377,7 +399,6 @@ class HtmlView:
             lane["final"] = e
 
     def _on_round(self, e, frame: Frame, run_id: int) -> None:
-        m = macros()
         self.status["round"] = e.round
         frame.chart.append(f"{int(e.round)}:{e.target_ms:.3f}:{e.draft_ms:.3f}:{int(e.num_emitted)}:"
                            f"{int(e.num_draft_tokens)}:{int(e.num_accepted)}")
@@ -389,7 +410,7 @@ class HtmlView:
                                    + f" · {e.verify_tokens} positions in one target forward")
             elif lane["method"] == "none" and self.form.get("method") == "ngram":
                 lane["why"] = "no draft: the n-gram was not found earlier, the target decodes one token"
-            frame.replace["draft-lane"] = m.lane(lane)
+            frame.lane = lane
 
     def _on_kv(self, e, frame: Frame, run_id: int) -> None:
         frame.kv_events.append(e)
@@ -400,7 +421,7 @@ class HtmlView:
         if self.status["gamma"] is not None or e.values.get("num_drafts"):
             self.status["gamma"] = e.values.get("num_speculative_tokens")
         if self.lane is not None and self.lane["round"] == 0 and self.lane["final"] is not None:
-            frame.replace["draft-lane"] = macros().lane(self.lane)
+            frame.lane = self.lane
 
     def _on_settings_applied(self, e, frame: Frame, run_id: int) -> None:
         m = macros()
@@ -507,10 +528,10 @@ class HtmlView:
                     changed = {c["id"]: c for c in cells}
                     cells = [changed.get(i) or {"id": i, "state": STATE_LETTERS[s], "event": None, "mine": i in table}
                              for i, s in enumerate(states)]
-                frame.replace[f"kv-{role}-grid"] = m.kv_grid(role, pool, cells)
+                frame.replace[f"kv-{role}-grid"] = kv_grid_html(role, pool, cells)
             else:
                 for c in cells:
-                    frame.replace[f"kv-{role}-{c['id']}"] = m.kv_cell(role, c, True)
+                    frame.replace[f"kv-{role}-{c['id']}"] = kv_cell_html(role, c, True)
             if full or frame.kv_snapshot:      # not every round: each top-level element costs the browser
                 frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, pool)
             self.kv[role] = RenderedPool(key, states, table, pool)
