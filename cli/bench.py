@@ -178,8 +178,7 @@ def gqa_attention(quick: bool) -> list[dict]:
                           num_key_value_heads=kv_heads, head_dim=128, vocab_size=8,
                           max_position_embeddings=T)
         store = KVStore(cfg, T // 16, 16, KV_CACHE_DTYPES["auto"])
-        for a in (store.k[0], store.v[0]):
-            a[:] = rng.standard_normal(a.shape)
+        store.kv[0][:] = rng.standard_normal(store.kv[0].shape)
 
         def step(store=store):
             K, V = store.read(0, slice(0, T))

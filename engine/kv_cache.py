@@ -2,8 +2,8 @@
 
     slot = block_table[pos // block_size] * block_size + pos % block_size      (PagedAttention)
 
-`KVStore` holds, per layer, K (transposed) and V for every slot of the pool in the cache dtype, so
-that a run of consecutive blocks is one slice.
+`KVStore` holds, per layer, K and V for every slot of the pool in the cache dtype, laid out
+[num_kv_heads, num_slots, head_dim] so that a run of consecutive blocks is one contiguous slice.
 `KVCacheManager` speaks in sequences (after vLLM's KVCacheManager): it appends slots for new tokens,
 reuses cached prefix blocks, rolls back rejected tokens, forks and frees, and reports every block
 event through the pool. `SequenceKV` is what `engine.model.forward` writes to and reads from.
@@ -24,72 +24,62 @@ F32 = np.float32
 BLOCK_SIZES = (8, 16, 32)
 
 
-def gather(a, slots, axis: int):
-    """A sequence's slots along `axis`: a view for a contiguous run, else one `take` (much cheaper than fancy indexing)."""
-    if isinstance(slots, slice):
-        return a[(slice(None),) * axis + (slots,)]
-    return a.take(slots, axis=axis)
+def gather(a, slots):  # [2, nkv, num_slots, ...] -> [2, nkv, T, ...]
+    """Slots of a sequence: a view for a contiguous run, else one `take` (much cheaper than a[:, :, idx])."""
+    return a[:, :, slots] if isinstance(slots, slice) else a.take(slots, axis=2)
 
 
 class KVStore:
     """K and V numbers for every slot of one pool, per layer, in one cache dtype.
 
-    NOTE: per layer K is stored transposed, k[layer] [num_kv_heads, head_dim, num_slots], and V as
-    v[layer] [num_kv_heads, num_slots, head_dim]: both attention products then read a run of slots as a
-    plain matrix (q @ K^T and p @ V, no transposed operand, which OpenBLAS runs 1.3-1.6x slower for a
-    decode step), and a run of consecutive blocks is one slice.
+    NOTE: per layer one array kv[layer] of shape [2 (K, V), num_kv_heads, num_slots, head_dim], so that
+    one write stores both and one slice (or one take) reads both.
     """
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: KVCacheDType):
         self.dtype, self.block_size = dtype, block_size
         self.num_slots = num_blocks * block_size
-        nkv, hd, L = cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
-        self.k = [np.zeros((nkv, hd, self.num_slots), dtype.storage) for _ in range(L)]
-        self.v = [np.zeros((nkv, self.num_slots, hd), dtype.storage) for _ in range(L)]
-        if dtype.scale == "per_token_head":     # [nkv, num_slots] float16, for K and for V
-            self.k_scale = [np.zeros((nkv, self.num_slots), np.float16) for _ in range(L)]
-            self.v_scale = [np.zeros((nkv, self.num_slots), np.float16) for _ in range(L)]
-        else:  # per-tensor (fp8): one float32 for K and one for V per layer, fixed by the first write
-            self.k_scale, self.v_scale = [None] * L, [None] * L
+        shape = (2, cfg.num_key_value_heads, self.num_slots, cfg.head_dim)
+        L = cfg.num_hidden_layers
+        self.kv = [np.zeros(shape, dtype.storage) for _ in range(L)]
+        if dtype.scale == "per_token_head":     # [2, nkv, num_slots] float16
+            self.scale = [np.zeros(shape[:3], np.float16) for _ in range(L)]
+        else:  # per-tensor (fp8): [2, 1, 1, 1] float32 for K and V, fixed by the first write to a layer
+            self.scale = [None] * L
 
     def nbytes(self) -> int:
         """Bytes held per slot times slots (fp8's two per-layer float32 scales are not per token)."""
-        per_token = self.k + self.v + (self.k_scale + self.v_scale if self.dtype.scale == "per_token_head" else [])
+        per_token = list(self.kv) + (list(self.scale) if self.dtype.scale == "per_token_head" else [])
         return sum(a.nbytes for a in per_token)
 
     def write(self, layer: int, slots, kv) -> None:  # slots: slice or [n] ints; kv: [n, 2, nkv, hd]
-        k, v = kv[:, 0].transpose(1, 0, 2), kv[:, 1].transpose(1, 0, 2)            # [nkv, n, hd] x2
-        kind = self.dtype.scale
-        if kind == "per_token_head":
-            (k, self.k_scale[layer][:, slots]), (v, self.v_scale[layer][:, slots]) = \
-                quantize_per_token_head(k), quantize_per_token_head(v)
-        elif kind == "per_tensor":
-            if self.k_scale[layer] is None:
-                self.k_scale[layer], self.v_scale[layer] = (
-                    F32(max(float(np.abs(x).max()), 1e-6) / d) for x, d in zip((k, v), FP8_SCALE_DIVISOR))
-            fmax = F32(self.dtype.max_value)
-            k, v = np.clip(k / self.k_scale[layer], -fmax, fmax), np.clip(v / self.v_scale[layer], -fmax, fmax)
-        self.k[layer][:, :, slots] = k.transpose(0, 2, 1)
-        self.v[layer][:, slots] = v
-
-    def read(self, layer: int, slots):  # -> float32 K^T [nkv, hd, T], V [nkv, T, hd]
-        kt, v = gather(self.k[layer], slots, 2), gather(self.v[layer], slots, 1)
+        kvt = kv.transpose(1, 2, 0, 3)                                          # [2, nkv, n, hd]
         kind = self.dtype.scale
         if kind == "none":
-            if self.dtype.name == "auto":
-                return kt, v                                    # a slice: views, no copy
-            return kt.astype(F32), v.astype(F32)
+            self.kv[layer][:, :, slots] = kvt
+        elif kind == "per_token_head":
+            self.kv[layer][:, :, slots], self.scale[layer][:, :, slots] = quantize_per_token_head(kvt)
+        else:
+            if self.scale[layer] is None:
+                amax = np.maximum(np.abs(kvt).max(axis=(1, 2, 3)), 1e-6)
+                self.scale[layer] = (amax / FP8_SCALE_DIVISOR).astype(F32).reshape(2, 1, 1, 1)
+            fmax = F32(self.dtype.max_value)
+            self.kv[layer][:, :, slots] = np.clip(kvt / self.scale[layer], -fmax, fmax)
+
+    def read(self, layer: int, slots):  # -> float32 [2 (K, V), nkv, T, hd]
+        kind = self.dtype.scale
+        kv = gather(self.kv[layer], slots)
+        if kind == "none":
+            return kv if self.dtype.name == "auto" else kv.astype(F32)   # auto + slice: a view, no copy
         if kind == "per_token_head":
-            return (kt.astype(F32) * gather(self.k_scale[layer], slots, 1)[:, None, :],
-                    v.astype(F32) * gather(self.v_scale[layer], slots, 1)[..., None])
-        return kt.astype(F32) * self.k_scale[layer], v.astype(F32) * self.v_scale[layer]
+            return kv.astype(F32) * gather(self.scale[layer], slots)[..., None]
+        return kv.astype(F32) * self.scale[layer]
 
     def copy_slots(self, src, dst) -> None:
-        for a in self.k:                                            # K^T: slots are the last axis
-            a[:, :, dst] = a[:, :, src]
-        for a in self.v + self.k_scale + self.v_scale:              # the second axis of the others
-            if isinstance(a, np.ndarray):                           # (fp8's per-layer scales are not per slot)
-                a[:, dst] = a[:, src]
+        for arrays in (self.kv, self.scale):
+            for a in arrays:
+                if isinstance(a, np.ndarray) and a.ndim >= 3:
+                    a[:, :, dst] = a[:, :, src]
 
 
 @dataclass

@@ -88,8 +88,8 @@ class PagedRunner:
             src = self.manager.append_slots(self.seq, [])        # read view of all slots held
             dst = manager.append_slots(new.seq, tokens)
             for layer in range(self.model.cfg.num_hidden_layers):
-                kt, v = self.manager.store.read(layer, src.read_slots)       # float32 K^T, V
-                manager.store.write(layer, dst.write_slots, np.stack([kt.transpose(2, 0, 1), v.transpose(1, 0, 2)], 1))
+                kv = self.manager.store.read(layer, src.read_slots)          # [2, nkv, T, hd] float32
+                manager.store.write(layer, dst.write_slots, kv.transpose(2, 0, 1, 3))
         new.forward_calls, new.forward_s = self.forward_calls, self.forward_s
         new.commit()
         self.free()
