@@ -5,7 +5,9 @@ In one run, interleaved so that the noise of a shared machine hits both sides al
   in this process; tokens/s = output tokens / wall time from creating the session to `done`;
 - **the page's websocket without a browser**: `/ws` read by a plain websocket client, to tell the server's
   own cost from the browser's;
-- **in the browser**: a real uvicorn server (in a thread of this process) and headless Chromium (Playwright,
+- **in the browser**: a real server (`decoding-playground serve` in its own process, as users run it: a
+  Playwright client or a websocket client in the server's process would take the GIL from its engine
+  thread, ~20-30 ms of CPU per run) and headless Chromium (Playwright,
   /usr/bin/chromium) loading the page with `autoplay=1&speed=max` into one tab, reloaded for each run once
   Chromium's processes are quiet (a new tab costs a second of Chromium's CPU, see `new_tab`; autoplay presses
   play once the page has loaded); the page's own figures
@@ -22,10 +24,8 @@ import datetime as dt
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -95,39 +95,6 @@ def ws_run(base_url: str, settings: dict, timeout_s: float = 120) -> dict:
 
 
 # --- in the browser -----------------------------------------------------------------------------------------
-class Server:
-    """The app on a free port in a thread, configured as `serve` configures it."""
-
-    def __init__(self, config):
-        import uvicorn
-
-        from app.main import create_app
-
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(config), log_level="warning", lifespan="on",
-                                                    ws_max_size=64 * 1024, ws_per_message_deflate=False))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> "Server":
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
-        self.sock.close()
-
-
 INIT_SCRIPT = """
     document.addEventListener('htmx:wsBeforeSend', function () {
       if (!window.__benchStart) window.__benchStart = performance.now()
@@ -230,6 +197,7 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
 
     from app.config import AppConfig
     from cli.bench import machine
+    from cli.bench_serve import server as server_process
     from engine.registry import InferenceEngine, ModelRegistry
 
     config = AppConfig.from_env()
@@ -244,9 +212,10 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
     models = (f"{target.name} ({target.cfg.num_hidden_layers} layers × width {target.cfg.hidden_size}, "
               f"{target.model.num_parameters:,} parameters) and its draft, "
               + ("trained" if trained else "RANDOM weights (a stand-in with the shipped shapes)"))
-    load_before = os.getloadavg()
+    load_before, busy_before = os.getloadavg(), busy_processes()
     cases = []
-    with Server(config) as server, sync_playwright() as pw:
+    with server_process(config.max_sessions, str(models_dir) if models_dir else None) as base_url, \
+            sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
                                      args=["--disable-gpu", "--no-sandbox", "--disable-background-networking"])
         try:
@@ -254,12 +223,12 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
             for label, settings in CASES:
                 settings = {**settings, "max_tokens": max_tokens}
                 engine_run(engine, settings)                       # warm-up: pools, caches, the tab's window
-                browser_run(page, server.url, settings, quiet=wait_until_quiet)
+                browser_run(page, base_url, settings, quiet=wait_until_quiet)
                 eng, web, sock = [], [], []
                 for _ in range(repeats):                           # interleaved
                     eng.append(engine_run(engine, settings))
-                    sock.append(ws_run(server.url, settings))
-                    web.append(browser_run(page, server.url, settings, quiet=wait_until_quiet))
+                    sock.append(ws_run(base_url, settings))
+                    web.append(browser_run(page, base_url, settings, quiet=wait_until_quiet))
                 ratios = [w["tokens_per_s"] / e["tokens_per_s"] for e, w in zip(eng, web)]
                 cases.append({
                     "case": label, "settings": settings, "tokens": web[-1]["tokens"],
@@ -283,7 +252,7 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
     return {"command": f"decoding-playground bench page --max-tokens {max_tokens} --repeats {repeats}",
             "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": machine(),
             "models_dir": str(config.models_dir), "models": models, "prompt": PROMPT, "cases": cases,
-            "load_average": [round(x, 2) for x in load_before], "busy_processes": busy_processes(),
+            "load_average": [round(x, 2) for x in load_before], "busy_processes": busy_before,
             "ok": all(c["ratio"] >= GOAL_RATIO and c["max_long_task_ms"] <= GOAL_LONG_TASK_MS for c in cases)}
 
 
@@ -301,8 +270,8 @@ def busy_processes() -> list[str]:
 
 NOTES = [
     "Where the time went (found 2026-11-29 with server and page timestamps, /proc CPU per thread and process, "
-    "cProfile of the event loop and engine thread, a Chromium trace and a CDP CPU profile; 400 tokens of plain "
-    "decoding, ~0.25 s of engine time):",
+    "cProfile of the event loop and engine thread, a Chromium trace and a CDP CPU profile; 400 tokens, "
+    "~0.2-0.25 s of engine time):",
     "",
     "- **The page's pacing held the engine** (fixed, app/connection.py): at full speed the server sends the page "
     "at most 10 messages a second, but while it waited it left the rounds in its outbox, and the engine thread holds "
@@ -313,24 +282,31 @@ NOTES = [
     "(a `--top-chrome-webui` renderer loading chrome://omnibox-popup.top-chrome) for about a second after it opens: "
     "~0.6 s of CPU, during the run when each run opened a new page. The runs now reload one tab, after Chromium's "
     "processes have gone quiet.",
+    "- **The bench's clients shared the server's GIL** (fixed, this bench): the server ran in a thread of the "
+    "bench's process, beside Playwright's Python client (20-30 ms of CPU per run) and the /ws client; it now runs "
+    "as `decoding-playground serve` in its own process.",
     "- **Autoplay pressed play while the page was loading** (fixed, static/playground.js): the websocket opens "
     "before the document is parsed and laid out (~100 ms of the renderer, DOMContentLoaded 90 ms after play in the "
     "trace). Play now waits for the load event and a frame.",
     "- **Rendering fragments on the event loop** (fixed, app/html_view.py): the draft lane was drawn by a Jinja "
     "macro for every round and all but the last thrown away (55% of render time), KV cells by a macro each; "
     "~75 -> ~19 ms per run (cProfile). That time holds the GIL the engine thread needs.",
-    "- **Not the page any more**: after these, the page costs about a tenth (`browser ÷ /ws`): each message is "
-    "~5-6 ms of htmx swapping plus one frame (style, layout, paint), ~10 messages a second. Chromium's CPU per "
-    "load + run is in the table; no long tasks.",
-    "- **What remains is the server's engine path, not the page**: the same 400 tokens through the server's "
-    "engine thread take ~290-310 ms of that thread's CPU against 235-250 ms for the plain loop (/proc, 4 pairs), "
-    "and the event loop another 20-40 ms under the same GIL. cProfile of the engine thread: its KV reads copy "
-    "(`ndarray.take`: 9,600 calls for 3 runs vs 6,400 in the plain loop, 319 vs 181 ms) and its matmuls run "
-    "slower (274 vs 199 ms); the plain loop on the server's own engine object is as fast as on a fresh one, so it "
-    "is the scheduler's path, not the pool's state. Programs on /api/ws see the same ceiling (JSON: 351-433 ms "
-    "for a run the plain loop does in 174-224 ms; the page's /ws: 242-335 ms). That is engine/ and "
-    "app/engine_thread.py work (the scheduler's gathers, one hand-off to the event loop per step), outside the "
-    "page; the `/ws` column is its ceiling for the browser.",
+    "- **Fixed latencies**: play to the server's `start` ~5 ms; at full speed the first tokens wait for the second "
+    "message (~0.1 s: pacing); the last message (with `done`, the KV pools redrawn whole once the session freed its "
+    "blocks, the summary) takes the page 10-20 ms to swap. On a ~0.2 s run that is most of what the page adds.",
+    "- **The page's own cost is now small** (`browser ÷ /ws`): ~5-6 messages per run, each ~6-12 ms of htmx "
+    "swapping plus one frame (style, layout, paint, ~15 ms); Chromium's CPU per load + run is in the table "
+    "(/proc), of which ~110-170 ms while streaming. No long tasks.",
+    "- **What remains is the server, not the page** (outside this bench's files): through the server the engine "
+    "thread needs 270-360 ms of CPU for what the plain loop does in 205-233 ms (/proc per thread, 4 pairs), and the "
+    "event loop another 30-50 ms under the same GIL. It is not the scheduler: engine/scheduler.py's `Scheduler` in "
+    "a loop in one thread is as fast as the plain loop (plain decoding 179-196 vs 178-189 ms, draft model 198-223 "
+    "vs 193-221 ms). What differs is that the engine thread shares the GIL with the event loop, which is "
+    "woken once per engine step (app/engine_thread.py posts each step's events with one `call_soon_threadsafe`: "
+    "~400 hand-offs for 400 tokens): the likely cost, not yet measured in isolation. Programs on /api/ws see "
+    "the same ceiling (JSON, a message per event: 351-433 ms for a run the plain loop does in 174-224 ms; the "
+    "page's /ws 242-335 ms). So on this machine the `/ws` column bounds the browser, "
+    "and the 90% goal needs the server's engine path to come within ~5% of the plain loop.",
 ]
 
 
@@ -360,8 +336,9 @@ def markdown(r: dict) -> str:
     lines += ["", f"Goals: browser >= {GOAL_RATIO:.0%} of the engine alone; no long task over "
                   f"{GOAL_LONG_TASK_MS:.0f} ms while streaming.", "",
               "Reading the table: `/ws, no browser` is what the server delivers to a plain websocket client that "
-              "acknowledges every message as the page does (its client runs in this process); `browser ÷ /ws` is "
-              "what the page itself costs on top. Chromium runs on the same 2 cores as the engine: when no core is "
+              "acknowledges every message as the page does (from the bench's process; the server runs in its own); "
+              "`browser ÷ /ws` is what the page itself costs on top. Chromium runs on the same 2 cores as the "
+              "engine: when no core is "
               "free (another busy process) every millisecond the page spends is taken from the engine.", "",
               *NOTES]
     return "\n".join(lines)
