@@ -305,7 +305,8 @@ NOTES = [
     "per run): posting at most every 10 ms left /ws ÷ engine where it was (68-71% against 78-84%, 7 pairs each, "
     "noisy). Open: in cProfile the engine thread's numpy calls take longer in the server (matmul 274 vs 199 ms, "
     "KV `take` 319 vs 181 ms for 3 runs, before 4ec84d3 reverted the transposed K store), which fits waiting for "
-    "the GIL after a call that released it and a thread moved between the 2 cores. Programs on /api/ws see "
+    "the GIL after a call that released it (pinning the engine thread to one core and the rest to the other did "
+    "not help: 57-61% against 67-77%). Programs on /api/ws see "
     "the same ceiling (JSON, a message per event: 351-433 ms for a run the plain loop does in 174-224 ms; the "
     "page's /ws 242-335 ms). So on this machine the `/ws` column bounds the browser, "
     "and the 90% goal needs the server's engine path to come within ~5% of the plain loop.",
