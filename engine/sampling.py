@@ -46,8 +46,10 @@ def sample(p, rng: np.random.Generator) -> int:
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(p) - 1))
 
 
-def top_k(p, k: int = 5):  # -> [(token, prob)] the k most likely tokens
-    k = min(k, len(p))
-    idx = np.argpartition(-p, k - 1)[:k]          # O(V), not a full sort of a large vocabulary
-    idx = idx[np.argsort(-p[idx], kind="stable")]
-    return [(int(i), float(p[i])) for i in idx]
+def top_k_rows(p, k: int = 5):  # [n, V] -> per row [(token, prob)], the k most likely tokens first
+    k = min(k, p.shape[-1])
+    idx = np.argpartition(-p, k - 1, axis=-1)[:, :k]      # O(V), not a full sort of a large vocabulary
+    vals = np.take_along_axis(p, idx, -1)
+    order = np.argsort(-vals, axis=-1, kind="stable")
+    ids, probs = np.take_along_axis(idx, order, -1).tolist(), np.take_along_axis(vals, order, -1).tolist()
+    return [list(zip(i, v)) for i, v in zip(ids, probs)]

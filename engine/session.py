@@ -32,7 +32,7 @@ from .model import ContextLengthError
 from .proposers import DraftModelProposer, NgramProposer
 from .registry import InferenceEngine, LoadedModel
 from .runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, RecomputeRunner
-from .sampling import probs_from_logits, sample, softmax, top_k
+from .sampling import probs_from_logits, sample, softmax, top_k_rows
 from .settings import LIVE_SETTINGS, MAX_PROMPT_CHARS, GenerationSettings, SettingsError
 from .speculative import verify
 from .tokenizer import StreamDecoder
@@ -316,17 +316,21 @@ class GenerationSession:
         distribution; likewise q (softmax of the draft's logits when greedy).
         """
         for events, p_source, p_is_logits, q_source, q_is_logits, residual in self._unshown:
-            p = softmax(p_source) if p_is_logits else p_source                     # [positions, V]
-            q = softmax(q_source) if q_is_logits else q_source                     # [drafts, V] or None
+            n = max(e.position for e in events)                                    # rows shown
+            p = softmax(p_source[:n]) if p_is_logits else p_source[:n]             # [positions, V]
+            top_p = self._top_rows(p)
+            if q_source is not None:                                               # [drafts, V]
+                q = softmax(q_source[:n]) if q_is_logits else q_source[:n]
+                top_q = self._top_rows(q)
             for e in events:
                 i = e.position - 1
-                e.p, e.top_p = float(p[i, e.id]), self._top(p[i])
-                if q is not None and i < len(q):
-                    e.top_q = self._top(q[i])
+                e.p, e.top_p = float(p[i, e.id]), top_p[i]
+                if q_source is not None and i < len(q):
+                    e.top_q = top_q[i]
                     if e.status != "bonus":
                         e.q = float(q[i, e.id])
                 if e.status == "resampled" and residual is not None:
-                    e.residual_top = self._top(residual)
+                    e.residual_top = self._top_rows(residual[None])[0]
         self._unshown.clear()
 
     def _emit(self, new_tokens: list[int], statuses: list[str], token_events: list[TokenResult]) -> int:
@@ -426,8 +430,9 @@ class GenerationSession:
     def num_output_tokens(self) -> int:
         return len(self.tokens) - len(self.prompt_ids)
 
-    def _top(self, p, k: int = 5) -> list:
-        return [[i, self.tokenizer.token_text(i), prob] for i, prob in top_k(p, k)]
+    def _top_rows(self, p) -> list:  # [n, V] -> per row [[id, text, prob]] x 5
+        text = self.tokenizer.token_text
+        return [[[i, text(i), prob] for i, prob in row] for row in top_k_rows(p)]
 
     def _drain_block_events(self) -> list[dict]:
         """Take this session's block events from the pools it uses; other sessions' stay for them."""
