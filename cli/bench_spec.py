@@ -4,8 +4,8 @@ For every (k, temperature): 8 prompts (the first 16 characters of held-out lines
 the draft model and with plain decoding, in the same run, repeated and interleaved; reported with the
 seed's columns plus two predictions:
 - flat-verify bound (Leviathan et al., Theorem 3.8): E / (k c + 1), as if verifying k+1 tokens cost one step;
-- curve prediction: E / (k c + t(k+1)/t(1)), with the forward times measured in the same runs: t(1) from the
-  plain decoding runs, t(k+1) and the draft step (c = draft step / t(1)) from the speculative runs;
+- curve prediction: E / (k c + t(k+1)/t(1)), with the forward times measured in the same runs (means): t(1) from
+  the plain decoding runs, t(k+1) and the draft step (c = draft step / t(1)) from the speculative runs;
 where E = (1 - a^(k+1)) / (1 - a) is the expected number of tokens per target call at acceptance a. What the
 measured speedup loses against the curve prediction is what the session spends besides the models.
 
@@ -70,10 +70,12 @@ def run_prompts(engine, prompts, max_tokens, **settings):
     """-> (engine seconds, summaries) for one pass over the prompts."""
     total, summaries = 0.0, []
     for p in prompts:
-        events = list(GenerationSession(engine, p, {"max_tokens": max_tokens, **settings}).events())
+        session = GenerationSession(engine, p, {"max_tokens": max_tokens, **settings})
+        events = list(session.events())
         if events[-1].type != "done":
             raise RuntimeError(events[-1].message)
         s = events[-1].summary
+        s["target_ms_by_tokens"] = session.stats.target_ms_by_tokens     # every forward's time, for means
         total += s["elapsed_s"]
         summaries.append(s)
     return total, summaries
@@ -151,8 +153,10 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
 
 
 def in_run_ms(summaries, n: int) -> float:
-    """Median ms of the target forwards over n positions in these generations (median of each one's median)."""
-    return statistics.median(s["verify_ms_by_tokens"][n] for s in summaries if n in s["verify_ms_by_tokens"])
+    """Mean ms of the target forwards over n positions in these generations (a mean, as the measured speedup
+    is a ratio of total times: a median would leave out the slow calls that the totals include)."""
+    times = [t for s in summaries for t in s["target_ms_by_tokens"].get(n, [])]
+    return sum(times) / len(times)
 
 
 def curve_at(curve: dict[int, float], n: int) -> float:
