@@ -11,6 +11,9 @@ choices, each exact up to float32 rounding:
 - The RMSNorm weights (and a factor sqrt(C), see `rms_norm`) are folded into the matrix that follows
   each norm: (x * g) @ W = x @ (g[:, None] * W).
 - 1/sqrt(head_dim) is folded into the Q weights: RoPE is linear, so scaling before or after is the same.
+- Q and K columns are stored with each rotated pair side by side, so RoPE is one complex multiply.
+- The gate and down weights are stored negated, so SwiGLU needs no negation (see `swiglu`).
+- Softmax is normalised after the product with V.
 """
 from __future__ import annotations
 
@@ -220,8 +223,8 @@ def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_on
             K, V = kv.read(i)                                                      # [nkv, p0+n, hd] x2
         x += mm(attention(q, K, V, p0, causal), lw.w_o)
         gate_up = mm(rms_norm(x, c_eps), lw.w_gate_up)                             # [n, 2 I]
-        gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
-        x += mm(swiglu(gate, up), lw.w_down)
+        neg_gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
+        x += mm(swiglu(neg_gate, up), lw.w_down)
     if last_only:
         return rms_norm(x[-1:], c_eps) @ model.lm_head                             # [1, V]
     return mm(rms_norm(x, c_eps), model.lm_head)                                   # [n, V]
@@ -275,7 +278,7 @@ def forward_batch(model: Model, requests):
             att[a:b] = attention(qkv[a:b, :q_dim].reshape(b - a, nq, hd), K, V, p0)
         x += att @ lw.w_o
         gate_up = rms_norm(x, c_eps) @ lw.w_gate_up
-        gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
-        x += swiglu(gate, up) @ lw.w_down
+        neg_gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
+        x += swiglu(neg_gate, up) @ lw.w_down
     logits = rms_norm(x, c_eps) @ model.lm_head
     return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
