@@ -65,7 +65,7 @@ def bench_model(cfg: ModelConfig, seed: int = 0):
     return Model(cfg, weights), weights
 
 
-def decode_vs_no_cache(model: Model, weights, quick: bool) -> list[dict]:
+def decode_vs_no_cache(model: Model, quick: bool) -> list[dict]:
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, model.cfg.vocab_size, model.cfg.max_position_embeddings)
     rows = []
@@ -242,7 +242,7 @@ def machine() -> dict:
 def run_engine(quick: bool, models_dir=None) -> dict:
     cfg = ModelConfig.from_name("seed-target")
     model, weights = bench_model(cfg)
-    decode = decode_vs_no_cache(model, weights, quick)
+    decode = decode_vs_no_cache(model, quick)
     res = {
         "command": "decoding-playground bench engine" + (" --quick" if quick else ""),
         "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
