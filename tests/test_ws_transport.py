@@ -10,6 +10,7 @@ import numpy as np
 
 from app.json_view import dumps
 from app.ws_transport import CoalescingTransport, CoalescingWebSocketProtocol
+from test_ws_api import run      # a fresh loop in its own thread: the browser tests keep one running here
 
 
 class Recorder(asyncio.Transport):
@@ -47,7 +48,7 @@ def test_writes_of_one_turn_go_out_as_one_write_in_order():
         await asyncio.sleep(0)
         assert real.writes[1:] == [b"next"]
         assert (t.chunks, t.writes) == (6, 2)
-    asyncio.run(main())
+    run(main())
 
 
 def test_close_sends_what_is_pending_first_and_a_closing_transport_drops_it():
@@ -61,7 +62,7 @@ def test_close_sends_what_is_pending_first_and_a_closing_transport_drops_it():
         await asyncio.sleep(0)
         assert real.writes == [b"close frame"]
         assert t.get_extra_info("peername") == ("127.0.0.1", 1)
-    asyncio.run(main())
+    run(main())
 
 
 def test_the_protocol_is_uvicorns_default_one():
