@@ -29,6 +29,7 @@ NOTE (invariants):
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 from collections import deque
@@ -73,6 +74,17 @@ class CommandError(ValueError):
     def __init__(self, message: str, setting: str | None = None):
         super().__init__(message)
         self.setting = setting
+
+
+def json_object(text: str, what: str) -> dict:
+    """A client message as a JSON object, or a CommandError saying what was expected (`what`)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CommandError(f"not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise CommandError(what)
+    return data
 
 
 # --- commands (what the views parse client messages into) -----------------------------------------

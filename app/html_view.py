@@ -14,12 +14,11 @@ block size) is sent whole.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from markupsafe import Markup, escape
 
-from app.connection import Batch, Command, CommandError, Connection, Notice, parse_speed
+from app.connection import Batch, Command, CommandError, Connection, Notice, json_object, parse_speed
 from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, gauge_rows, model_options
 from app.recording import RECORDINGS
 from app.state import Playground
@@ -171,12 +170,7 @@ class HtmlView:
         conn.notice("hello")
 
     def parse(self, text: str, conn: Connection) -> list[Command]:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CommandError(f"not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise CommandError("expected the playground form as a JSON object")
+        data = json_object(text, "expected the playground form as a JSON object")
         if data.keys() == {"ack"}:              # the page has rendered this many of our messages
             if not isinstance(data["ack"], int) or isinstance(data["ack"], bool):
                 raise CommandError("ack: the number of messages rendered")

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from app.connection import Batch, Command, CommandError, Connection, Notice, parse_speed
+from app.connection import Batch, Command, CommandError, Connection, Notice, json_object, parse_speed
 
 
 class _Message(BaseModel):
@@ -92,12 +92,7 @@ class JsonView:
     default_speed = None      # programs want full speed unless they ask for pacing
 
     def parse(self, text: str, conn: Connection) -> list[Command]:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CommandError(f"not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise CommandError("a message is a JSON object with a 'type'")
+        data = json_object(text, "a message is a JSON object with a 'type'")
         try:
             msg = ClientMessage.validate_python(data)
         except ValidationError as e:
