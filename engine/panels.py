@@ -19,6 +19,8 @@ uses unchanged: its only operation on a weight is `x @ w`, which numpy hands to
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 PANEL_COLUMNS = 64
@@ -61,4 +63,5 @@ def use_panels(model, columns: int = PANEL_COLUMNS):
             setattr(lw, name, PanelWeight(getattr(lw, name), columns))
     model.lm_head = PanelWeight(model.lm_head, columns)
     model.split_rows = frozenset()     # panels already keep few-row products cheap (engine.model.matmul_rows)
+    model.dot = operator.matmul        # x @ panels: PanelWeight.__rmatmul__ (np.dot would not call it)
     return model
