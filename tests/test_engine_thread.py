@@ -6,7 +6,6 @@ app does, with pacing objects standing in for connections. Waits are bounded.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import time
 from types import SimpleNamespace
 
@@ -17,6 +16,7 @@ from app.engine_thread import PARKED, EngineThread, SessionLink
 from app.metrics import ServerMetrics
 from engine.registry import InferenceEngine, ModelRegistry
 from engine.session import GenerationSession
+from test_ws_api import run
 
 PROMPTS = ["def add(a, b):\n    return a", "class Foo:\n    def __init__(self", "import os\nimport s",
            "for i in range(10):\n    print(i", "x = [1, 2, 3]\ny = x"]
@@ -49,12 +49,6 @@ class Collector:
     @property
     def events(self):
         return [e for b in self.batches for e in b]
-
-
-def run(coro, timeout=60):
-    """On a fresh event loop in its own thread (the browser tests keep a loop running in the main one)."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, asyncio.wait_for(coro, timeout)).result()
 
 
 def blocks_used(engine) -> int:

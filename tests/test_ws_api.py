@@ -69,11 +69,11 @@ async def connect(base_url: str, path: str = "/api/ws", **kwargs):
         yield Client(ws)
 
 
-def run(coro):
-    """Run a scenario to its end (at most 120 s) on a fresh event loop in its own thread: Playwright's sync
-    API (the browser tests, same session) keeps a loop running in the main thread."""
+def run(coro, timeout: float = 120):
+    """Run a scenario to its end (at most `timeout` s) on a fresh event loop in its own thread: Playwright's
+    sync API (the browser tests, same session) keeps a loop running in the main thread."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, asyncio.wait_for(coro, 120)).result()
+        return pool.submit(asyncio.run, asyncio.wait_for(coro, timeout)).result()
 
 
 def wait_for_stats(base_url: str, predicate, timeout: float = 10.0) -> dict:
