@@ -9,13 +9,19 @@ Two numbers, both on the validation split (files the models never trained on):
   is the mean number of tokens emitted per target forward (accepted + 1).
 - `top1_agreement`: teacher-forced, the fraction of positions of validation windows where
   argmax(draft) == argmax(target).
+- `draft_cost`: c, the time of one draft decode step over one target decode step (KV cache, a
+  100-token context), the other number the speed-up of speculative decoding depends on.
 Uses the engine's inference forward (`engine.model.forward_no_cache`), so it measures what ships.
 """
 from __future__ import annotations
 
+import statistics
+import time
+
 import numpy as np
 
-from ..model import Model, forward_no_cache
+from ..kv_cache import KVCacheManager
+from ..model import Model, forward, forward_no_cache
 
 
 def speculative_greedy(target: Model, draft: Model, prompt, max_tokens=128, k=4):
@@ -56,3 +62,30 @@ def top1_agreement(target: Model, draft: Model, val_ids, n_windows=16, window=51
         same += int((forward_no_cache(target, w).argmax(-1) == forward_no_cache(draft, w).argmax(-1)).sum())
         total += window
     return round(same / total, 4)
+
+
+def draft_cost(target: Model, draft: Model, context=100, repeats=15, steps=20) -> dict:
+    """Median ms of one decode step of each model at `context` tokens (the step rolled back so that every
+    repeat is the same), the two interleaved so that machine noise falls on both; c = draft / target."""
+    ids = np.random.default_rng(0).integers(2, min(target.cfg.vocab_size, draft.cfg.vocab_size), context + 1)
+    loops = []
+    for m in (target, draft):
+        mgr = KVCacheManager(m.cfg, num_blocks=context // 16 + 2, block_size=16)
+        seq = mgr.new_sequence()
+        forward(m, ids[:context], 0, mgr.append_slots(seq, ids[:context]))
+
+        def loop(m=m, mgr=mgr, seq=seq):
+            for _ in range(steps):
+                forward(m, ids[context:], context, mgr.append_slots(seq, ids[context:]))
+                mgr.truncate(seq, context)
+        loops.append(loop)
+    times = [[], []]
+    for _ in range(repeats):
+        for i, loop in enumerate(loops):
+            loop()                                   # warm: as in a decode loop, weights in the CPU caches
+            t = time.perf_counter()
+            loop()
+            times[i].append((time.perf_counter() - t) / steps * 1e3)
+    target_ms, draft_ms = (statistics.median(t) for t in times)
+    return dict(target_step_ms=round(target_ms, 4), draft_step_ms=round(draft_ms, 4), c=round(draft_ms / target_ms, 3),
+                context=context)

@@ -15,7 +15,7 @@ import numpy as np
 from ..checkpoint import load_checkpoint
 from ..model import Model, forward_no_cache
 from .corpus import load_corpus
-from .evaluate import acceptance, top1_agreement
+from .evaluate import acceptance, draft_cost, top1_agreement
 
 TARGETS = ["target-mha", "target-gqa", "target-mqa"]
 DRAFT = "draft"
@@ -67,7 +67,7 @@ def fmt_minutes(s):
     return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
 
 
-def card(name, t, acc=None, sample=None, flops=None) -> str:
+def card(name, t, acc=None, sample=None, flops=None, cost=None) -> str:
     c, tc, corpus = t["config"], t["train_config"], t["corpus"]
     notes = tc.get("notes", "")
     notes = notes[:1].upper() + notes[1:]
@@ -84,7 +84,7 @@ def card(name, t, acc=None, sample=None, flops=None) -> str:
              f"| validation loss | **{t['val_loss']:.4f} nats/char** over the whole validation split "
              f"({t['val_tokens']:,} tokens) |"]
     prev = t.get("previous_stage")
-    if tc.get("distill_from") and t.get("val_loss_before_uptraining") is not None:
+    if prev and tc.get("distill_from") and t.get("val_loss_before_uptraining") is not None:
         lines.append(f"| before distillation | {t['val_loss_before_uptraining']:.4f} nats/char (same measure), "
                      f"after stage 1: {prev['steps']} steps x {prev['train_config']['batch_size']} x "
                      f"{prev['train_config']['seq_len']} tokens from scratch on the text, lr "
@@ -94,6 +94,9 @@ def card(name, t, acc=None, sample=None, flops=None) -> str:
     elif t.get("val_loss_before_uptraining") is not None:
         lines.append(f"| before uptraining | {t['val_loss_before_uptraining']:.4f} nats/char right after "
                      f"mean-pooling the K/V heads of `{Path(tc['init_from']).name}` (same measure) |")
+        if tc.get("distill_from"):
+            lines.append(f"| uptraining loss | cross-entropy against `{Path(tc['distill_from']).name}`'s next-token "
+                         "distribution on training windows (distillation from the MHA parent) |")
     lines += [f"| training | {t['steps']} steps x {tc['batch_size']} windows x {tc['seq_len']} tokens = "
               f"{t['tokens_seen']:,} tokens; AdamW (lr {tc['lr']:g}, betas {tc['beta1']}/{tc['beta2']}, weight decay "
               f"{tc['weight_decay']}), warmup {tc['warmup_steps']} + cosine to {tc['min_lr_ratio']:g} x lr, "
@@ -104,7 +107,13 @@ def card(name, t, acc=None, sample=None, flops=None) -> str:
         lines += [f"Cost per token: about {flops[0]:,} multiply-add FLOPs in the weight matrices, "
                   f"{flops[0] / flops[1]:.1%} of the MHA target's {flops[1]:,} (attention over the context "
                   "not counted). On this CPU small models are bound by numpy call overhead, so the wall-time "
-                  "ratio of a decode step is larger: see the engine benchmark.", ""]
+                  "ratio of a decode step is larger:", ""]
+    if cost:
+        lines += [f"Measured cost per token (`engine.training.evaluate.draft_cost`, {cost['date']}, medians of "
+                  f"interleaved loops of decode steps with the KV cache at a {cost['context']}-token context): one "
+                  f"draft step {cost['draft_step_ms']:.3f} ms, one target-mha step {cost['target_step_ms']:.3f} ms, "
+                  f"**c = {cost['c']:.3f}**. `decoding-playground bench engine` measures it again, in a loop and "
+                  "inside generations.", ""]
     if sample:
         lines += ["## What it writes", "",
                   "Greedy continuation (temperature 0) of the prompt `" + sample[0] + "`, 200 characters:", "",
@@ -127,6 +136,13 @@ def card(name, t, acc=None, sample=None, flops=None) -> str:
                 lines.append(f"| {tgt} | {a['acceptance_rate']:.3f} | {a['alpha']:.3f} | {a['mean_acceptance_length']:.2f} | "
                              f"{a['top1_agreement']:.3f} |")
         lines.append("")
+        by_k = acc.get("_by_k")
+        if by_k:
+            lines += ["Against target-mha, by the number of speculative tokens per round (same prompts):", "",
+                      "| speculative tokens | acceptance rate | alpha | mean acceptance length |", "|---|---|---|---|"]
+            lines += [f"| {k} | {a['acceptance_rate']:.3f} | {a['alpha']:.3f} | {a['mean_acceptance_length']:.2f} |"
+                      for k, a in by_k.items()]
+            lines.append("")
     lines += ["## Corpus", "",
               f"{corpus['selection']} in `{corpus['stdlib_dir']}` (Python {corpus['python_version']}): "
               f"{corpus['train_files']} training files ({corpus['train_chars']:,} characters), "
@@ -137,7 +153,7 @@ def card(name, t, acc=None, sample=None, flops=None) -> str:
               "## Reproduce", "", "```sh",
               *([f"OPENBLAS_NUM_THREADS=1 decoding-playground train --preset {t['preset']}",
                  f"OPENBLAS_NUM_THREADS=1 decoding-playground train --preset {t['preset']}-distilled"
-                 f"   # needs models/{Path(tc['distill_from']).name}"] if tc.get("distill_from") else
+                 f"   # needs models/{Path(tc['distill_from']).name}"] if prev and tc.get("distill_from") else
                 [f"OPENBLAS_NUM_THREADS=1 decoding-playground train --preset {t['preset']}"
                  + (f"   # needs models/{Path(tc['init_from']).name} first" if tc.get("init_from") else "")]),
               "```", "", "Validation loss during training (fixed windows):", "",
@@ -154,7 +170,7 @@ def main(argv=None):
     root = Path(args.models_dir)
     names = [n for n in TARGETS + [DRAFT] if (root / n / "training.json").exists()]
     info = {n: json.loads((root / n / "training.json").read_text()) for n in names}
-    acc = {}
+    acc, cost = {}, None
     if DRAFT in info:
         _, val_ids, _, _ = load_corpus()
         draft = Model(*load_checkpoint(root / DRAFT, with_tokenizer=False)[:2])
@@ -169,13 +185,19 @@ def main(argv=None):
             a = next(iter(acc.values()))
             acc["_setup"] = (f"{a['prompts']} prompts of {a['prompt_len']} characters, {a['max_tokens']} new tokens "
                              f"each, {a['num_speculative_tokens']} speculative tokens per round")
+        if "target-mha" in info:
+            target = Model(*load_checkpoint(root / "target-mha", with_tokenizer=False)[:2])
+            acc["_by_k"] = {k: acceptance(target, draft, val_ids, n_prompts=args.prompts, k=k) for k in (1, 2, 3, 4, 6)}
+            cost = dict(draft_cost(target, draft), date=time.strftime("%Y-%m-%d"))
+            print(f"draft cost: {cost}", flush=True)
     index = []
     flop = {n: matmul_flops(info[n]["config"]) for n in names}
     for n in names:
         t = info[n]
         sample = greedy_sample(root / n) if ROLE[n] == "target" else None
         flops = (flop[n], flop["target-mha"]) if n == DRAFT and "target-mha" in flop else None
-        (root / n / "README.md").write_text(card(n, t, acc if n == DRAFT else None, sample, flops))
+        (root / n / "README.md").write_text(card(n, t, acc if n == DRAFT else None, sample, flops,
+                                                 cost if n == DRAFT else None))
         entry = dict(name=n, path=f"{root.name}/{n}", role=ROLE[n], attention_kind=t["attention_kind"],
                      parameters=t["parameters"], val_loss=t["val_loss"],
                      num_hidden_layers=t["config"]["num_hidden_layers"], hidden_size=t["config"]["hidden_size"],
@@ -189,6 +211,8 @@ def main(argv=None):
             entry["val_loss_before_uptraining"] = t["val_loss_before_uptraining"]
         if n == DRAFT and acc:
             entry["acceptance_rate"] = {k: v["acceptance_rate"] for k, v in acc.items() if not k.startswith("_")}
+        if n == DRAFT and cost:
+            entry["draft_cost_c"] = cost["c"]
         index.append(entry)
     (root / "index.json").write_text(json.dumps({"models": index}, indent=2) + "\n")
     write_overview(root, info, acc)

@@ -254,5 +254,11 @@ def train(tc: TrainConfig, out: str | Path, state_dir: str | Path | None = None,
                    val_tokens=val_tokens, val_loss_before_uptraining=(round(loss_before, 4)
                                                                       if loss_before is not None else None),
                    history=history, numpy=np.__version__, python=sys.version.split()[0])
+    earlier = Path(tc.init_from or "") / "training.json"
+    if tc.init_from and src_cfg.num_key_value_heads == cfg.num_key_value_heads and earlier.exists():
+        # this run continued another of the same architecture (the draft's distillation stage): keep its record
+        e = json.loads(earlier.read_text())
+        summary["previous_stage"] = {k: e[k] for k in ("steps", "train_config", "train_seconds", "val_loss",
+                                                       "tokens_seen", "history") if k in e}
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -5,7 +5,7 @@ import numpy as np
 from engine.checkpoint import init_weights
 from engine.config import ModelConfig
 from engine.model import Model, forward_no_cache
-from engine.training.evaluate import acceptance, speculative_greedy
+from engine.training.evaluate import acceptance, draft_cost, speculative_greedy
 
 
 def test_speculative_greedy_equals_target_greedy():
@@ -29,3 +29,11 @@ def test_acceptance_report_fields():
     m = Model(cfg, init_weights(cfg, seed=1, std=0.5))
     r = acceptance(m, m, np.arange(200) % 50, n_prompts=2, prompt_len=8, max_tokens=10, k=4)
     assert r["acceptance_rate"] == 1.0 and r["mean_acceptance_length"] == 5.0  # 4 accepted + 1 bonus per target forward
+
+
+def test_draft_cost_is_the_ratio_of_the_two_decode_steps():
+    cfg = ModelConfig.from_name("ci-tiny")
+    m = Model(cfg, init_weights(cfg, seed=1, std=0.5))
+    r = draft_cost(m, m, context=20, repeats=3, steps=2)
+    assert r["target_step_ms"] > 0 and r["draft_step_ms"] > 0 and r["context"] == 20
+    assert r["c"] == round(r["draft_step_ms"] / r["target_step_ms"], 3)

@@ -68,3 +68,14 @@ def test_cli_help_explains_presets(capsys):
     text = capsys.readouterr().out
     for name in RECIPES:
         assert name in text
+
+
+def test_a_continued_run_keeps_the_record_of_the_stage_before(tmp_path, corpus):
+    quiet = lambda s: None  # noqa: E731
+    first = train(tiny_config(steps=6, eval_every=3), tmp_path / "a", state_dir=tmp_path / "sa", corpus=corpus, log=quiet)
+    second = train(tiny_config(steps=4, eval_every=2, init_from=str(tmp_path / "a")), tmp_path / "b",
+                   state_dir=tmp_path / "sb", corpus=corpus, log=quiet)
+    stage = second["previous_stage"]
+    assert stage["steps"] == 6 and stage["val_loss"] == first["val_loss"]
+    assert stage["train_seconds"] == first["train_seconds"]
+    assert "previous_stage" not in first
