@@ -14,6 +14,7 @@ from app.config import AppConfig
 from app.connection import Batch
 from app.html_view import HtmlView
 from app.main import create_app
+from app.presets import DEFAULT_PROMPT
 from app.recording import MAX_EVENTS, RECORDINGS, Recording, RecordingError, RecordingStore
 from app.replay import replay_frames, rounds_of
 from engine.kv_memory import paging_waste, seed_request_mix
@@ -262,7 +263,8 @@ def test_cost_model_projects_a_memory_bound_accelerator(client):
 
 
 # --- faults, race, distribution ---------------------------------------------------------------------------------
-FORM = {"prompt": PROMPT, "method": "draft_model", "num_speculative_tokens": "4", "max_tokens": "40",
+# the page's default prompt: there the shipped draft is rejected within the first tokens, which the faults need
+FORM = {"prompt": DEFAULT_PROMPT, "method": "draft_model", "num_speculative_tokens": "4", "max_tokens": "40",
         "temperature": "0", "seed": "0", "kv_cache": "true", "enable_prefix_caching": "true"}
 
 

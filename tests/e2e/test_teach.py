@@ -12,6 +12,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
+from app.presets import DEFAULT_PROMPT
 from e2e.test_playground import PROMPT, open_page, url, wait_state, wait_until
 from engine.kv_memory import paging_waste, seed_request_mix
 from engine.theory import expected_tokens_per_round
@@ -138,7 +139,9 @@ def test_memory_and_paging_show_the_seeds_figures_and_the_live_pool(live_server,
 
 
 def test_faults_side_by_side_with_the_divergence_marked(live_server, page, artifacts_dir):
-    open_page(page, url(live_server, view="faults", method="draft_model", num_speculative_tokens=4, prompt=PROMPT))
+    # the page's default prompt: there the shipped draft is rejected within the first tokens
+    open_page(page, url(live_server, view="faults", method="draft_model", num_speculative_tokens=4,
+                        prompt=DEFAULT_PROMPT))
     only_view(page, "faults")
     page.click("#view-faults .toggle:has-text('truncate')")
     page.wait_for_selector("#faults-result .fault-result[data-fault='no_truncate']", timeout=30_000)
