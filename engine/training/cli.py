@@ -41,8 +41,9 @@ def _describe() -> str:
     lines = ["presets (architecture from engine.config.PRESETS, recipe from engine.training.cli.RECIPES):"]
     for name, r in RECIPES.items():
         cfg = ModelConfig.from_name(r.get("arch", name))
+        layers = f"{cfg.num_hidden_layers} layer{'s' if cfg.num_hidden_layers > 1 else ''}"
         lines.append(
-            f"  {name:<11} {cfg.num_hidden_layers} layer{'s' if cfg.num_hidden_layers > 1 else ''} x width {cfg.hidden_size}, {cfg.num_attention_heads} "
+            f"  {name:<11} {layers} x width {cfg.hidden_size}, {cfg.num_attention_heads} "
             f"query / {cfg.num_key_value_heads} KV heads ({cfg.attention_kind}), {cfg.num_parameters():,} params; "
             f"{r['steps']} steps x {r['batch_size']} x {r['seq_len']} tokens, lr {r['lr']:g}"
             f"{', from ' + r['init_from'] if r.get('init_from') else ''}"

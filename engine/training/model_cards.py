@@ -1,5 +1,6 @@
 """Write the model cards (models/<name>/README.md), models/README.md and models/index.json from the
-`training.json` each training run leaves, plus the draft's greedy acceptance against each target.
+`training.json` each training run leaves, plus the draft's greedy acceptance against each target and its
+cost c per step (measured here: run it on an otherwise idle machine).
 
     OPENBLAS_NUM_THREADS=1 python -m engine.training.model_cards [--models-dir models]
 """
