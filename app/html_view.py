@@ -51,6 +51,11 @@ def _p(x) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
+def layers(model: dict) -> str:
+    n = model["num_hidden_layers"]
+    return f"{n} layer{'s' if n != 1 else ''}"
+
+
 def token_html(t) -> str:
     """One streamed token. Built here rather than by a template macro: it is the hot path at full speed
     (several macro calls per token); every value that is not a fixed string is escaped."""
@@ -354,11 +359,10 @@ class HtmlView:
         frame.replace["error"] = m.error(None)
         frame.metrics = {}
         md = e.model
-        info = (f"{md['name']}: {md['num_hidden_layers']} layers × width {md['hidden_size']}, "
+        info = (f"{md['name']}: {layers(md)} × width {md['hidden_size']}, "
                 f"{md['num_attention_heads']} query heads, {md['num_key_value_heads']} KV heads ({md['attention']})")
         if e.draft_model and e.settings["method"] == "draft_model":
-            info += f" · draft {e.draft_model['name']}: {e.draft_model['num_hidden_layers']} layers × width " \
-                    f"{e.draft_model['hidden_size']}"
+            info += f" · draft {e.draft_model['name']}: {layers(e.draft_model)} × width {e.draft_model['hidden_size']}"
         frame.replace["model-info"] = m.model_info(info)
         frame.append("notes", m.note("started", f"new run: {len(e.prompt_tokens)} prompt tokens, "
                                                 f"{e.settings['method'].replace('_', ' ')}, seed {e.settings['seed']}"))
