@@ -301,7 +301,7 @@ def engine_markdown(r: dict) -> str:
              "| target | measured | goal |", "|---|---|---|"]
     for k, (got, goal) in r["targets"].items():
         if k.endswith("max_error"):   # an error bound: smaller is better
-            lines.append(f"| {k} | {got:.0%} | <= {goal:.0%} {'ok' if got <= goal else 'MISSED'} |")
+            lines.append(f"| {k} | {got:.1%} | <= {goal:.0%} {'ok' if got <= goal else 'MISSED'} |")
         else:
             lines.append(f"| {k} | {got:.2f}x | >= {goal:g}x {'ok' if got >= goal else 'MISSED'} |")
     lines += ["", "Decode ms per token (median), with and without the KV cache:", "",
