@@ -190,7 +190,8 @@ def main(argv=None):
             target = Model(*load_checkpoint(root / "target-mha", with_tokenizer=False)[:2])
             acc["_by_k"] = {k: acceptance(target, draft, val_ids, n_prompts=args.prompts, k=k) for k in (1, 2, 3, 4, 6)}
             cost = dict(draft_cost(target, draft), date=time.strftime("%Y-%m-%d"))
-            print(f"draft cost: {cost}", flush=True)
+            print(f"draft cost: c = {cost['c']:.3f} ({cost['draft_step_ms']:.4f} / {cost['target_step_ms']:.4f} ms)",
+                  flush=True)
     index = []
     flop = {n: matmul_flops(info[n]["config"]) for n in names}
     for n in names:
@@ -213,7 +214,7 @@ def main(argv=None):
         if n == DRAFT and acc:
             entry["acceptance_rate"] = {k: v["acceptance_rate"] for k, v in acc.items() if not k.startswith("_")}
         if n == DRAFT and cost:
-            entry["draft_cost_c"] = cost["c"]
+            entry["draft_cost_c"] = round(cost["c"], 3)
         index.append(entry)
     (root / "index.json").write_text(json.dumps({"models": index}, indent=2) + "\n")
     write_overview(root, info, acc)
