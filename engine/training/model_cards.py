@@ -175,9 +175,10 @@ def main(argv=None):
     if DRAFT in info:
         _, val_ids, _, _ = load_corpus()
         draft = Model(*load_checkpoint(root / DRAFT, with_tokenizer=False)[:2])
+        targets = {}
         for tgt in [n for n in TARGETS if n in info]:
             t0 = time.perf_counter()
-            target = Model(*load_checkpoint(root / tgt, with_tokenizer=False)[:2])
+            target = targets[tgt] = Model(*load_checkpoint(root / tgt, with_tokenizer=False)[:2])
             a = acceptance(target, draft, val_ids, n_prompts=args.prompts)
             a["top1_agreement"] = top1_agreement(target, draft, val_ids)
             acc[tgt] = a
@@ -186,9 +187,10 @@ def main(argv=None):
             a = next(iter(acc.values()))
             acc["_setup"] = (f"{a['prompts']} prompts of {a['prompt_len']} characters, {a['max_tokens']} new tokens "
                              f"each, {a['num_speculative_tokens']} speculative tokens per round")
-        if "target-mha" in info:
-            target = Model(*load_checkpoint(root / "target-mha", with_tokenizer=False)[:2])
-            acc["_by_k"] = {k: acceptance(target, draft, val_ids, n_prompts=args.prompts, k=k) for k in (1, 2, 3, 4, 6)}
+        if "target-mha" in targets:
+            target, default_k = targets["target-mha"], acc["target-mha"]["num_speculative_tokens"]
+            acc["_by_k"] = {k: acc["target-mha"] if k == default_k else
+                            acceptance(target, draft, val_ids, n_prompts=args.prompts, k=k) for k in (1, 2, 3, 4, 6)}
             cost = dict(draft_cost(target, draft), date=time.strftime("%Y-%m-%d"))
             print(f"draft cost: c = {cost['c']:.3f} ({cost['draft_step_ms']:.4f} / {cost['target_step_ms']:.4f} ms)",
                   flush=True)
