@@ -160,8 +160,15 @@ class BlockPool:
         """One letter per block: f free, c cached (free, prefix kept), u used, s shared (ref_cnt > 1)."""
         return self._states.decode("ascii")
 
-    def drain_events(self) -> list[BlockEvent]:
-        events, self.events = self.events, []
+    def drain_events(self, owners=None) -> list[BlockEvent]:
+        """Take the events recorded so far: all, or those of `owners` ({(pool, seq_id)}: one session's
+        sequences, when several sessions share the pool), leaving the others' for them."""
+        if owners is None or not self.events:
+            events, self.events = self.events, []
+            return events
+        mine = [(e.pool, e.seq_id) in owners for e in self.events]
+        events = [e for e, m in zip(self.events, mine) if m]
+        self.events = [e for e, m in zip(self.events, mine) if not m]
         return events
 
     def check_invariants(self) -> None:

@@ -436,16 +436,8 @@ class GenerationSession:
 
     def _drain_block_events(self) -> list[dict]:
         """Take this session's block events from the pools it uses; other sessions' stay for them."""
-        out = []
-        for mgr in self.engine.managers.values():
-            pool = mgr.pool
-            if not pool.events:
-                continue
-            mine = [(e.pool, e.seq_id) in self._seq_ids for e in pool.events]
-            out += [{"kind": e.kind, "block_id": e.block_id, "pool": e.pool}
-                    for e, m in zip(pool.events, mine) if m]
-            pool.events = [e for e, m in zip(pool.events, mine) if not m]
-        return out
+        return [{"kind": e.kind, "block_id": e.block_id, "pool": e.pool}
+                for mgr in self.engine.managers.values() for e in mgr.pool.drain_events(self._seq_ids)]
 
     def _kv_event(self) -> KVBlocks:
         pools = []
