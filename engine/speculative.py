@@ -98,14 +98,12 @@ def ngram_propose(context, k: int, min_n: int, max_n: int) -> np.ndarray:
     occurs earlier in the context, and propose the (up to) k tokens that followed its latest earlier
     occurrence. Returns an empty array when nothing matches.
     """
-    ctx = np.asarray(context, dtype=np.int64)
-    L = len(ctx)
+    # One character per token id (str holds any id below 0x110000), so that str.rfind, a C loop, finds
+    # the latest earlier occurrence: ~10x faster than comparing numpy windows, which cost ~0.1 ms a round.
+    ids = [int(t) for t in context]
+    text, L = "".join(map(chr, ids)), len(ids)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
-        suffix = ctx[L - n:]
-        windows = np.lib.stride_tricks.sliding_window_view(ctx[:L - 1], n)   # starts 0 .. L-1-n
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        hits = hits[hits + n < L]               # something must follow the match
-        if len(hits):
-            start = hits[-1] + n
-            return ctx[start:start + k].copy()
+        start = text.rfind(text[L - n:], 0, L - 1)     # a match that ends before the last token
+        if start >= 0:
+            return np.array(ids[start + n:start + n + k], dtype=np.int64)
     return np.zeros(0, dtype=np.int64)

@@ -111,6 +111,25 @@ def test_ngram_lookup():
     assert ngram_propose([1, 2, 1], 4, 1, 1).tolist() == [2, 1]
 
 
+def naive_ngram_propose(ctx, k, min_n, max_n):  # the definition, position by position
+    L = len(ctx)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        for start in range(L - 1 - n, -1, -1):          # latest first; the match ends before the last token
+            if ctx[start:start + n] == ctx[L - n:]:
+                return ctx[start + n:start + n + k]
+    return []
+
+
+def test_ngram_lookup_matches_the_definition_on_random_contexts():
+    rng = np.random.default_rng(0)
+    for trial in range(2000):
+        alphabet = rng.integers(0, 50_000, int(rng.integers(1, 6)))    # few distinct ids: matches happen
+        ctx = [int(t) for t in rng.choice(alphabet, int(rng.integers(1, 40)))]
+        k, min_n = int(rng.integers(1, 8)), int(rng.integers(1, 4))
+        max_n = min_n + int(rng.integers(0, 4))
+        assert ngram_propose(ctx, k, min_n, max_n).tolist() == naive_ngram_propose(ctx, k, min_n, max_n), ctx
+
+
 def test_sampled_generation_is_reproducible_with_a_seed(family):
     engine = family()
     a = run(engine, method="draft_model", temperature=0.8, seed=7, max_tokens=50)[2]["text"]
