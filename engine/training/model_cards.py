@@ -242,25 +242,32 @@ def greedy_sample(path, prompt=PROMPT, n=200):
     return prompt, tok.decode(ids[len(tok.encode(prompt)):])
 
 
+# Uptraining for exactly 5% of the MHA's steps, as Ainslie et al. do (by hand, 2026-11-29: `decoding-playground
+# train --preset target-gqa --steps 180 --out DIR`, likewise target-mqa; the recipe's schedule then warms up and
+# decays over those 180 steps): whole-split validation loss. Not shipped: short of the quality bars.
+FIVE_PERCENT_RUNS = {"date": "2026-11-29", "steps": 180, "val_loss": {"target-gqa": 1.2694, "target-mqa": 1.3597}}
+
+
 def uptraining_text(info) -> str:
-    """How GQA and MQA were made, with the figures of their runs (fixed-window losses at 5% of the MHA's steps)."""
+    """How GQA and MQA were made, with the figures of their runs and of runs of exactly 5% of the MHA's steps."""
     text = ("GQA and MQA were made from the MHA checkpoint as Ainslie et al. (2023) do: mean-pool the K and V "
             "projection heads, then uptrain (here by distillation from the MHA parent).")
     mha = info.get("target-mha")
     if not mha:
         return text
-    five, mha_fixed = round(0.05 * mha["steps"]), mha["history"][-1]["val_loss"]
     parts = []
     for n in ("target-gqa", "target-mqa"):
         t = info.get(n)
         if not t:
             continue
-        at5 = next((h["val_loss"] for h in t["history"] if h["step"] == five), None)
+        five = FIVE_PERCENT_RUNS["val_loss"].get(n)
         parts.append(f"{n} {t['steps']} steps ({t['steps'] / mha['steps']:.0%} of the MHA's {mha['steps']}), "
                      f"{t['val_loss']:.4f} nats/char ({t['val_loss'] - mha['val_loss']:+.3f} vs MHA)"
-                     + (f"; at 5% (step {five}) {at5:.3f} on the fixed validation windows, where the MHA ends at "
-                        f"{mha_fixed:.3f} ({at5 - mha_fixed:+.3f})" if at5 is not None else ""))
-    return text + " " + "; ".join(parts) + "." if parts else text
+                     + (f"; a run of exactly 5% ({FIVE_PERCENT_RUNS['steps']} steps, its schedule ending there; "
+                        f"{FIVE_PERCENT_RUNS['date']}) reached {five:.4f} ({five - mha['val_loss']:+.3f})"
+                        if five is not None else ""))
+    return (text + " " + "; ".join(parts) + ". The quality bars (GQA within 0.05, MQA within 0.10 of the MHA) "
+            "need more than 5% for models this small, hence the longer runs.") if parts else text
 
 
 def write_overview(root, info, acc):
