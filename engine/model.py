@@ -169,10 +169,11 @@ def attention(q, k, v, p0, causal=True):  # [n, nq, hd], [nkv, T, hd] x2, first 
     g = nq // nkv
     if n == 1:                                                                     # decode: no mask
         # K [T, hd] @ q.T rather than q @ K.T: OpenBLAS runs a product with a transposed [T, hd]
-        # operand ~1.7x slower, and the copy that puts the scores back in [g, T] order is small
-        # (none when g = 1, as in MHA: [T, 1] and [1, T] are the same numbers).
-        s = k @ q.reshape(nkv, g, hd).transpose(0, 2, 1)                           # [nkv, T, g]
-        s = s.reshape(nkv, 1, T) if g == 1 else np.ascontiguousarray(s.transpose(0, 2, 1))
+        # operand ~1.7x slower; the copy that puts the scores back in [g, T] order is small.
+        if g == 1:   # MHA: q as [nkv, hd, 1] is a plain reshape, and scores [T, 1] are already [1, T]
+            s = (k @ q.reshape(nkv, hd, 1)).reshape(nkv, 1, T)
+        else:
+            s = np.ascontiguousarray((k @ q.reshape(nkv, g, hd).transpose(0, 2, 1)).transpose(0, 2, 1))
         return softmax_weighted_sum(s, v).reshape(1, nq * hd)                       # s: [nkv, g, T]
     qg = q.reshape(n, nkv, g, hd).transpose(1, 0, 2, 3).reshape(nkv, n * g, hd)   # [nkv, n g, hd]
     s = (qg @ k.transpose(0, 2, 1)).reshape(nkv, n, g, T)                          # [nkv, n, g, T]
