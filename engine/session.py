@@ -34,7 +34,7 @@ from .registry import InferenceEngine, LoadedModel
 from .runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, RecomputeRunner
 from .sampling import probs_from_logits, sample, softmax, top_k_rows
 from .settings import LIVE_SETTINGS, MAX_PROMPT_CHARS, GenerationSettings, SettingsError
-from .speculative import verify
+from .speculative import verify, verify_greedy
 from .tokenizer import StreamDecoder
 
 MAX_GAMMA = 16
@@ -256,8 +256,12 @@ class GenerationSession:
         target_ms = (time.perf_counter() - t) * 1e3
         self.stats.target_forward(target_ms, len(drafts) + 1)
         greedy = s.temperature == 0
-        p = probs_from_logits(logits, s.temperature, s.top_p)
-        verdicts, residual = verify(drafts, q, p, self.rng, greedy, s.fault != "unnormalized_residual")
+        if greedy:    # point masses on the argmax: verification compares ids, no distributions are built
+            p = None
+            verdicts, residual = verify_greedy(drafts, logits.argmax(axis=-1).tolist(), logits.shape[-1])
+        else:
+            p = probs_from_logits(logits, s.temperature, s.top_p)
+            verdicts, residual = verify(drafts, q, p, self.rng, False, s.fault != "unnormalized_residual")
         n_acc = sum(v.status == "accepted" for v in verdicts)
         self.stats.record_round(len(drafts), n_acc)
         shown = [TokenResult(self.round, v.position, v.token_id, self.tokenizer.token_text(v.token_id), v.status,

@@ -68,28 +68,48 @@ def verify(draft_tokens, q_probs, p_probs, rng: np.random.Generator, greedy: boo
     Returns the verdicts in order (accepted..., then rejected + resampled, or a bonus) and, after a
     rejection, the residual distribution the replacement was drawn from (for the token inspector).
     """
+    if greedy:
+        return verify_greedy(draft_tokens, np.argmax(p_probs, axis=-1).tolist(), p_probs.shape[-1])
     verdicts = []
     k = len(draft_tokens)
     for i, x in enumerate(draft_tokens):
         p, q = p_probs[i], q_probs[i]
         a = acceptance_probability(p[x], q[x])
-        r = None if greedy else float(rng.random())
-        accepted = (a == 1.0) if greedy else (r < a)
+        r = float(rng.random())
+        accepted = r < a
         verdicts.append(TokenVerdict(int(x), "accepted" if accepted else "rejected", float(p[x]), float(q[x]),
                                      a, r, i + 1))
         if not accepted:
             res = residual_distribution(p, q, normalize_residual)
-            if greedy:
-                t = int(np.argmax(p))
-            elif normalize_residual:
+            if normalize_residual:
                 t = sample(res, rng)
             else:   # the teaching fault: numpy itself refuses, as it did in the seed article
                 t = int(rng.choice(len(res), p=res))
             verdicts.append(TokenVerdict(t, "resampled", float(p[t]), float(q[t]), None, None, i + 1))
             return verdicts, res
     p = p_probs[k]
-    t = int(np.argmax(p)) if greedy else sample(p, rng)
+    t = sample(p, rng)
     verdicts.append(TokenVerdict(t, "bonus", float(p[t]), None, None, None, k + 1))
+    return verdicts, None
+
+
+def verify_greedy(draft_tokens, target_ids, vocab_size: int) -> tuple[list[TokenVerdict], np.ndarray | None]:
+    """`verify` at temperature 0, from the target's argmax ids [k+1]: p and q are point masses, so the rule is
+    a comparison of ids (no [k+1, V] distributions to build). The residual after a rejection is the point
+    mass on the target's token."""
+    verdicts = []
+    for i, x in enumerate(draft_tokens):
+        t = target_ids[i]
+        if x == t:
+            verdicts.append(TokenVerdict(int(x), "accepted", 1.0, 1.0, 1.0, None, i + 1))
+            continue
+        verdicts.append(TokenVerdict(int(x), "rejected", 0.0, 1.0, 0.0, None, i + 1))
+        verdicts.append(TokenVerdict(int(t), "resampled", 1.0, 0.0, None, None, i + 1))
+        residual = np.zeros(vocab_size)
+        residual[t] = 1.0
+        return verdicts, residual
+    t = target_ids[len(draft_tokens)]
+    verdicts.append(TokenVerdict(int(t), "bonus", 1.0, None, None, None, len(draft_tokens) + 1))
     return verdicts, None
 
 

@@ -2,9 +2,10 @@
 import numpy as np
 import pytest
 
-from engine.sampling import probs_from_logits, sample, top_p_filter
+from engine.sampling import probs_from_logits, sample, top_k_rows, top_p_filter
 from engine.session import GenerationSession
-from engine.speculative import first_token_distribution, ngram_propose, verify
+from engine.proposers import point_masses
+from engine.speculative import first_token_distribution, ngram_propose, verify, verify_greedy
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 
@@ -101,6 +102,31 @@ def test_temperature_and_top_p_shape_p_and_q_alike():
     assert hot[0] < cold[0]
     nucleus = top_p_filter(probs_from_logits(logits, 1.0), 0.8)
     assert nucleus[-1] == 0 and abs(nucleus.sum() - 1) < 1e-12
+
+
+def test_greedy_verification_is_rejection_sampling_with_point_masses():
+    """verify_greedy (ids only) gives what the general rule gives for the point masses of temperature 0."""
+    rng = np.random.default_rng(0)
+    V = 7
+    for trial in range(500):
+        k = int(rng.integers(1, 6))
+        drafts = rng.integers(0, V, k).tolist()
+        target = rng.integers(0, V, k + 1).tolist()
+        target[:k] = [d if rng.random() < 0.7 else t for d, t in zip(drafts, target[:k])]   # mostly agree
+        fast, fast_res = verify_greedy(drafts, target, V)
+        full, full_res = verify(drafts, point_masses(drafts, V), point_masses(target, V), rng, greedy=False)
+        assert [(v.token_id, v.status, v.p, v.q, v.accept_prob, v.position) for v in fast] == \
+               [(v.token_id, v.status, v.p, v.q, v.accept_prob, v.position) for v in full]
+        assert (fast_res is None) == (full_res is None)
+        if fast_res is not None:
+            assert fast_res.tolist() == full_res.tolist()
+
+
+def test_top_k_rows_lists_each_rows_most_likely_tokens_in_order():
+    p = probs_from_logits(np.random.default_rng(0).standard_normal((6, 300)), 1.0)
+    expected = [[(int(i), float(row[i])) for i in np.argsort(-row)[:5]] for row in p]
+    assert top_k_rows(p) == expected
+    assert [len(r) for r in top_k_rows(p[:, :3])] == [3] * 6          # fewer tokens than k
 
 
 def test_ngram_lookup():
