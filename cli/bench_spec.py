@@ -4,8 +4,10 @@ For every (k, temperature): 8 prompts (the first 16 characters of held-out lines
 the draft model and with plain decoding, in the same run, repeated and interleaved; reported with the
 seed's columns plus two predictions:
 - flat-verify bound (Leviathan et al., Theorem 3.8): E / (k c + 1), as if verifying k+1 tokens cost one step;
-- curve prediction: E / (k c + t(k+1)/t(1)), with the forward times measured in the same runs (means): t(1) from
-  the plain decoding runs, t(k+1) and the draft step (c = draft step / t(1)) from the speculative runs;
+- curve prediction: E / (k c + t(k+1)/t(1)), with the forward times measured in the same runs: t(1) from the
+  plain decoding runs, t(k+1) and the draft step (c = draft step / t(1)) from the speculative runs, as means
+  within each repeat; the prediction of each repeat, then their median (the measured speedup is a ratio of
+  medians over the same repeats);
 where E = (1 - a^(k+1)) / (1 - a) is the expected number of tokens per target call at acceptance a. What the
 measured speedup loses against the curve prediction is what the session spends besides the models.
 
@@ -98,7 +100,7 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
     by_temperature = []
     for temp in temps:
         rows = []
-        base_times, spec_times = [], {k: [] for k in ks}
+        base_runs, spec_runs = [], {k: [] for k in ks}     # per repeat: the summaries of its generations
         for _ in range(repeats):    # prompt by prompt: the baseline, then every k, so that noise hits all alike
             base_sum, spec_sum = [], {k: [] for k in ks}
             for prompt in prompts:
@@ -106,15 +108,20 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
                 for k in ks:
                     spec_sum[k] += run_prompts(engine, [prompt], max_tokens, method="draft_model", temperature=temp,
                                                num_speculative_tokens=k)[1]
-            base_times.append(sum(x["elapsed_s"] for x in base_sum))
+            base_runs.append(base_sum)
             for k in ks:
-                spec_times[k].append(sum(x["elapsed_s"] for x in spec_sum[k]))
-        base_text = [x["text"] for x in base_sum]
-        base_t = statistics.median(base_times)
-        t1 = in_run_ms(base_sum, 1)
+                spec_runs[k].append(spec_sum[k])
+        base_text = [x["text"] for x in base_runs[-1]]
+        base_t = statistics.median(elapsed(run) for run in base_runs)
+        t1 = statistics.median(in_run_ms(run, 1) for run in base_runs)
         for k in ks:
-            s = spec_sum[k]
-            c_run = sum(x["draft_time_s"] for x in s) * 1e3 / sum(x["draft_forward_calls"] for x in s) / t1
+            s = spec_runs[k][-1]     # counts from the last repeat
+            # the in-run figures of each repeat, then their median: the measured speedup is a ratio of medians
+            # over the same repeats (one repeat's figures alone would carry that repeat's noise)
+            c_runs = [sum(x["draft_time_s"] for x in run) * 1e3 / sum(x["draft_forward_calls"] for x in run)
+                      / in_run_ms(base, 1) for run, base in zip(spec_runs[k], base_runs)]
+            v_runs = [in_run_ms(run, k + 1) / in_run_ms(base, 1) for run, base in zip(spec_runs[k], base_runs)]
+            c_run, v_run = statistics.median(c_runs), statistics.median(v_runs)
             accepted = sum(x["num_accepted_tokens"] for x in s)
             proposed = sum(x["num_draft_tokens"] for x in s)
             drafts = sum(x["num_drafts"] for x in s)
@@ -130,10 +137,10 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
                 "mean_acceptance_length": 1 + accepted / drafts,
                 "tokens_per_target_call": out_tokens / target_calls, "formula_E": e,
                 "flat_verify_bound": e / (k * c_run + 1),
-                "c_in_run": c_run, "verify_ratio_in_run": in_run_ms(s, k + 1) / t1,
-                "curve_prediction": e / (k * c_run + in_run_ms(s, k + 1) / t1),
+                "c_in_run": c_run, "verify_ratio_in_run": v_run,
+                "curve_prediction": statistics.median(e / (k * cr + vr) for cr, vr in zip(c_runs, v_runs)),
                 "isolated_curve_prediction": e / (k * c + curve_at(curve, k + 1) / curve[1]),
-                "speedup": base_t / statistics.median(spec_times[k]),
+                "speedup": base_t / statistics.median(elapsed(run) for run in spec_runs[k]),
                 "identical_to_greedy": [x["text"] for x in s] == base_text if temp == 0 else None,
             })
         by_temperature.append({"temperature": temp, "baseline_s": base_t, "t1_in_run_ms": t1,
@@ -159,6 +166,11 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
     return {"target": target.name, "draft": draft.name, "c": c, "draft_step_ms": draft_step,
             "verify_curve_ms": curve, "verify_curve_ratio": {n: v / curve[1] for n, v in curve.items()},
             "prompts": prompts, "max_tokens": max_tokens, "by_temperature": by_temperature, "ngram": ngram}
+
+
+def elapsed(summaries) -> float:
+    """Engine seconds of one pass over the prompts."""
+    return sum(x["elapsed_s"] for x in summaries)
 
 
 def in_run_ms(summaries, n: int) -> float:
