@@ -321,16 +321,20 @@ class GenerationSession:
         """
         for events, p_source, p_is_logits, q_source, q_is_logits, residual in self._unshown:
             n = max(e.position for e in events)                                    # rows shown
-            p = softmax(p_source[:n]) if p_is_logits else p_source[:n]             # [positions, V]
-            top_p = self._top_rows(p)
-            if q_source is not None:                                               # [drafts, V]
-                q = softmax(q_source[:n]) if q_is_logits else q_source[:n]
-                top_q = self._top_rows(q)
+            p = p_source[:n]                                                       # [positions, V]
+            q = None if q_source is None else q_source[:n]                         # [drafts, V]
+            if q is not None and p_is_logits and q_is_logits:   # one softmax and one top-5 for both: per-call
+                both = softmax(np.concatenate([p, q]))           # overhead is most of this work
+                p, q = both[:len(p)], both[len(p):]
+            else:
+                p = softmax(p) if p_is_logits else p
+                q = softmax(q) if q is not None and q_is_logits else q
+            tops = self._top_rows(p if q is None else np.concatenate([p, q]))
             for e in events:
                 i = e.position - 1
-                e.p, e.top_p = float(p[i, e.id]), top_p[i]
-                if q_source is not None and i < len(q):
-                    e.top_q = top_q[i]
+                e.p, e.top_p = float(p[i, e.id]), tops[i]
+                if q is not None and i < len(q):
+                    e.top_q = tops[len(p) + i]
                     if e.status != "bonus":
                         e.q = float(q[i, e.id])
                 if e.status == "resampled" and residual is not None:
