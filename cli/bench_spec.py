@@ -94,7 +94,8 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
     draft_step = verify_curve(draft, ns=(1,), repeats=7 if quick else 21)[1]
     c = draft_step / curve[1]
     prompts = held_out_prompts()[:2 if quick else 8]
-    max_tokens, repeats = (32, 1) if quick else (96, 5)
+    # 9 interleaved passes: with 5, the medians moved by ~10% from one run of the bench to the next
+    max_tokens, repeats = (32, 1) if quick else (96, 9)
     ks = (2, 4) if quick else KS
     temps = (0.0,) if quick else TEMPERATURES
     by_temperature = []
@@ -165,7 +166,7 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
         ngram.append({"prompt": name, "best_k": best["k"], "speedup": best["speedup"], "rows": rows})
     return {"target": target.name, "draft": draft.name, "c": c, "draft_step_ms": draft_step,
             "verify_curve_ms": curve, "verify_curve_ratio": {n: v / curve[1] for n, v in curve.items()},
-            "prompts": prompts, "max_tokens": max_tokens, "by_temperature": by_temperature, "ngram": ngram}
+            "prompts": prompts, "max_tokens": max_tokens, "repeats": repeats, "by_temperature": by_temperature, "ngram": ngram}
 
 
 def elapsed(summaries) -> float:
@@ -196,7 +197,8 @@ def markdown(r: dict) -> str:
              + f" (t(1) = {r['verify_curve_ms'][1]:.3f} ms). The curve prediction uses the forward times measured "
                "in the runs themselves (columns c and t(k+1)/t(1) in run); the isolated curve's prediction is shown "
                "beside it.", "",
-             f"{len(r['prompts'])} prompts (first 16 characters of held-out lines) x {r['max_tokens']} tokens.", ""]
+             f"{len(r['prompts'])} prompts (first 16 characters of held-out lines) x {r['max_tokens']} tokens; "
+             f"{r['repeats']} interleaved passes, medians.", ""]
     for t in r["by_temperature"]:
         lines += [f"Temperature {t['temperature']}: baseline {t['baseline_s']:.2f} s ({t['baseline_tok_s']:.0f} tok/s), "
                   f"t(1) in run {t['t1_in_run_ms']:.3f} ms.",
