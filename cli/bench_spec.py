@@ -6,8 +6,8 @@ seed's columns plus two predictions:
 - flat-verify bound (Leviathan et al., Theorem 3.8): E / (k c + 1), as if verifying k+1 tokens cost one step;
 - curve prediction: E / (k c + t(k+1)/t(1)), with the forward times measured in the same runs: t(1) from the
   plain decoding runs, t(k+1) and the draft step (c = draft step / t(1)) from the speculative runs, as means
-  within each repeat; the prediction of each repeat, then their median (the measured speedup is a ratio of
-  medians over the same repeats);
+  within each repeat; the prediction of each repeat, then their median (as the measured speedup: the median
+  of each repeat's ratio);
 where E = (1 - a^(k+1)) / (1 - a) is the expected number of tokens per target call at acceptance a. What the
 measured speedup loses against the curve prediction is what the session spends besides the models.
 
@@ -117,8 +117,8 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
         t1 = statistics.median(in_run_ms(run, 1) for run in base_runs)
         for k in ks:
             s = spec_runs[k][-1]     # counts from the last repeat
-            # the in-run figures of each repeat, then their median: the measured speedup is a ratio of medians
-            # over the same repeats (one repeat's figures alone would carry that repeat's noise)
+            # each repeat's in-run figures and prediction, then their median, as for the measured speedup (the
+            # median of each repeat's ratio: a prompt's baseline runs right before its speculative runs)
             c_runs = [sum(x["draft_time_s"] for x in run) * 1e3 / sum(x["draft_forward_calls"] for x in run)
                       / in_run_ms(base, 1) for run, base in zip(spec_runs[k], base_runs)]
             v_runs = [in_run_ms(run, k + 1) / in_run_ms(base, 1) for run, base in zip(spec_runs[k], base_runs)]
@@ -141,22 +141,24 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
                 "c_in_run": c_run, "verify_ratio_in_run": v_run,
                 "curve_prediction": statistics.median(e / (k * cr + vr) for cr, vr in zip(c_runs, v_runs)),
                 "isolated_curve_prediction": e / (k * c + curve_at(curve, k + 1) / curve[1]),
-                "speedup": base_t / statistics.median(elapsed(run) for run in spec_runs[k]),
+                "speedup": statistics.median(elapsed(b) / elapsed(r) for b, r in zip(base_runs, spec_runs[k])),
                 "identical_to_greedy": [x["text"] for x in s] == base_text if temp == 0 else None,
             })
         by_temperature.append({"temperature": temp, "baseline_s": base_t, "t1_in_run_ms": t1,
                                "baseline_tok_s": len(prompts) * max_tokens / base_t, "rows": rows})
     ngram = []
     for name, prompt in (("repeating", REPEATING_PROMPT), ("non_repeating", NON_REPEATING_PROMPT)):
-        b, spec, last = [], {k: [] for k in NGRAM_KS}, {}
-        for _ in range(repeats):    # the baseline, then every k, so that noise hits all alike
-            tb, base = run_prompts(engine, [prompt], max_tokens, method="none")
-            b.append(tb)
+        ratios, last = {k: [] for k in NGRAM_KS}, {}
+        # each k beside its own baseline run (two generations of ~50 ms): this VM's speed drifts (t(1) measured
+        # 0.42-0.85 ms within one hour), and a ratio of neighbours cancels the drift that one baseline for five
+        # ks let in
+        for _ in range(repeats):
             for k in NGRAM_KS:
+                tb, base = run_prompts(engine, [prompt], max_tokens, method="none")
                 ts, last[k] = run_prompts(engine, [prompt], max_tokens, method="ngram", num_speculative_tokens=k,
                                           prompt_lookup_min=2, prompt_lookup_max=4)
-                spec[k].append(ts)
-        rows = [{"k": k, "speedup": statistics.median(b) / statistics.median(spec[k]),
+                ratios[k].append(tb / ts)
+        rows = [{"k": k, "speedup": statistics.median(ratios[k]),
                  "acceptance_rate": last[k][0]["acceptance_rate"],
                  "mean_acceptance_length": last[k][0]["mean_acceptance_length"],
                  "verify_ratio_in_run": in_run_ms(last[k], k + 1) / in_run_ms(base, 1)
@@ -198,7 +200,8 @@ def markdown(r: dict) -> str:
                "in the runs themselves (columns c and t(k+1)/t(1) in run); the isolated curve's prediction is shown "
                "beside it.", "",
              f"{len(r['prompts'])} prompts (first 16 characters of held-out lines) x {r['max_tokens']} tokens; "
-             f"{r['repeats']} interleaved passes, medians.", ""]
+             f"{r['repeats']} interleaved passes; speedup: the median of each pass's ratio (a prompt's plain run, "
+             "then its speculative runs).", ""]
     for t in r["by_temperature"]:
         lines += [f"Temperature {t['temperature']}: baseline {t['baseline_s']:.2f} s ({t['baseline_tok_s']:.0f} tok/s), "
                   f"t(1) in run {t['t1_in_run_ms']:.3f} ms.",
@@ -214,7 +217,8 @@ def markdown(r: dict) -> str:
                          f"{row['speedup']:.2f}x | {ident} |")
         lines.append("")
     lines += ["n-gram prompt lookup (prompt_lookup_min 2, max 4), temperature 0, each prompt x "
-              f"{r['max_tokens']} tokens; the goal row takes the repeating prompt at its best k:", "",
+              f"{r['max_tokens']} tokens; speedup: the median over {r['repeats']} passes of a plain run's time over "
+              "the n-gram run's right after it; the goal row takes the repeating prompt at its best k:", "",
               "| prompt | k | acceptance rate | mean acceptance length | t(k+1)/t(1) in run | speedup | identical to greedy |",
               "|---|---|---|---|---|---|---|"]
     for n in r["ngram"]:
