@@ -41,17 +41,20 @@ def test_cached_equals_uncached_200_tokens(seed_target):
     assert np.abs(cached_logits - uncached_logits).max() <= 1e-4
 
 
-@pytest.mark.parametrize("preset,kv_heads", [("tiny", 4), ("tiny", 2), ("tiny", 1), ("seed-target", 4)])
-def test_lean_forward_matches_straightforward_reference(make_model, preset, kv_heads):
-    model, weights = make_model(preset, num_key_value_heads=kv_heads)
-    tokens = np.random.default_rng(3).integers(0, model.cfg.vocab_size, 40)
+@pytest.mark.parametrize("preset,kv_heads,first,then", [
+    ("tiny", 4, 25, 15), ("tiny", 2, 25, 15), ("tiny", 1, 25, 15), ("seed-target", 4, 25, 15),
+    # a few new tokens after a long context: attention takes its K q^T path (engine.model.attention)
+    ("tiny", 4, 300, 5), ("tiny", 2, 300, 5), ("tiny", 1, 300, 5)])
+def test_lean_forward_matches_straightforward_reference(make_model, preset, kv_heads, first, then):
+    model, weights = make_model(preset, num_key_value_heads=kv_heads, max_position_embeddings=512)
+    tokens = np.random.default_rng(3).integers(0, model.cfg.vocab_size, first + then)
     ref_cache = reference.DenseKVCache(model.cfg)
-    expected = np.concatenate([reference.forward(model.cfg, weights, tokens[:25], ref_cache),
-                               reference.forward(model.cfg, weights, tokens[25:], ref_cache)])
-    mgr = KVCacheManager(model.cfg, num_blocks=8, block_size=8)
+    expected = np.concatenate([reference.forward(model.cfg, weights, tokens[:first], ref_cache),
+                               reference.forward(model.cfg, weights, tokens[first:], ref_cache)])
+    mgr = KVCacheManager(model.cfg, num_blocks=-(-(first + then) // 8), block_size=8)
     seq = mgr.new_sequence()
-    got = np.concatenate([forward(model, tokens[:25], 0, mgr.append_slots(seq, tokens[:25])),
-                          forward(model, tokens[25:], 25, mgr.append_slots(seq, tokens[25:]))])
+    got = np.concatenate([forward(model, tokens[:first], 0, mgr.append_slots(seq, tokens[:first])),
+                          forward(model, tokens[first:], first, mgr.append_slots(seq, tokens[first:]))])
     assert np.abs(got - expected).max() <= 1e-4 * max(1.0, np.abs(expected).max())
 
 
