@@ -88,7 +88,7 @@ def check_distribution(engine: InferenceEngine, prompt: str, samples: int, tempe
     every = max(1, samples // 20)
     for i in range(samples):
         x = sample(q, rng)
-        verdicts, _ = verify([x], q[None], p2, rng, greedy=False)
+        verdicts, _ = verify([x], q[None], p2, rng)
         first = verdicts[0] if verdicts[0].status == "accepted" else verdicts[1]
         spec[first.token_id] += 1
         accepted += verdicts[0].status == "accepted"

@@ -261,7 +261,7 @@ class GenerationSession:
             verdicts, residual = verify_greedy(drafts, logits.argmax(axis=-1).tolist(), logits.shape[-1])
         else:
             p = probs_from_logits(logits, s.temperature, s.top_p)
-            verdicts, residual = verify(drafts, q, p, self.rng, False, s.fault != "unnormalized_residual")
+            verdicts, residual = verify(drafts, q, p, self.rng, s.fault != "unnormalized_residual")
         n_acc = sum(v.status == "accepted" for v in verdicts)
         self.stats.record_round(len(drafts), n_acc)
         shown = [TokenResult(self.round, v.position, v.token_id, self.tokenizer.token_text(v.token_id), v.status,

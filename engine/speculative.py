@@ -61,15 +61,14 @@ class TokenVerdict:
     position: int             # 1-based draft position; k+1 for the bonus
 
 
-def verify(draft_tokens, q_probs, p_probs, rng: np.random.Generator, greedy: bool,
+def verify(draft_tokens, q_probs, p_probs, rng: np.random.Generator,
            normalize_residual: bool = True) -> tuple[list[TokenVerdict], np.ndarray | None]:
-    """Verify k draft tokens. q_probs: [k, V] the draft's distributions; p_probs: [k+1, V] the target's.
+    """Verify k draft tokens by rejection sampling (temperature > 0; temperature 0 is `verify_greedy`).
+    q_probs: [k, V] the draft's distributions; p_probs: [k+1, V] the target's.
 
     Returns the verdicts in order (accepted..., then rejected + resampled, or a bonus) and, after a
     rejection, the residual distribution the replacement was drawn from (for the token inspector).
     """
-    if greedy:
-        return verify_greedy(draft_tokens, np.argmax(p_probs, axis=-1).tolist(), p_probs.shape[-1])
     verdicts = []
     k = len(draft_tokens)
     for i, x in enumerate(draft_tokens):

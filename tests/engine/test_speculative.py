@@ -84,7 +84,7 @@ def test_rejection_sampler_200k_samples_matches_p():
     p2 = np.stack([p, p])
     for _ in range(n):
         x = sample(q, rng)
-        verdicts, _ = verify([x], q[None], p2, rng, greedy=False)
+        verdicts, _ = verify([x], q[None], p2, rng)
         counts[verdicts[0].token_id if verdicts[0].status == "accepted" else verdicts[1].token_id] += 1
         accepted += verdicts[0].status == "accepted"
     tvd = 0.5 * np.abs(counts / n - p).sum()
@@ -114,7 +114,7 @@ def test_greedy_verification_is_rejection_sampling_with_point_masses():
         target = rng.integers(0, V, k + 1).tolist()
         target[:k] = [d if rng.random() < 0.7 else t for d, t in zip(drafts, target[:k])]   # mostly agree
         fast, fast_res = verify_greedy(drafts, target, V)
-        full, full_res = verify(drafts, point_masses(drafts, V), point_masses(target, V), rng, greedy=False)
+        full, full_res = verify(drafts, point_masses(drafts, V), point_masses(target, V), rng)
         assert [(v.token_id, v.status, v.p, v.q, v.accept_prob, v.position) for v in fast] == \
                [(v.token_id, v.status, v.p, v.q, v.accept_prob, v.position) for v in full]
         assert (fast_res is None) == (full_res is None)
