@@ -118,7 +118,7 @@ def ngram_propose(context, k: int, min_n: int, max_n: int) -> np.ndarray:
     occurrence. Returns an empty array when nothing matches.
     """
     # One character per token id (str holds any id below 0x110000), so that str.rfind, a C loop, finds
-    # the latest earlier occurrence: ~10x faster than comparing numpy windows, which cost ~0.1 ms a round.
+    # the latest earlier occurrence: 5-36 us a round for 50-500 tokens, where numpy windows took 50-87 us.
     ids = [int(t) for t in context]
     text, L = "".join(map(chr, ids)), len(ids)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
