@@ -31,6 +31,7 @@ KS = (1, 2, 3, 4, 6, 8)
 # n-gram lookup's k: its proposals cost nothing, so its best k is where the verify curve is cheapest per token
 # (t(4) ~ 1.5 t(1) but t(5) ~ 2.2 t(1) here: OpenBLAS multiplies 4 rows well, 5 badly; docs/benchmarks.md)
 NGRAM_KS = (2, 3, 4, 5, 6)
+NGRAM_PAIRS_PER_PASS = 3
 TEMPERATURES = (0.0, 0.7, 1.0)
 # A prompt that repeats itself, whose continuation the target also repeats for a while (the 6-layer target
 # writes "import sys" six times, then wanders off; a prompt whose continuation wanders off at once, such as
@@ -151,8 +152,8 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
         ratios, last = {k: [] for k in NGRAM_KS}, {}
         # each k beside its own baseline run (two generations of ~50 ms): this VM's speed drifts (t(1) measured
         # 0.42-0.85 ms within one hour), and a ratio of neighbours cancels the drift that one baseline for five
-        # ks let in
-        for _ in range(repeats):
+        # ks let in; 3x the sweep's passes, as one pair is short and noisy (~0.1 s)
+        for _ in range(NGRAM_PAIRS_PER_PASS * repeats):
             for k in NGRAM_KS:
                 tb, base = run_prompts(engine, [prompt], max_tokens, method="none")
                 ts, last[k] = run_prompts(engine, [prompt], max_tokens, method="ngram", num_speculative_tokens=k,
@@ -217,7 +218,8 @@ def markdown(r: dict) -> str:
                          f"{row['speedup']:.2f}x | {ident} |")
         lines.append("")
     lines += ["n-gram prompt lookup (prompt_lookup_min 2, max 4), temperature 0, each prompt x "
-              f"{r['max_tokens']} tokens; speedup: the median over {r['repeats']} passes of a plain run's time over "
+              f"{r['max_tokens']} tokens; speedup: the median over {NGRAM_PAIRS_PER_PASS * r['repeats']} pairs of a "
+              "plain run's time over "
               "the n-gram run's right after it; the goal row takes the repeating prompt at its best k:", "",
               "| prompt | k | acceptance rate | mean acceptance length | t(k+1)/t(1) in run | speedup | identical to greedy |",
               "|---|---|---|---|---|---|---|"]
