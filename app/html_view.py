@@ -282,7 +282,7 @@ class HtmlView:
                 detail.append({"length": "max tokens reached", "stop": "end of text", "cancelled": "stopped",
                                "context": "context full"}.get(s["finish"], s["finish"]))
         return {"state": s["state"], "round": s["round"], "label": labels.get(s["state"], s["state"]),
-                "detail": " · ".join(detail)}
+                "detail": " · ".join(detail), "run": s.get("run")}
 
     # --- notices -----------------------------------------------------------------------------------
     def _notice(self, item: Notice, frame: Frame, conn: Connection) -> None:
@@ -345,8 +345,10 @@ class HtmlView:
         m = macros()
         self.run_id, self.lane = run_id, None
         gamma = e.settings["num_speculative_tokens"] if e.settings["method"] != "none" else None
+        # the run's id is part of its status: a run that ends as the one before did (same rounds and tokens,
+        # rendered in one message by a watcher's broadcaster) still redraws the status as its own
         self.status = {"state": "paused" if self._conn.paused else "running", "round": 0, "tokens": 0,
-                       "gamma": gamma, "finish": None}
+                       "gamma": gamma, "finish": None, "run": run_id}
         frame.replace["stream"] = m.stream(e.prompt_tokens, run_id, self.recording.key if self.recording else "")
         frame.replace["run-recording"] = m.run_recording(self.recording)
         frame.appends.pop("stream", None)

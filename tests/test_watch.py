@@ -114,6 +114,34 @@ def test_html_watchers_get_fragments_and_keep_following_a_presenter_who_reconnec
     run(scenario())
 
 
+def test_a_watchers_view_redraws_the_status_for_a_run_that_ends_as_the_one_before(models_dir):
+    """A broadcaster at full speed renders a short run in one message; two equal runs in a row must still each
+    end with the status `done` of their own run (the CI once waited forever for the second)."""
+    from fastapi.testclient import TestClient
+
+    from app.config import AppConfig
+    from app.connection import Batch
+    from app.html_view import HtmlView
+    from app.main import create_app
+    from engine.session import GenerationSession
+
+    class Room:                     # what a view reads from its connection (a room answers the same)
+        paused, state = False, "running"
+        run = None
+
+    with TestClient(create_app(AppConfig(models_dir=models_dir))) as client:
+        playground = client.app.state.playground
+        view = HtmlView(playground)
+        statuses = []
+        for run_id in (1, 2):
+            Room.run = type("Run", (), {"run_id": run_id})
+            events = list(GenerationSession(playground.engine, PROMPT, {"max_tokens": 12}).events())
+            (message,) = view.render([Batch(run_id, events)], Room)
+            statuses.append(re.search(r'<div id="run-status"[^>]*>', message).group(0))
+    assert all('data-state="done"' in s for s in statuses)
+    assert 'data-run="1"' in statuses[0] and 'data-run="2"' in statuses[1]
+
+
 def test_the_watch_page_is_read_only_and_points_at_its_websocket(server):
     with urllib.request.urlopen(f"{server}/watch/{watch_id()}", timeout=5) as r:
         html = r.read().decode()
