@@ -18,6 +18,10 @@ NOTE (invariants):
   paused (pause, step mode) or while its speed says not yet. A held session holds only itself.
 - When nothing can move it sleeps until poked (a command, a client that caught up) or until the earliest
   time a paced session may go on.
+- Every post to the event loop wakes it, and it then takes the GIL from this thread: a round waits to be
+  posted with later ones for up to its connection's `delivery_delay_s` (a page at full speed, which gets
+  at most 10 messages a second anyway). The end of a generation, a parked session, a call's result, half
+  the gate's backlog limit in waiting rounds, and an idle thread post at once.
 - BLAS stays at one thread (engine/__init__.py); this is the only thread doing engine work.
 """
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Pacing(Protocol):
     paused: bool
     speed: float | None          # rounds per second; None: full speed
     steps_granted: int           # step commands so far
+    delivery_delay_s: float      # how long a round may wait to be posted with later ones (0: at once)
 
 
 def scheduled_steps(session):
@@ -96,6 +101,7 @@ class SessionLink:
         self.thread: EngineThread | None = None
         self.steps_used = pacing.steps_granted
         self.rounds_sent = 0
+        self.unposted = 0              # of them, still waiting in the thread to be posted to the event loop
         self.held: str | None = None   # why the session waits at its boundary: client | paused | speed
         self.last_round_at = -math.inf
         self.round_started_at = 0.0
@@ -161,6 +167,8 @@ class EngineThread:
         self._loop = loop
         self._calls: deque = deque()
         self._out: list = []
+        self._post_by = math.inf         # when the oldest waiting item of _out must be posted
+        self.posts = 0                   # posts of events to the event loop (each wakes it)
         self._wake = threading.Event()
         self._next_wake = math.inf
         self._stopping = False
@@ -219,6 +227,10 @@ class EngineThread:
 
     def emit(self, link: SessionLink, item) -> None:
         self._out.append((link, item))
+        link.unposted += 1
+        at_once = item is PARKED or item[-1].type in ("done", "error") or link.unposted >= link.max_backlog // 2
+        delay = 0.0 if at_once else link.pacing.delivery_delay_s
+        self._post_by = min(self._post_by, time.perf_counter() + delay)
 
     def _add(self, session, link: SessionLink) -> None:
         link.thread = self
@@ -253,7 +265,7 @@ class EngineThread:
                 self.busy_s += time.perf_counter() - t
             for session_id in [s for s in self.links if s not in self.scheduler.entries]:
                 del self.links[session_id]         # ended by itself (done or error)
-            self._flush()
+            self._flush(at_once=not moved)
             if not moved and not self._calls:
                 timeout = min(MAX_IDLE_WAIT_S, max(0.0, self._next_wake - time.perf_counter()))
                 self._wake.wait(timeout)
@@ -266,12 +278,15 @@ class EngineThread:
                     result, ok = fn(*args), True
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 result, ok = e, False
-            self._flush()                           # events a call produced go before its result
+            self._flush(at_once=True)               # events a call produced go before its result
             self._post(_settle, future, ok, result)
 
-    def _flush(self) -> None:
-        if self._out:
-            out, self._out = self._out, []
+    def _flush(self, at_once: bool = False) -> None:
+        if self._out and (at_once or time.perf_counter() >= self._post_by):
+            out, self._out, self._post_by = self._out, [], math.inf
+            for link, _ in out:
+                link.unposted = 0
+            self.posts += 1
             self._post(_dispatch, out)
 
     def _post(self, fn, *args) -> None:

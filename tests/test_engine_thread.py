@@ -28,7 +28,7 @@ def registry(models_dir):
 
 
 def pacing(paused=False, speed=None):
-    return SimpleNamespace(paused=paused, speed=speed, steps_granted=0)
+    return SimpleNamespace(paused=paused, speed=speed, steps_granted=0, delivery_delay_s=0.0)
 
 
 class Collector:
@@ -189,6 +189,38 @@ def test_speed_paces_rounds_without_holding_the_thread(registry):
         return elapsed
 
     assert run(scenario()) >= 5 / 20 * 0.9          # 6 rounds at 20 rounds/s: 5 gaps of 50 ms
+
+
+def test_a_delivery_delay_posts_rounds_to_the_loop_together_and_loses_none(registry):
+    """A page at full speed lets its rounds wait to be posted together (each post wakes the event loop and
+    takes the GIL from the engine thread); the end of the run, and rounds once half as many wait as the
+    gate allows a client, are posted at once: the run neither waits for its delay nor gets held."""
+    engine = InferenceEngine(registry, max_sessions=4)
+
+    async def scenario(delay: float):
+        thread = EngineThread(engine, asyncio.get_running_loop())
+        thread.start()
+        s = GenerationSession(engine, PROMPTS[0], {"max_tokens": 80, "method": "none"})
+        link = SessionLink(s, SimpleNamespace(**vars(pacing()) | {"delivery_delay_s": delay}), None)
+        c = Collector()
+
+        def deliver(item):                  # as a connection's sender: it takes every round it is given
+            c(item)
+            link.rounds_taken = len(c.batches)
+            thread.poke()
+        link.deliver = deliver
+        await thread.add(s, link)
+        await c.ended.wait()                # a delay of an hour: `done` still comes at once
+        await thread.stop()
+        return thread.posts, c
+
+    posts_at_once, at_once = run(scenario(0.0))
+    posts_delayed, delayed = run(scenario(3600.0))
+    rounds = len(at_once.batches)
+    assert [len(b) for b in delayed.batches] == [len(b) for b in at_once.batches]      # every round, one batch each
+    assert delayed.events[-1].summary["text"] == at_once.events[-1].summary["text"]
+    assert rounds == 82 and posts_at_once >= 80           # started, 80 rounds, done: a post (nearly) each
+    assert posts_delayed <= 80 // 16 + 3                  # 16 = half the gate's 32 rounds; + started, done
 
 
 def test_metrics_count_what_the_sessions_report(registry):
