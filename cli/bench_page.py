@@ -291,25 +291,27 @@ NOTES = [
     "- **Rendering fragments on the event loop** (fixed, app/html_view.py): the draft lane was drawn by a Jinja "
     "macro for every round and all but the last thrown away (55% of render time), KV cells by a macro each; "
     "~75 -> ~19 ms per run (cProfile). That time holds the GIL the engine thread needs.",
-    "- **Fixed latencies**: play to the server's `start` ~5 ms; at full speed the first tokens wait for the second "
-    "message (~0.1 s: pacing); the last message (with `done`, the KV pools redrawn whole once the session freed its "
-    "blocks, the summary) takes the page 10-20 ms to swap. On a ~0.2 s run that is most of what the page adds.",
+    "- **Fixed latencies**: play to the server's `start` ~5 ms; the first tokens reach the page 40-70 ms after "
+    "play (the engine thread holds a page's first rounds up to 20 ms, then pacing); the last message (with `done`, "
+    "the KV pools redrawn whole once the session freed its blocks, the summary) takes the page 10-20 ms to swap. "
+    "On a ~0.3 s run that is much of what the page adds.",
     "- **The page's own cost is now small** (`browser ÷ /ws`): ~5-6 messages per run, each ~6-12 ms of htmx "
     "swapping plus one frame (style, layout, paint, ~15 ms); Chromium's CPU per load + run is in the table "
-    "(/proc), of which ~110-170 ms while streaming. No long tasks.",
-    "- **What remains is the server, not the page** (outside this bench's files): through the server the engine "
-    "thread needs 270-360 ms of CPU for what the plain loop does in 205-233 ms (/proc per thread, 4 pairs), and the "
-    "event loop another 30-50 ms under the same GIL. It is not the scheduler: engine/scheduler.py's `Scheduler` in "
+    "(/proc), of which 110-290 ms while streaming. No long tasks.",
+    "- **The engine thread's posts to the event loop** (fixed 2026-11-29 20:20, app/engine_thread.py): each post "
+    "(`call_soon_threadsafe`, one per round) woke the event loop, which then took the GIL from the engine thread. "
+    "A page's rounds at full speed now wait up to 20 ms to be posted together: `/ws` ÷ engine 73-76% -> 84-91% for "
+    "plain decoding (same-process A/B, 9 pairs). An earlier try at posting every 10 ms had seemed not to help "
+    "(68-71% against 78-84%); the first version of this change had a flaw that would explain it (rounds held "
+    "when the thread went idle waited for its 1 s idle timeout): now an idle thread posts at once. "
+    "It is not the scheduler: engine/scheduler.py's `Scheduler` in "
     "a loop in one thread is as fast as the plain loop (plain decoding 179-196 vs 178-189 ms, draft model 198-223 "
-    "vs 193-221 ms). Nor the hand-offs to the event loop (app/engine_thread.py posts each step's events, ~400 "
-    "per run): posting at most every 10 ms left /ws ÷ engine where it was (68-71% against 78-84%, 7 pairs each, "
-    "noisy). Open: in cProfile the engine thread's numpy calls take longer in the server (matmul 274 vs 199 ms, "
-    "KV `take` 319 vs 181 ms for 3 runs, before 4ec84d3 reverted the transposed K store), which fits waiting for "
-    "the GIL after a call that released it (pinning the engine thread to one core and the rest to the other did "
-    "not help: 57-61% against 67-77%). Programs on /api/ws see "
-    "the same ceiling (JSON, a message per event: 351-433 ms for a run the plain loop does in 174-224 ms; the "
-    "page's /ws 242-335 ms). So on this machine the `/ws` column bounds the browser, "
-    "and the 90% goal needs the server's engine path to come within ~5% of the plain loop.",
+    "vs 193-221 ms). Programs on /api/ws still get a post per round (their latencies are measured per round): "
+    "JSON, a message per event, one session reaches 64% of the engine alone (`bench serve`). "
+    "What is left is mostly the page sharing the two cores: Chromium's renderer used 160-290 ms of CPU per "
+    "400-token run even when the run started on a quiet page (htmx's JavaScript ~80 ms, style, layout and "
+    "paint ~60 ms in a trace), so on this machine the browser column stays below `/ws`, "
+    "and the 90% goal needs both the server and the page within ~5% of the engine alone.",
 ]
 
 
