@@ -66,7 +66,7 @@ MIN_INTERVAL_S = 1 / 10
 # For such a page at full speed the engine thread also posts its rounds to the event loop together, at most
 # this late: each post wakes the event loop, which then takes the GIL from the engine thread. Measured
 # 2026-11-29 (400 plain-decoding tokens, /ws client, same-process A/B): tokens/s through the server 76% of
-# the engine alone when every round was posted, 84-90% with 20 ms.
+# the engine alone when every round was posted, 84-91% with 10-20 ms.
 PAGE_DELIVERY_DELAY_S = 0.02
 ACK_TIMEOUT_S = 0.5
 IDLE_CHECK_MAX_S = 15.0
