@@ -193,34 +193,48 @@ def test_speed_paces_rounds_without_holding_the_thread(registry):
 
 def test_a_delivery_delay_posts_rounds_to_the_loop_together_and_loses_none(registry):
     """A page at full speed lets its rounds wait to be posted together (each post wakes the event loop and
-    takes the GIL from the engine thread); the end of the run, and rounds once half as many wait as the
-    gate allows a client, are posted at once: the run neither waits for its delay nor gets held."""
+    takes the GIL from the engine thread); the end of the run is posted at once, however long the delay."""
     engine = InferenceEngine(registry, max_sessions=4)
 
     async def scenario(delay: float):
         thread = EngineThread(engine, asyncio.get_running_loop())
         thread.start()
         s = GenerationSession(engine, PROMPTS[0], {"max_tokens": 80, "method": "none"})
-        link = SessionLink(s, SimpleNamespace(**vars(pacing()) | {"delivery_delay_s": delay}), None)
         c = Collector()
-
-        def deliver(item):                  # as a connection's sender: it takes every round it is given
-            c(item)
-            link.rounds_taken = len(c.batches)
-            thread.poke()
-        link.deliver = deliver
-        await thread.add(s, link)
+        # a backlog limit the run never reaches: the gate never holds it, whenever the loop takes its rounds
+        await thread.add(s, SessionLink(s, SimpleNamespace(**vars(pacing()) | {"delivery_delay_s": delay}), c,
+                                        max_backlog=10_000))
         await c.ended.wait()                # a delay of an hour: `done` still comes at once
         await thread.stop()
         return thread.posts, c
 
     posts_at_once, at_once = run(scenario(0.0))
     posts_delayed, delayed = run(scenario(3600.0))
-    rounds = len(at_once.batches)
     assert [len(b) for b in delayed.batches] == [len(b) for b in at_once.batches]      # every round, one batch each
     assert delayed.events[-1].summary["text"] == at_once.events[-1].summary["text"]
-    assert rounds == 82 and posts_at_once >= 80           # started, 80 rounds, done: a post (nearly) each
-    assert posts_delayed <= 80 // 16 + 3                  # 16 = half the gate's 32 rounds; + started, done
+    assert len(at_once.batches) == 82 and posts_at_once >= 80     # started, 80 rounds, done: a post (nearly) each
+    assert posts_delayed == 1                                     # all of them with `done`
+
+
+def test_rounds_waiting_to_be_posted_go_once_half_the_gates_limit_wait(registry):
+    """So that a connection's sender can take them before the gate would hold the session for its client."""
+    engine = InferenceEngine(registry, max_sessions=4)
+
+    async def scenario():
+        thread = EngineThread(engine, asyncio.get_running_loop())
+        thread.start()
+        s = GenerationSession(engine, PROMPTS[0], {"max_tokens": 200, "method": "none"})
+        c = Collector()                     # takes nothing: the gate holds the session after 32 rounds
+        link = SessionLink(s, SimpleNamespace(**vars(pacing()) | {"delivery_delay_s": 3600.0}), c, max_backlog=32)
+        await thread.add(s, link)
+        while link.held != "client" or len(c.batches) < 32:
+            await asyncio.sleep(0.01)
+        posts, batches = thread.posts, len(c.batches)
+        await thread.remove(s)
+        await thread.stop()
+        return posts, batches
+
+    assert run(scenario()) == (2, 32)        # rounds 1-16 (`started` is the first), then 17-32
 
 
 def test_metrics_count_what_the_sessions_report(registry):
