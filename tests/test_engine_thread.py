@@ -27,8 +27,8 @@ def registry(models_dir):
     return ModelRegistry.from_dir(models_dir, fetched=False)
 
 
-def pacing(paused=False, speed=None):
-    return SimpleNamespace(paused=paused, speed=speed, steps_granted=0, delivery_delay_s=0.0)
+def pacing(paused=False, speed=None, delivery_delay_s=0.0):
+    return SimpleNamespace(paused=paused, speed=speed, steps_granted=0, delivery_delay_s=delivery_delay_s)
 
 
 class Collector:
@@ -202,8 +202,7 @@ def test_a_delivery_delay_posts_rounds_to_the_loop_together_and_loses_none(regis
         s = GenerationSession(engine, PROMPTS[0], {"max_tokens": 80, "method": "none"})
         c = Collector()
         # a backlog limit the run never reaches: the gate never holds it, whenever the loop takes its rounds
-        await thread.add(s, SessionLink(s, SimpleNamespace(**vars(pacing()) | {"delivery_delay_s": delay}), c,
-                                        max_backlog=10_000))
+        await thread.add(s, SessionLink(s, pacing(delivery_delay_s=delay), c, max_backlog=10_000))
         await c.ended.wait()                # a delay of an hour: `done` still comes at once
         await thread.stop()
         return thread.posts, c
@@ -225,7 +224,7 @@ def test_rounds_waiting_to_be_posted_go_once_half_the_gates_limit_wait(registry)
         thread.start()
         s = GenerationSession(engine, PROMPTS[0], {"max_tokens": 200, "method": "none"})
         c = Collector()                     # takes nothing: the gate holds the session after 32 rounds
-        link = SessionLink(s, SimpleNamespace(**vars(pacing()) | {"delivery_delay_s": 3600.0}), c, max_backlog=32)
+        link = SessionLink(s, pacing(delivery_delay_s=3600.0), c, max_backlog=32)
         await thread.add(s, link)
         while link.held != "client" or len(c.batches) < 32:
             await asyncio.sleep(0.01)
