@@ -22,6 +22,9 @@ RECIPES: dict[str, dict] = {
     # loss is distillation from the MHA parent: on the 4-layer family of 2026-11-29 it left GQA 0.060 above
     # MHA after 5% of the steps where plain cross-entropy left 0.090 (same steps and learning rate).
     # Exactly 5% (180 steps) leaves GQA +0.059 and MQA +0.149 above the MHA (model_cards.FIVE_PERCENT_RUNS).
+    # The schedule is not what is missing (180-step runs, 2026-11-29, whole-split validation loss): MQA at peak
+    # lr 0.75e-3 / 1.5e-3 / 3e-3 / 6e-3 / 12e-3 reached 1.514 / 1.389 / 1.360 / 1.397 / 1.516; decaying to 0
+    # after 5 warmup steps (instead of to 0.1 x after 20) gave GQA 1.278 (1.269) and MQA 1.378 (1.360).
     "target-gqa": dict(steps=360, batch_size=4, seq_len=512, lr=3e-3, warmup_steps=20, min_lr_ratio=0.1,
                        eval_every=45, init_from="models/target-mha", distill_from="models/target-mha",
                        notes="2 KV heads mean-pooled from target-mha, uptrained by distillation from it"),
