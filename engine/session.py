@@ -169,6 +169,7 @@ class GenerationSession:
         """
         try:
             yield self._started()
+            self._ensure_pools(self.settings)
             t = time.perf_counter()
             out = yield from self._prefill()
             self.stats.add_engine_time(time.perf_counter() - t, first_token=True)
@@ -179,8 +180,9 @@ class GenerationSession:
                 if self._cancel.is_set():
                     self.finish_reason = "cancelled"
                     break
+                new_settings = self._take_pending()         # with the pools they use made: not engine time
                 t = time.perf_counter()
-                out = (yield from self._apply_pending()) + (yield from self._round())
+                out = (yield from self._apply_pending(new_settings)) + (yield from self._round())
                 self.stats.add_engine_time(time.perf_counter() - t)
                 self._annotate()
                 yield from out + self._after_round()
@@ -198,6 +200,16 @@ class GenerationSession:
                        [{"id": t, "text": text} for t, text in
                         zip(self.prompt_ids, self.tokenizer.stream_texts(self.prompt_ids))],
                        self.unknown_characters)
+
+    def _ensure_pools(self, s: GenerationSettings) -> None:
+        """Make the KV pools these settings use before anything is timed: a pool is made on first use, and
+        writing its memory then (engine.kv_cache) is part of no forward and of no settings change."""
+        if not s.kv_cache:
+            return
+        target = self.variants[s.num_kv_heads] if s.num_kv_heads is not None else self.target_lm
+        for lm in (target, self.draft_lm if s.method == "draft_model" else None):
+            if lm is not None:
+                self.engine.manager(lm, s.kv_cache_dtype, s.block_size)
 
     def _make_runner(self, lm: LoadedModel):
         s = self.settings
@@ -378,12 +390,20 @@ class GenerationSession:
         return (f"no draft model shares this target's vocabulary ({self.target_lm.name}: "
                 f"{self.target_lm.cfg.vocab_size:,} tokens); use method ngram or none")
 
-    def _apply_pending(self):  # generator -> list[Event]
+    def _take_pending(self) -> GenerationSettings | None:
+        """The settings changed since the last round (None if nothing changed), their KV pools made."""
         with self._pending_lock:
             changes, self._pending = self._pending, {}
         if not changes:
+            return None
+        new = GenerationSettings.parse(changes, base=self.settings)
+        self._ensure_pools(new)
+        return new
+
+    def _apply_pending(self, new: GenerationSettings | None):  # generator -> list[Event]
+        if new is None:
             return []
-        old, new = self.settings, GenerationSettings.parse(changes, base=self.settings)
+        old = self.settings
         changed = {k: v for k, v in new.model_dump().items() if v != getattr(old, k)}
         if not changed:
             return []

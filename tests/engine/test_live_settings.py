@@ -104,3 +104,30 @@ def test_teaching_faults_reproduce_the_seed_symptoms(family):
                                                      "fault": "unnormalized_residual"}).events())
     assert events[-1].type == "error" and "sum to 1" in events[-1].message
     assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
+
+
+def test_making_a_kv_pool_is_part_of_no_measured_time(family, monkeypatch):
+    """A pool is made on first use and its memory written then (engine.kv_cache): that is not engine time,
+    neither of the first token nor of a settings change that needs a new pool. Making a pool is slowed
+    here to 0.3 s so that counting it anywhere would show."""
+    import time
+
+    from engine.kv_cache import KVCacheManager
+
+    made = []
+    original = KVCacheManager.__init__
+
+    def slow_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self.dtype.name)
+        time.sleep(0.3)
+
+    monkeypatch.setattr(KVCacheManager, "__init__", slow_init)
+    engine = family()
+    s = GenerationSession(engine, PROMPT, {"method": "draft_model", "max_tokens": 30})
+    events = drive(s, {2: {"kv_cache_dtype": "float16"}, 4: {"num_kv_heads": 1}})
+    assert made == ["auto", "auto", "float16", "float16", "float16"]   # target, draft; both again; the MQA's
+    applied = [e for e in events if e.type == "settings_applied"]
+    assert len(applied) == 2 and all(e.cost_ms < 300 for e in applied)
+    summary = events[-1].summary
+    assert summary["ttft_s"] < 0.3 and summary["elapsed_s"] < 0.3
