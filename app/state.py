@@ -92,6 +92,7 @@ class Playground:
                 "kv_blocks_total": sum(p["num_blocks"] for p in pools), "pools": pools,
                 "engine": {"alive": bool(thread and thread.alive), "scheduled": len(thread.links) if thread else 0,
                            "steps": thread.steps if thread else 0,
+                           "posts": thread.posts if thread else 0,
                            "batches": thread.scheduler.batches if thread else 0,
                            "batched_requests": thread.scheduler.batched_requests if thread else 0}}
 

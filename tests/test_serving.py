@@ -278,6 +278,8 @@ def test_metrics_are_prometheus_text_with_vllm_names(room_server):
             return await c.until("done")
 
     done = run(scenario())
+    engine = get_json(room_server + "/api/stats")["engine"]
+    assert engine["steps"] >= 1 and engine["posts"] >= 1          # this run's rounds reached the event loop
     with urllib.request.urlopen(room_server + "/metrics", timeout=5) as r:
         assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
         text = r.read().decode()
@@ -287,7 +289,8 @@ def test_metrics_are_prometheus_text_with_vllm_names(room_server):
                  "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total",
                  "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
                  "vllm:e2e_request_latency_seconds_count", "vllm:generation_tokens_total",
-                 "playground_kv_blocks_used", "playground_websocket_connections", "playground_watchers"):
+                 "playground_kv_blocks_used", "playground_websocket_connections", "playground_watchers",
+                 "playground_engine_posts_total"):
         assert name in text, name
     model = done["model"]["name"]
     assert f'vllm:request_success_total{{finished_reason="length",model_name="{model}"}}' in text or \

@@ -40,6 +40,8 @@ def scrape_gauges(pg) -> list[tuple]:
          thread.steps if thread else 0),
         ("playground_engine_busy_seconds", "counter", "Time the engine thread spent in those steps.", {},
          thread.busy_s if thread else 0.0),
+        ("playground_engine_posts", "counter", "Deliveries of engine events to the event loop (each wakes it).",
+         {}, thread.posts if thread else 0),
         ("playground_engine_batches", "counter", "Batched forward computations (several sessions in one).", {},
          thread.scheduler.batches if thread else 0),
         ("playground_engine_batched_requests", "counter", "Forward requests served by batched computations.", {},
