@@ -29,12 +29,6 @@ def gather(a, slots):  # [2, nkv, num_slots, ...] -> [2, nkv, T, ...]
     return a[:, :, slots] if isinstance(slots, slice) else a.take(slots, axis=2)
 
 
-def _written_zeros(shape, dtype):
-    a = np.empty(shape, dtype)
-    a.fill(0)
-    return a
-
-
 class KVStore:
     """K and V numbers for every slot of one pool, per layer, in one cache dtype.
 
@@ -47,12 +41,12 @@ class KVStore:
         self.num_slots = num_blocks * block_size
         shape = (2, cfg.num_key_value_heads, self.num_slots, cfg.head_dim)
         L = cfg.num_hidden_layers
-        # Written now, not only allocated: np.zeros maps pages lazily, and the first write to each page (a new
-        # block's K/V, for every KV head) faults inside a generation's measured forward: a fresh pool made a
-        # 62-token prefill of target-mha ~2 ms slower, and sometimes ~50 ms (measured 2026-11-29).
-        self.kv = [_written_zeros(shape, dtype.storage) for _ in range(L)]
+        # Written now (np.full), not only allocated: np.zeros maps pages lazily, and the first write to each
+        # page (a new block's K/V, for every KV head) faults inside a generation's measured forward: a fresh
+        # pool made a 62-token prefill of target-mha ~2 ms slower, and sometimes ~50 ms (measured 2026-11-29).
+        self.kv = [np.full(shape, 0, dtype.storage) for _ in range(L)]
         if dtype.scale == "per_token_head":     # [2, nkv, num_slots] float16
-            self.scale = [_written_zeros(shape[:3], np.float16) for _ in range(L)]
+            self.scale = [np.full(shape[:3], 0, np.float16) for _ in range(L)]
         else:  # per-tensor (fp8): [2, 1, 1, 1] float32 for K and V, fixed by the first write to a layer
             self.scale = [None] * L
 
