@@ -53,7 +53,7 @@ from engine.registry import SEQUENCE_TOKENS_BUDGET
 from engine.settings import FAULTS, GenerationSettings, SettingsError
 from engine.teaching import fault_comparison, race
 from engine.theory import (ACCELERATORS, expected_tokens_per_round, projected_speedup, projected_verify_curve,
-                           speedup_from_curve, worked_table)
+                           speedup_from_curve)
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/teach", tags=["teach"])

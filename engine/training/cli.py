@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import PRESETS, ModelConfig
+from ..config import ModelConfig
 from .train import TrainConfig
 
 # Training recipes of the shipped models. The architecture of each is engine.config.PRESETS[name].
