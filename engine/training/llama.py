@@ -72,32 +72,46 @@ def lm_head_weight(params, cfg: ModelConfig):
     return params["model.embed_tokens.weight"] if cfg.tie_word_embeddings else params["lm_head.weight"]
 
 
-def forward(params, cfg: ModelConfig, ids, targets=None):
+def forward(params, cfg: ModelConfig, ids, targets=None, hidden_targets=None, hidden_weight: float = 0.0):
     """ids [B, T] -> (mean cross-entropy in nats if targets is given else logits [B, T, V], cache).
 
-    targets: next tokens [B, T], or a teacher's next-token probabilities [B, T, V] (distillation)."""
+    targets: next tokens [B, T], or a teacher's next-token probabilities [B, T, V] (distillation).
+    Without targets the second value is the residual stream after each layer ([L] x [B, T, C]).
+    hidden_targets: a teacher's residual streams (as above); the loss then adds hidden_weight x the mean
+    over layers of the relative squared error mean((x - t)^2) / mean(t^2) (layer-wise distillation)."""
     B, T = ids.shape
     dtype = params["model.embed_tokens.weight"].dtype
     cos, sin = ops.rope_tables(T, cfg.head_dim, cfg.rope_theta, dtype)
     x, c_emb = ops.embedding_forward(ids, params["model.embed_tokens.weight"])
-    layer_caches = []
+    layer_caches, hidden = [], []
     for layer in range(cfg.num_hidden_layers):
         x, c = _layer_forward(x, params, f"model.layers.{layer}.", cfg, cos, sin)
         layer_caches.append(c)
+        hidden.append(x)
     h, c_nf = ops.rmsnorm_forward(x, params["model.norm.weight"], cfg.rms_norm_eps)
     logits, c_head = ops.linear_forward(h, lm_head_weight(params, cfg))  # [B, T, V]
     if targets is None:
-        return logits, None
+        return logits, hidden
     if targets.ndim == 3:  # a teacher's probabilities [B, T, V] (distillation)
         loss, c_ce = ops.soft_cross_entropy_forward(logits.reshape(B * T, -1), targets.reshape(B * T, -1))
-        return loss, (c_emb, layer_caches, c_nf, c_head, ("soft", c_ce), (B, T))
-    loss, c_ce = ops.cross_entropy_forward(logits.reshape(B * T, -1), targets.reshape(-1))
-    return loss, (c_emb, layer_caches, c_nf, c_head, ("hard", c_ce), (B, T))
+        c_ce = ("soft", c_ce)
+    else:
+        loss, c_ce = ops.cross_entropy_forward(logits.reshape(B * T, -1), targets.reshape(-1))
+        c_ce = ("hard", c_ce)
+    dhidden = None
+    if hidden_targets is not None and hidden_weight:
+        dhidden = []
+        for x_l, t_l in zip(hidden, hidden_targets):
+            d = x_l - t_l
+            scale = hidden_weight / (len(hidden) * d.size * float(np.vdot(t_l, t_l) / t_l.size))
+            loss = loss + scale * float(np.vdot(d, d))
+            dhidden.append(d * (2 * scale))  # d loss / d x_l
+    return loss, (c_emb, layer_caches, c_nf, c_head, c_ce, dhidden, (B, T))
 
 
 def backward(cache, cfg: ModelConfig):
     """Gradients of the mean loss for every parameter, as a dict with the parameter names."""
-    c_emb, layer_caches, c_nf, c_head, c_ce, (B, T) = cache
+    c_emb, layer_caches, c_nf, c_head, c_ce, dhidden, (B, T) = cache
     g = {}
     kind, c_ce = c_ce
     ce_backward = ops.soft_cross_entropy_backward if kind == "soft" else ops.cross_entropy_backward
@@ -105,6 +119,8 @@ def backward(cache, cfg: ModelConfig):
     dh, dhead = ops.linear_backward(dlogits, c_head)
     dx, g["model.norm.weight"] = ops.rmsnorm_backward(dh, c_nf)
     for layer in reversed(range(cfg.num_hidden_layers)):
+        if dhidden is not None:      # the layer-wise distillation term of this layer's output
+            dx = dx + dhidden[layer]
         dx = _layer_backward(dx, layer_caches[layer], f"model.layers.{layer}.", cfg, g)
     demb = ops.embedding_backward(dx, c_emb)
     if cfg.tie_word_embeddings:

@@ -45,6 +45,8 @@ class TrainConfig:
     ckpt_every: int = 200
     init_from: str | None = None     # a checkpoint folder whose K/V heads are mean-pooled (Ainslie et al.)
     distill_from: str | None = None  # a teacher checkpoint: train on its next-token distribution
+    distill_hidden: float = 0.0      # with a teacher of the same depth and width: weight of matching its
+                                     # residual stream after every layer (llama.forward's hidden_targets)
     max_files: int | None = None     # use only the first N stdlib files (tiny CI runs)
     log_every: int = 10
     notes: str = ""
@@ -90,13 +92,13 @@ def full_val_loss(params, cfg, val, seq_len, batch_size=8):
     return estimate_loss(params, cfg, (w[:, :-1], w[:, 1:]), batch_size), n * seq_len
 
 
-def teacher_probs(teacher, ids):  # -> softmax of the teacher's logits [B, T, V]
+def teacher_outputs(teacher, ids):  # -> softmax of the teacher's logits [B, T, V], its residual streams
     t_cfg, t_params = teacher
-    logits, _ = llama.forward(t_params, t_cfg, ids)
+    logits, hidden = llama.forward(t_params, t_cfg, ids)
     logits -= logits.max(-1, keepdims=True)
     np.exp(logits, out=logits)
     logits /= logits.sum(-1, keepdims=True)
-    return logits
+    return logits, hidden
 
 
 # --- AdamW ---------------------------------------------------------------------------------------
@@ -176,6 +178,9 @@ def train(tc: TrainConfig, out: str | Path, state_dir: str | Path | None = None,
         t_cfg, t_params, _ = load_checkpoint(tc.distill_from, with_tokenizer=False)
         teacher = (t_cfg, t_params)
         log(f"distilling from {tc.distill_from} ({t_cfg.num_parameters():,} parameters)")
+    if tc.distill_hidden and (teacher is None or (t_cfg.num_hidden_layers, t_cfg.hidden_size)
+                              != (cfg.num_hidden_layers, cfg.hidden_size)):
+        raise ValueError("distill_hidden needs a teacher (distill_from) with the student's layers and width")
     m = {k: np.zeros_like(p) for k, p in params.items()}
     v = {k: np.zeros_like(p) for k, p in params.items()}
     rng = np.random.default_rng(tc.seed)
@@ -213,9 +218,10 @@ def train(tc: TrainConfig, out: str | Path, state_dir: str | Path | None = None,
         t0 = time.perf_counter()
         lr = get_lr(step, tc)
         ids, tg = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)
+        hidden_tg = None
         if teacher is not None:
-            tg = teacher_probs(teacher, ids)
-        loss, cache = llama.forward(params, cfg, ids, tg)
+            tg, hidden_tg = teacher_outputs(teacher, ids)
+        loss, cache = llama.forward(params, cfg, ids, tg, hidden_tg, tc.distill_hidden)
         grads = llama.backward(cache, cfg)
         del cache
         gnorm = clip_grads(grads, tc.grad_clip)

@@ -113,6 +113,23 @@ def test_whole_model(kv_heads, tie):
         assert grads[name].dtype == np.float64
 
 
+def test_whole_model_with_layerwise_distillation():
+    """Soft targets plus the term matching a teacher's residual stream after every layer."""
+    cfg = ModelConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                      intermediate_size=24, vocab_size=11)
+    p = {k: v.astype(np.float64) for k, v in init_weights(cfg, seed=2, std=0.3).items()}
+    ids = rng.integers(0, 11, (2, 6))
+    probs = np.exp(rng.standard_normal((2, 6, 11)))
+    probs /= probs.sum(-1, keepdims=True)
+    hidden = [rng.standard_normal((2, 6, 16)) for _ in range(2)]
+    loss, cache = llama.forward(p, cfg, ids, probs, hidden, 0.7)
+    assert loss > llama.forward(p, cfg, ids, probs)[0]        # the term is there (and is positive)
+    grads = llama.backward(cache, cfg)
+    for name, x in p.items():
+        num = numerical_grad(lambda: float(llama.forward(p, cfg, ids, probs, hidden, 0.7)[0]), x)
+        assert rel_err(num, grads[name]) <= TOL, name
+
+
 def test_float32_stays_float32():
     cfg = ModelConfig.from_name("ci-tiny")
     p = init_weights(cfg, seed=0)

@@ -8,6 +8,7 @@ import pytest
 
 from engine.checkpoint import load_checkpoint
 from engine.model import Model, forward_no_cache
+from engine.training import llama
 from engine.training.cli import RECIPES, main
 from engine.training.corpus import load_corpus
 from engine.training.train import TrainConfig, mean_pool_kv, train
@@ -79,3 +80,28 @@ def test_a_continued_run_keeps_the_record_of_the_stage_before(tmp_path, corpus):
     assert stage["steps"] == 6 and stage["val_loss"] == first["val_loss"]
     assert stage["train_seconds"] == first["train_seconds"]
     assert "previous_stage" not in first
+
+
+def test_layerwise_distillation_keeps_the_residual_streams_near_the_teachers(tmp_path, corpus):
+    """Continuing a teacher with its own distribution as targets: the layer term (distill_hidden) keeps the
+    student's residual stream after every layer closer to the teacher's than distillation alone does."""
+    quiet = lambda s: None  # noqa: E731
+    train(tiny_config(steps=6, eval_every=3), tmp_path / "t", state_dir=tmp_path / "st", corpus=corpus, log=quiet)
+    teacher = str(tmp_path / "t")
+    cfg, tw, _ = load_checkpoint(teacher, with_tokenizer=False)
+    ids = corpus[1][None, :64].astype(np.int64)               # held-out text
+    _, t_hidden = llama.forward(tw, cfg, ids)
+    errors = {}
+    for weight in (0.0, 100.0):
+        out = tmp_path / f"s{weight:g}"
+        train(tiny_config(steps=6, eval_every=3, lr=3e-2, init_from=teacher, distill_from=teacher,
+                          distill_hidden=weight), out, state_dir=tmp_path / f"ss{weight:g}", corpus=corpus, log=quiet)
+        _, s_hidden = llama.forward(load_checkpoint(out, with_tokenizer=False)[1], cfg, ids)
+        errors[weight] = np.mean([np.mean((s - t) ** 2) / np.mean(t ** 2) for s, t in zip(s_hidden, t_hidden)])
+    assert errors[100.0] < 0.5 * errors[0.0], errors
+
+
+def test_layerwise_distillation_needs_a_teacher_of_the_same_shape(tmp_path, corpus):
+    with pytest.raises(ValueError, match="distill_hidden"):
+        train(tiny_config(steps=2, distill_hidden=1.0), tmp_path / "m", state_dir=tmp_path / "s", corpus=corpus,
+              log=lambda s: None)
