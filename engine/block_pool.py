@@ -28,6 +28,7 @@ class Block:
     block_id: int
     ref_cnt: int = 0
     block_hash: bytes | None = None
+    prev_id: int | None = None      # the block before it in the table it was handed out to (get_new_blocks)
 
 
 class BlockEvent(NamedTuple):   # a tuple: made per block and round, cheaper than a frozen dataclass
@@ -78,9 +79,14 @@ class BlockPool:
         """n blocks from the free queue, least recently used first.
 
         `after`: the id of the block that precedes the new ones in a block table. When the next id is
-        free and holds no cached prefix it is taken instead of the queue's head, so that a table stays
-        one run of consecutive blocks: attention then reads K/V as a slice, not a gather (engine.kv_cache).
-        A block without a hash is as good as any other, so eviction order is unchanged.
+        free it is taken instead of the queue's head, so that a table stays one run of consecutive blocks:
+        attention then reads K/V as a slice, not a gather (engine.kv_cache). It is taken if it holds no
+        cached prefix (as good as any other block: eviction order is unchanged), or if it was handed out
+        right after `after` before: then its cached content continues `after`'s chain as an earlier
+        sequence wrote it (a re-run of a prompt: the prompt's blocks are hits, the rest of the last run
+        follows them), a hit only for a request that repeats that sequence, and evicting it out of LRU order
+        keeps the re-run's table one slice (a decode step at 400 tokens 0.964 ms with a gather, 0.831 ms
+        with a slice, target-mha, 2026-11-29).
         """
         if n > len(self.free_queue):
             raise KVCacheFullError(
@@ -89,11 +95,12 @@ class BlockPool:
         out = []
         for _ in range(n):
             nxt = None if after is None else after + 1
-            if nxt is not None and nxt in self.free_queue and self.blocks[nxt].block_hash is None:
+            if nxt is not None and nxt in self.free_queue and (self.blocks[nxt].block_hash is None
+                                                              or self.blocks[nxt].prev_id == after):
                 block = self.free_queue.pop(nxt)
             else:
                 _, block = self.free_queue.popitem(last=False)
-            after = block.block_id
+            block.prev_id, after = after, block.block_id
             if block.block_hash is not None:       # reuse for new content: forget the old prefix
                 if self.cached.get(block.block_hash) is block:
                     del self.cached[block.block_hash]

@@ -100,6 +100,43 @@ def test_prefix_blocks_are_shared_and_never_overwritten():
     mgr.pool.check_invariants()
 
 
+def test_a_rerun_of_a_prompt_keeps_its_table_one_run_of_blocks():
+    """The prompt's blocks are cache hits and the blocks after them hold the last run's continuation: the
+    rerun takes those (evicting what they held) rather than blocks elsewhere, so K/V stay one slice."""
+    mgr = KVCacheManager(CFG, num_blocks=12, block_size=8)
+    prompt, output = list(range(20)), list(range(50, 70))
+    first = mgr.new_sequence()
+    mgr.append_slots(first, prompt)
+    for t in output:                               # decode: a commit after every token, as a session does
+        mgr.append_slots(first, [t])
+        mgr.commit(first)
+    assert first.block_table == [0, 1, 2, 3, 4] and first.contiguous
+    mgr.free(first)                                # all five keep their hashes (4 full blocks cached)
+    rerun = mgr.new_sequence()
+    assert mgr.match_prefix(rerun, prompt) == 16   # blocks 0 and 1
+    mgr.append_slots(rerun, prompt[16:])
+    for t in [99] * 20:                            # a different continuation: the old one is evicted
+        mgr.append_slots(rerun, [t])
+        mgr.commit(rerun)
+    assert rerun.block_table == [0, 1, 2, 3, 4] and rerun.contiguous
+    mgr.pool.check_invariants()
+
+
+def test_a_cached_block_of_another_chain_is_not_taken_out_of_order():
+    """Block 2 holds the start of another prompt (cached, free): a sequence ending at block 1 does not take
+    it (it did not follow block 1 before), so the LRU order keeps that prefix."""
+    mgr = KVCacheManager(CFG, num_blocks=6, block_size=8)
+    a = mgr.new_sequence()
+    mgr.append_slots(a, list(range(16)))           # blocks 0, 1
+    other = mgr.new_sequence()
+    mgr.append_slots(other, list(range(100, 108)))  # block 2: the first block of its own table
+    mgr.commit(other)
+    mgr.free(other)
+    mgr.append_slots(a, [7])                       # needs a third block
+    assert a.block_table[2] != 2 and mgr.pool.blocks[2].block_hash is not None
+    mgr.pool.check_invariants()
+
+
 def test_whole_prompt_cached_still_leaves_one_token_to_compute():
     mgr = KVCacheManager(CFG, num_blocks=8, block_size=8)
     a = mgr.new_sequence()
