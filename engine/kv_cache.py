@@ -122,6 +122,13 @@ class SequenceKV:
     def read(self, layer):
         return self.store.read(layer, self.read_slots)
 
+    def direct(self):  # -> (per-layer arrays, the slot written, the slots held as a slice) or None
+        """For a one-token step (engine.model.decode) when K/V can be used in place: a float32 store and the
+        sequence in one run of blocks. Otherwise None: write() and read() convert and gather."""
+        if self.store.dtype.name != "auto" or not isinstance(self.read_slots, slice):
+            return None
+        return self.store.kv, self.write_slots.start, self.read_slots
+
 
 class KVCacheManager:
     """One model's paged KV cache in one dtype: a block pool, a store, and the sequences using them."""

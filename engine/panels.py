@@ -64,4 +64,5 @@ def use_panels(model, columns: int = PANEL_COLUMNS):
     model.lm_head = PanelWeight(model.lm_head, columns)
     model.split_rows = frozenset()     # panels already keep few-row products cheap (engine.model.matmul_rows)
     model.dot = operator.matmul        # x @ panels: PanelWeight.__rmatmul__ (np.dot would not call it)
+    model.vector_decode = False        # PanelWeight multiplies 2-D rows only
     return model

@@ -131,3 +131,33 @@ def test_batched_forward_equals_one_by_one(seed_target, dtype):
     # sequences from different stores (models' dtypes) fall back to per-sequence writes
     mixed = forward_batch(model, [requests[0], (new[0], len(prompts[0]), requests[1][2])])
     assert mixed[0].shape == (1, model.cfg.vocab_size)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("dtype", ["auto", "int8_per_token_head"])
+def test_decode_step_equals_the_general_path(kv_heads, dtype):
+    """`decode` (a one-token step on 1-D vectors, K/V used in place when the store allows) gives the general
+    path's logits and writes the same K/V (up to float32 rounding), for MHA / GQA / MQA, in place and
+    through a gather, in a float32 and an int8 cache."""
+    from engine.checkpoint import init_weights
+    from engine.config import ModelConfig
+    from engine.model import Model
+    cfg = ModelConfig.from_name("tiny").replace(num_attention_heads=4, num_key_value_heads=kv_heads)
+    model = Model(cfg, init_weights(cfg, seed=3, std=0.3))
+    tokens = np.random.default_rng(4).integers(0, cfg.vocab_size, 40)
+    for scattered in (False, True):
+        runs = []
+        for vector in (True, False):
+            model.vector_decode = vector
+            mgr = KVCacheManager(cfg, num_blocks=12, block_size=8, kv_cache_dtype=dtype)
+            other = mgr.new_sequence()
+            seq = mgr.new_sequence()
+            forward(model, tokens[:20], 0, mgr.append_slots(seq, tokens[:20]))
+            if scattered:                        # another sequence takes the next block first
+                mgr.append_slots(other, tokens[:8])
+            logits = [forward(model, tokens[i:i + 1], i, mgr.append_slots(seq, tokens[i:i + 1]))
+                      for i in range(20, 40)]
+            assert seq.contiguous != scattered
+            runs.append((np.concatenate(logits), mgr.store.read(1, mgr.append_slots(seq, []).read_slots)))
+        for a, b in zip(*runs):                  # float32 rounding: products summed in another order
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
