@@ -14,6 +14,7 @@ choices, each exact up to float32 rounding:
 - Q and K columns are stored with each rotated pair side by side, so RoPE is one complex multiply.
 - The gate and down weights are stored negated, so SwiGLU needs no negation (see `swiglu`).
 - Softmax is normalised after the product with V.
+- A one-token step (decode) runs as `decode`: the same arithmetic on 1-D vectors, fewer numpy calls.
 """
 from __future__ import annotations
 
@@ -128,10 +129,13 @@ def measure_split_rows(w, sizes=range(3, 17), repeats: int = 9) -> frozenset:
 
 def rms_norm(x, c_eps):  # [n, C] -> [n, C] times 1/sqrt(C): the weight g and sqrt(C) live in the next matmul
     # x / sqrt(mean(x^2) + eps) == sqrt(C) * x / sqrt(sum(x^2) + C eps)
-    if len(x) == 1:  # a decode step: scalar arithmetic in Python beats three array operations on one row
-        row = x[0]
-        return x * (1.0 / math.sqrt(float(np.dot(row, row)) + c_eps))
+    if len(x) == 1:  # one row (panel weights' decode, a batch of one): see rms_norm_vector
+        return rms_norm_vector(x[0], c_eps)[None]
     return x / np.sqrt(np.vecdot(x, x)[:, None] + c_eps)
+
+
+def rms_norm_vector(x, c_eps):  # [C] -> [C]: one row; scalar arithmetic in Python beats three array operations
+    return x * (1.0 / math.sqrt(float(np.dot(x, x)) + c_eps))
 
 
 def apply_rope_inplace(x, rotation):  # [n, h, hd] float32 in pair order (see Model), [n, 1, hd/2] complex64
@@ -256,7 +260,7 @@ def decode(model: Model, token: int, p: int, kv):  # -> logits [1, V] for one ne
     direct = kv.direct()
     x = model.embed[token].copy()                                                  # [C]
     for i, lw in enumerate(model.layers):
-        heads = dot(x * (1.0 / math.sqrt(float(dot(x, x)) + c_eps)), lw.w_qkv)     # [(nq + 2 nkv) hd]
+        heads = dot(rms_norm_vector(x, c_eps), lw.w_qkv)                           # [(nq + 2 nkv) hd]
         pairs = heads[:q_dim + model.kv_dim].view(np.complex64).reshape(nq + nkv, hd // 2)
         pairs *= rotation                                                          # RoPE (see Model)
         if direct is None:
@@ -273,9 +277,9 @@ def decode(model: Model, token: int, p: int, kv):  # -> logits [1, V] for one ne
         o = V.transpose(0, 2, 1) @ s                                               # [nkv, hd, g]
         o /= s.sum(axis=1, keepdims=True)                                          # normalised after @ V
         x += dot((o if g == 1 else o.transpose(0, 2, 1)).reshape(q_dim), lw.w_o)
-        gate_up = dot(x * (1.0 / math.sqrt(float(dot(x, x)) + c_eps)), lw.w_gate_up)   # [2 I]
+        gate_up = dot(rms_norm_vector(x, c_eps), lw.w_gate_up)                     # [2 I]
         x += dot(swiglu(gate_up[:i_dim], gate_up[i_dim:]), lw.w_down)
-    return dot(x * (1.0 / math.sqrt(float(dot(x, x)) + c_eps)), model.lm_head)[None]   # [1, V]
+    return dot(rms_norm_vector(x, c_eps), model.lm_head)[None]                     # [1, V]
 
 
 def _slot_array(slots):  # a slice or int array of slots -> int array

@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 
 from engine import reference
+from engine.checkpoint import init_weights
+from engine.config import ModelConfig
 from engine.kv_cache import KVCacheManager
-from engine.model import ContextLengthError, forward, forward_no_cache
+from engine.model import ContextLengthError, Model, forward, forward_no_cache
 
 
 def greedy_cached(model, mgr, prompt, steps):
@@ -139,9 +141,6 @@ def test_decode_step_equals_the_general_path(kv_heads, dtype):
     """`decode` (a one-token step on 1-D vectors, K/V used in place when the store allows) gives the general
     path's logits and writes the same K/V (up to float32 rounding), for MHA / GQA / MQA, in place and
     through a gather, in a float32 and an int8 cache."""
-    from engine.checkpoint import init_weights
-    from engine.config import ModelConfig
-    from engine.model import Model
     cfg = ModelConfig.from_name("tiny").replace(num_attention_heads=4, num_key_value_heads=kv_heads)
     model = Model(cfg, init_weights(cfg, seed=3, std=0.3))
     tokens = np.random.default_rng(4).integers(0, cfg.vocab_size, 40)
