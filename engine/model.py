@@ -248,14 +248,14 @@ def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_on
 
 
 def decode(model: Model, token: int, p: int, kv):  # -> logits [1, V] for one new token at position p
-    """`forward` for one token (a decode step): the same arithmetic on 1-D vectors, with scores laid out
-    [nkv, T, g] so that nothing reorders them, and K/V written and read in the store's own arrays when the
-    cache allows it (`SequenceKV.direct`). A decode step of models this small is mostly numpy's per-call
-    overhead: measured 2026-11-29 in one process (100-token context, logits equal to the general path's),
-    a draft step 43.0 -> 35.4 us, a target-mha step 426 -> 377 us."""
+    """`forward` for one token (a decode step): the same arithmetic on 1-D vectors (attention's one-query
+    case as `attention`), and K/V written and read in the store's own arrays when the cache allows it
+    (`SequenceKV.direct`). A decode step of models this small is mostly numpy's per-call overhead: measured
+    2026-11-29 in one process, interleaved, 100-token context, general path -> decode: draft 43.0 -> 35.4 us,
+    target-mha 452 -> 369 us, target-gqa 416 -> 341 us, target-mqa 392 -> 322 us."""
     cfg, dot = model.cfg, np.dot
     nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    g, q_dim, i_dim, c_eps = nq // nkv, model.q_dim, cfg.intermediate_size, model.c_eps
+    q_dim, i_dim, c_eps = model.q_dim, cfg.intermediate_size, model.c_eps
     rotation = model.rotation[p]                                                   # [hd/2]
     direct = kv.direct()
     x = model.embed[token].copy()                                                  # [C]
@@ -271,12 +271,7 @@ def decode(model: Model, token: int, p: int, kv):  # -> logits [1, V] for one ne
             a = arrays[i]                                                          # [2, nkv, slots, hd]
             a[:, :, slot] = heads[q_dim:].reshape(2, nkv, hd)
             K, V = a[0, :, held], a[1, :, held]
-        s = K @ heads[:q_dim].reshape(nkv, g, hd).transpose(0, 2, 1)               # [nkv, T, g]
-        s -= s.max(axis=1, keepdims=True)
-        np.exp(s, out=s)
-        o = V.transpose(0, 2, 1) @ s                                               # [nkv, hd, g]
-        o /= s.sum(axis=1, keepdims=True)                                          # normalised after @ V
-        x += dot((o if g == 1 else o.transpose(0, 2, 1)).reshape(q_dim), lw.w_o)
+        x += dot(attention(heads[:q_dim].reshape(1, nq, hd), K, V, p)[0], lw.w_o)
         gate_up = dot(rms_norm_vector(x, c_eps), lw.w_gate_up)                     # [2 I]
         x += dot(swiglu(gate_up[:i_dim], gate_up[i_dim:]), lw.w_down)
     return dot(rms_norm_vector(x, c_eps), model.lm_head)[None]                     # [1, V]
