@@ -10,20 +10,28 @@ All times are the engine's own: pauses, pacing and rendering between rounds are 
 """
 from __future__ import annotations
 
-import statistics
+import bisect
 from collections import defaultdict
+
+
+def median_of_sorted(v: list[float]) -> float:
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 class SpecDecodeStats:
     def __init__(self):
         self.elapsed_s = 0.0
         self.ttft_s: float | None = None
-        self.itl_s: list[float] = []
+        self.itl_total_s, self.itl_count = 0.0, 0
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.accepted_per_position: list[int] = []
         self.target_forward_calls = self.draft_forward_calls = 0
         self.target_s = self.draft_s = 0.0
         self.target_ms_by_tokens: dict[int, list[float]] = defaultdict(list)   # the verify-cost curve
+        # the same times kept sorted: a summary is made every round, and a median over all steps so far
+        # each time (a sort per round) cost a long generation quadratic time
+        self._sorted_ms: dict[int, list[float]] = defaultdict(list)
         self.statuses: list[str] = []
 
     def add_engine_time(self, seconds: float, first_token: bool = False) -> None:
@@ -31,13 +39,15 @@ class SpecDecodeStats:
         if first_token:
             self.ttft_s = self.elapsed_s
         else:
-            self.itl_s.append(seconds)
+            self.itl_total_s += seconds
+            self.itl_count += 1
 
     def target_forward(self, ms: float, num_tokens: int, prefill: bool = False) -> None:
         self.target_forward_calls += 1
         self.target_s += ms / 1e3
         if not prefill:
             self.target_ms_by_tokens[num_tokens].append(ms)
+            bisect.insort(self._sorted_ms[num_tokens], ms)
 
     def draft_forward(self, ms: float, calls: int) -> None:
         self.draft_forward_calls += calls
@@ -57,7 +67,7 @@ class SpecDecodeStats:
 
     def summary(self, num_output_tokens: int) -> dict:
         ttft = self.ttft_s or 0.0
-        step = self.target_ms_by_tokens.get(1)
+        step = self._sorted_ms.get(1)
         draft_step = self.draft_s * 1e3 / self.draft_forward_calls if self.draft_forward_calls else None
         return {
             "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
@@ -68,11 +78,11 @@ class SpecDecodeStats:
             "target_forward_calls": self.target_forward_calls, "draft_forward_calls": self.draft_forward_calls,
             "target_time_s": self.target_s, "draft_time_s": self.draft_s,
             # c of Leviathan et al.: one draft step over one target step (needs plain target steps)
-            "draft_cost_ratio": draft_step / statistics.median(step) if step and draft_step else None,
-            "verify_ms_by_tokens": {n: statistics.median(v) for n, v in sorted(self.target_ms_by_tokens.items())},
+            "draft_cost_ratio": draft_step / median_of_sorted(step) if step and draft_step else None,
+            "verify_ms_by_tokens": {n: median_of_sorted(v) for n, v in sorted(self._sorted_ms.items())},
             "elapsed_s": self.elapsed_s, "ttft_s": self.ttft_s,
             "tpot_s": (self.elapsed_s - ttft) / (num_output_tokens - 1) if num_output_tokens > 1 else None,
-            "ttft_ms": ttft * 1e3, "itl_ms": sum(self.itl_s) / len(self.itl_s) * 1e3 if self.itl_s else None,
+            "ttft_ms": ttft * 1e3, "itl_ms": self.itl_total_s / self.itl_count * 1e3 if self.itl_count else None,
             "tokens_per_s": num_output_tokens / self.elapsed_s if self.elapsed_s else None,
         }
 
