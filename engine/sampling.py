@@ -9,10 +9,13 @@ import numpy as np
 
 
 def softmax(logits, temperature: float = 1.0):  # [..., V] -> [..., V] float64 (probabilities are compared)
-    z = np.asarray(logits, np.float64) / temperature
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
+    z = np.array(logits, np.float64)                  # a copy, worked on in place: one array, not five
+    if temperature != 1.0:
+        z /= temperature
+    z -= z.max(axis=-1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=-1, keepdims=True)
+    return z
 
 
 def probs_from_logits(logits, temperature: float, top_p: float = 1.0):  # [..., V] -> [..., V]
@@ -49,7 +52,7 @@ def sample(p, rng: np.random.Generator) -> int:
 def top_k_rows(p, k: int = 5):  # [n, V] -> per row [(token, prob)], the k most likely tokens first
     k = min(k, p.shape[-1])
     rows = np.arange(len(p))[:, None]                       # fancy indexing: take_along_axis's checks cost more
-    idx = np.argpartition(-p, k - 1, axis=-1)[:, :k]      # O(V), not a full sort of a large vocabulary
+    idx = np.argpartition(p, -k, axis=-1)[:, -k:]         # O(V), not a full sort; no negated copy of p
     vals = p[rows, idx]
     order = np.argsort(-vals, axis=-1, kind="stable")
     ids, probs = idx[rows, order].tolist(), vals[rows, order].tolist()
