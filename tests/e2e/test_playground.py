@@ -328,7 +328,8 @@ def test_embed_renders_inside_an_iframe_served_from_another_origin(other_origin,
 
 def test_presenter_mode_is_large_type_and_legible_at_1280x720(live_server, page, artifacts_dir):
     page.set_viewport_size({"width": 1280, "height": 720})
-    open_page(page, url(live_server, presenter=1, speed="max", max_tokens=80, prompt=PROMPT, autoplay=1))
+    long_prompt = PROMPT + "x = 1\n" * 30          # 200 tokens in the cache: a 7-digit count of KV bytes
+    open_page(page, url(live_server, presenter=1, speed="max", max_tokens=80, prompt=long_prompt, autoplay=1))
     wait_state(page, "done")
     size = page.eval_on_selector("#stream", "e => parseFloat(getComputedStyle(e).fontSize)")
     assert size >= 26                                # about 1.7rem
@@ -341,6 +342,11 @@ def test_presenter_mode_is_large_type_and_legible_at_1280x720(live_server, page,
     for selector in ("#run-status", "#stream", "#m-tokens_per_s"):
         box = page.locator(selector).bounding_box()
         assert box and box["y"] < 720 and box["x"] + box["width"] <= 1280, selector
+    # every gauge's number on one line, the long byte count included (it wrapped after 6 digits)
+    assert len(page.text_content("#m-kv_cache_bytes")) >= 7
+    lines = page.eval_on_selector_all(".gauge-value", """els => els.map(e => [e.dataset.metric, e.textContent,
+        e.getBoundingClientRect().height / parseFloat(getComputedStyle(e).lineHeight)])""")
+    assert all(round(n) == 1 for _, _, n in lines), lines
     page.screenshot(path=str(artifacts_dir / "playground-presenter-1280x720.png"))
 
 
