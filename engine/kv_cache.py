@@ -192,7 +192,7 @@ class KVCacheManager:
         if need > 0:
             last = seq.blocks[-1].block_id if seq.blocks else None
             self._append_blocks(seq, self.pool.get_new_blocks(need, seq.seq_id, after=last))
-        seq.token_ids.extend(int(t) for t in token_ids)
+        seq.token_ids.extend(token_ids.tolist() if isinstance(token_ids, np.ndarray) else map(int, token_ids))
         if seq.contiguous:
             start = seq.blocks[0].block_id * bs
             return SequenceKV(self.store, slice(start + p0, start + p0 + n), slice(start, start + p0 + n))
