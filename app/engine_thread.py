@@ -20,8 +20,8 @@ NOTE (invariants):
   time a paced session may go on.
 - Every post to the event loop wakes it, and it then takes the GIL from this thread: a round waits to be
   posted with later ones for up to its connection's `delivery_delay_s` (a page at full speed, which gets
-  at most 10 messages a second anyway). The end of a generation, a parked session, a call's result, half
-  the gate's backlog limit in waiting rounds, and an idle thread post at once.
+  at most 10 messages a second anyway). The first token, the end of a generation, a parked session, a
+  call's result, half the gate's backlog limit in waiting rounds, and an idle thread post at once.
 - BLAS stays at one thread (engine/__init__.py); this is the only thread doing engine work.
 """
 from __future__ import annotations
@@ -228,7 +228,10 @@ class EngineThread:
     def emit(self, link: SessionLink, item) -> None:
         self._out.append((link, item))
         link.unposted += 1
-        at_once = item is PARKED or item[-1].type in ("done", "error") or link.unposted >= link.max_backlog // 2
+        # round 0 (the prefill and the first token) goes at once too: the page shows its first token as soon
+        # as it exists, not up to `delivery_delay_s` later
+        at_once = (item is PARKED or item[-1].type in ("done", "error") or item[0].type == "prefill"
+                   or link.unposted >= link.max_backlog // 2)
         delay = 0.0 if at_once else link.pacing.delivery_delay_s
         self._post_by = min(self._post_by, time.perf_counter() + delay)
 
