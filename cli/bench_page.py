@@ -291,8 +291,9 @@ NOTES = [
     "- **Rendering fragments on the event loop** (fixed, app/html_view.py): the draft lane was drawn by a Jinja "
     "macro for every round and all but the last thrown away (55% of render time), KV cells by a macro each; "
     "~75 -> ~19 ms per run (cProfile). That time holds the GIL the engine thread needs.",
-    "- **Fixed latencies**: play to the server's `start` ~5 ms; the first tokens reach the page 40-70 ms after "
-    "play (the engine thread holds a page's first rounds up to 20 ms, then pacing); the last message (with `done`, "
+    "- **Fixed latencies**: play to the server's `start` ~5 ms; the first tokens reach the page 35-50 ms after "
+    "play (round 0 is posted at once since 2026-11-30: a /ws client sees its first token 6.5-7.7 ms after sending `start`; "
+    "the rest is the page taking the message and a frame); the last message (with `done`, "
     "the KV pools redrawn whole once the session freed its blocks, the summary) takes the page 10-20 ms to swap. "
     "On a ~0.3 s run that is much of what the page adds.",
     "- **The page's own cost is now small** (`browser ÷ /ws`): ~5-6 messages per run, each ~6-12 ms of htmx "
