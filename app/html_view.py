@@ -5,7 +5,7 @@ Client messages are the playground form's fields as JSON (values as strings, a c
 action is a change of the form: live settings go to the running session, the others apply next run.
 
 Server messages: one per batch of items (coalesced), each top-level element with an `id` and
-`hx-swap-oob`. Tokens are appended to #stream; the status, the draft lane, gauges and KV cells are
+`hx-swap-oob`. Tokens are appended to #stream; the status, the draft lane, gauges and KV map segments are
 replaced by id, and only their latest state in a batch is sent. docs/protocol.md lists every id.
 
 NOTE (invariants): the view remembers per connection what it last rendered (gauge texts, each KV
@@ -28,7 +28,11 @@ from engine.settings import LIVE_SETTINGS
 METRICS = tuple(name for name, _, _ in GAUGES)
 ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")
 STATE_LETTERS = {"f": "free", "c": "cached", "u": "used", "s": "shared"}
-FULL_GRID_ABOVE = 16           # more changed cells than this: send the whole grid in one element
+# The KV map is sent in segments of this many blocks: a round changes a few neighbouring blocks, and one
+# segment is one swapped element (htmx's work per message grows with the square of its top-level elements,
+# see templates/_fragments.html); a whole pool is a few hundred blocks.
+KV_SEGMENT = 32
+FULL_GRID_ABOVE = 4            # more changed segments than this: send the whole grid in one element
 SETTING_LABELS = {"num_speculative_tokens": "γ", "kv_cache_dtype": "KV dtype", "num_kv_heads": "KV heads",
                   "enable_prefix_caching": "prefix caching", "kv_cache": "KV cache", "block_size": "block size",
                   "temperature": "temperature", "top_p": "top-p", "method": "method", "max_tokens": "max tokens",
@@ -73,21 +77,29 @@ def token_html(t) -> str:
 templates.env.globals["piece"] = piece        # for templates/_fragments.html
 
 
-def kv_cell_html(role: str, c: dict, oob: bool = False) -> str:
-    """One KV block cell, as templates/_fragments.html's kv_cell macro writes it. Built here: a whole pool is
-    hundreds of cells (a macro call each was most of the time spent drawing the KV map)."""
-    role, i = escape(role), int(c["id"])
-    attrs = f' id="kv-{role}-{i}" hx-swap-oob="outerHTML:#kv-{role}-grid > [data-kv-block=\'{i}\']"' if oob else ""
+def kv_cell_html(c: dict) -> str:
+    """One KV block cell. Built here rather than by a template macro: a whole pool is hundreds of cells (a
+    macro call each was most of the time spent drawing the KV map)."""
     event = f' data-event="{escape(c["event"])}"' if c["event"] else ""
     mine = ' data-mine="1"' if c["mine"] else ""
-    return f'<i{attrs} class="kv" data-kv-block="{i}" data-state="{escape(c["state"])}"{event}{mine}></i>'
+    return f'<i class="kv" data-kv-block="{int(c["id"])}" data-state="{escape(c["state"])}"{event}{mine}></i>'
+
+
+def kv_segment_html(role: str, k: int, cells: list, oob: bool = False) -> str:
+    """Segment `k` of a pool: KV_SEGMENT cells in a wrapper that takes no part in layout (CSS
+    display: contents), so that a change is one swapped element whatever the number of its blocks."""
+    attrs = ' hx-swap-oob="true"' if oob else ""
+    return (f'<span id="kv-{escape(role)}-s{int(k)}"{attrs} class="kv-seg">'
+            + "".join(kv_cell_html(c) for c in cells) + "</span>")
 
 
 def kv_grid_html(role: str, pool: dict, cells: list) -> str:
-    """A whole pool, as the kv_grid macro writes it."""
+    """A whole pool: every cell, in segments."""
+    segments = "".join(kv_segment_html(role, k, cells[k * KV_SEGMENT:(k + 1) * KV_SEGMENT])
+                       for k in range((len(cells) + KV_SEGMENT - 1) // KV_SEGMENT))
     return (f'<div id="kv-{escape(role)}-grid" hx-swap-oob="true" class="kv-grid" data-pool="{escape(pool["name"])}" '
             f'data-kv-cache-dtype="{escape(pool["kv_cache_dtype"])}" data-block-size="{escape(pool["block_size"])}">'
-            + "".join(kv_cell_html(role, c) for c in cells) + "</div>")
+            + segments + "</div>")
 
 
 def macros():
@@ -523,15 +535,17 @@ class HtmlView:
                 if ev is None and not full and old.states[i] != letter:
                     ev = _transition(old.states[i], letter)
                 cells.append({"id": i, "state": STATE_LETTERS[letter], "event": ev, "mine": mine})
-            if full or len(cells) > FULL_GRID_ABOVE:
-                if not full:       # keep this frame's events on the changed cells
-                    changed = {c["id"]: c for c in cells}
-                    cells = [changed.get(i) or {"id": i, "state": STATE_LETTERS[s], "event": None, "mine": i in table}
-                             for i, s in enumerate(states)]
+            segments = sorted({c["id"] // KV_SEGMENT for c in cells})
+            if cells and not full:   # whole segments (or the whole grid), with this frame's events on the changed cells
+                changed = {c["id"]: c for c in cells}
+                cells = [changed.get(i) or {"id": i, "state": STATE_LETTERS[s], "event": None, "mine": i in table}
+                         for i, s in enumerate(states)]
+            if full or len(segments) > FULL_GRID_ABOVE:
                 frame.replace[f"kv-{role}-grid"] = kv_grid_html(role, pool, cells)
             else:
-                for c in cells:
-                    frame.replace[f"kv-{role}-{c['id']}"] = kv_cell_html(role, c, True)
+                for k in segments:
+                    segment = cells[k * KV_SEGMENT:(k + 1) * KV_SEGMENT]
+                    frame.replace[f"kv-{role}-s{k}"] = kv_segment_html(role, k, segment, oob=True)
             if full or frame.kv_snapshot:      # not every round: each top-level element costs the browser
                 frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, pool)
             self.kv[role] = RenderedPool(key, states, table, pool)

@@ -21,12 +21,16 @@ class Fragments(HTMLParser):
         self.depth = 0
         self.top: list[tuple[str, dict]] = []
         self.all: list[tuple[str, dict]] = []
+        self.blocks: list[list[int]] = []          # per top-level element: the KV blocks in it, in order
         self.feed(text)
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         if self.depth == 0:
             self.top.append((tag, attrs))
+            self.blocks.append([])
+        if "data-kv-block" in attrs:
+            self.blocks[-1].append(int(attrs["data-kv-block"]))
         self.all.append((tag, attrs))
         if tag not in VOID:
             self.depth += 1
@@ -95,6 +99,35 @@ def test_a_run_streams_fragments_that_htmx_can_swap_by_id(live_server):
             assert cells and {a["data-state"] for _, a in cells} <= {"free", "used", "shared", "cached"}
             appends = [a["hx-swap-oob"] for f in c.messages for _, a in f.top if a.get("id") == "stream-append"]
             assert appends and set(appends) == {"beforeend:#stream"}
+
+    run(scenario())
+
+
+def test_kv_changes_are_swapped_as_whole_segments_of_the_grid(live_server):
+    """The first message draws the pool whole; later changes send each changed segment of KV_SEGMENT blocks
+    as one element (never an element per block), with every block of the segment in it."""
+    from app.html_view import KV_SEGMENT
+
+    async def scenario():
+        async with websockets.connect(ws_url(live_server, "/ws"), open_timeout=10) as ws:
+            c = HtmlClient(ws)
+            await c.until(lambda f: True)
+            await c.send(action="toggle", method="none", max_tokens="96")
+            await c.until(status_is("done"))
+            grids = [(f, i) for f in c.messages for i, (_, a) in enumerate(f.top) if a.get("id") == "kv-target-grid"]
+            assert grids, "the pool is drawn whole first"
+            num_blocks = len(grids[0][0].blocks[grids[0][1]])
+            assert grids[0][0].blocks[grids[0][1]] == list(range(num_blocks)) and num_blocks > KV_SEGMENT
+            later = c.messages[c.messages.index(grids[0][0]) + 1:]
+            segments = [(int(a["id"].rsplit("-s", 1)[1]), f.blocks[i], a) for f in later
+                        for i, (_, a) in enumerate(f.top) if a.get("id", "").startswith("kv-target-s")]
+            assert segments, "96 tokens fill new blocks after the first message"
+            for k, blocks, attrs in segments:
+                assert attrs.get("hx-swap-oob") == "true" and attrs.get("class") == "kv-seg"
+                assert blocks == list(range(k * KV_SEGMENT, min((k + 1) * KV_SEGMENT, num_blocks)))
+            events = {a.get("data-event") for _, a in c.elements(lambda t, a: "data-kv-block" in a)}
+            assert "allocate" in events
+            assert not [a["id"] for f in c.messages for _, a in f.top if a.get("id", "").split("-")[-1].isdigit()]
 
     run(scenario())
 
