@@ -51,6 +51,14 @@ def piece(text: str) -> Markup:
     return Markup(special) if special is not None else escape(text)
 
 
+def shown(text: str) -> Markup:
+    """A token standing alone (a draft-lane chip, the inspector, histograms): spaces made visible as ␣ (a chip
+    of blanks looks empty), newline and tab as the stream shows them."""
+    if text in _WHITESPACE:
+        return piece(text)
+    return Markup("").join(Markup('<span class="ws-vis">␣</span>') if ch == " " else escape(ch) for ch in text)
+
+
 def _p(x) -> str:
     return "–" if x is None else f"{x:.3f}"
 
@@ -75,6 +83,7 @@ def token_html(t) -> str:
 
 
 templates.env.globals["piece"] = piece        # for templates/_fragments.html
+templates.env.filters["shown"] = shown
 
 
 def kv_cell_html(c: dict) -> str:

@@ -224,6 +224,20 @@ def test_streamed_tokens_are_escaped_and_whitespace_made_visible():
     assert "end of text" in piece("<|endoftext|>")
 
 
+def test_a_draft_lane_chip_of_spaces_is_not_blank():
+    """A chip stands alone: a token of spaces must show them (␣), and its text stays escaped."""
+    from app.html_view import macros
+
+    d = {"status": "accepted", "q": 1.0, "accept_prob": 1.0, "r": None}
+    html = str(macros().lane({"round": 4, "method": "draft_model", "verdict": "",
+                              "drafts": [{**d, "text": "  "}, {**d, "text": " <b>"}],
+                              "final": {"status": "bonus", "position": 3, "p": 0.9, "text": "\n"}}))
+    chips = html.split('class="chip')[1:]
+    assert chips[0].count("␣") == 2
+    assert chips[1].count("␣") == 1 and "&lt;b&gt;" in chips[1] and "<b>" not in chips[1]
+    assert "↵" in chips[2]
+
+
 def test_serve_command_serves_the_given_models_and_origins(models_dir):
     """`decoding-playground serve` end to end: its options reach the app."""
     import json

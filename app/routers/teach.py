@@ -90,20 +90,12 @@ def pct(x, digits: int = 1) -> str:
     return "–" if x is None else f"{x * 100:.{digits}f}%"
 
 
-def shown(text: str) -> Markup:
-    """A token standing alone (inspector, histograms): spaces made visible as ␣, newline and tab as the stream
-    shows them."""
-    if text in ("\n", "\t", "<|endoftext|>"):
-        return piece(text)
-    return Markup("").join(Markup('<span class="ws-vis">␣</span>') if ch == " " else escape(ch) for ch in text)
-
-
 def text_shown(text: str) -> Markup:
     """A text in a token stream: newlines and tabs made visible as the stream shows them."""
     return Markup("").join(piece(ch) if ch in "\n\t" else escape(ch) for ch in text)
 
 
-templates.env.filters.update(iec=iec, si_bytes=si_bytes, num=num, pct=pct, shown=shown, text_shown=text_shown)
+templates.env.filters.update(iec=iec, si_bytes=si_bytes, num=num, pct=pct, text_shown=text_shown)   # `shown`: app/html_view.py
 
 
 def fragment(request: Request, name: str, **context) -> HTMLResponse:
