@@ -544,17 +544,19 @@ class HtmlView:
                 if ev is None and not full and old.states[i] != letter:
                     ev = _transition(old.states[i], letter)
                 cells.append({"id": i, "state": STATE_LETTERS[letter], "event": ev, "mine": mine})
-            segments = sorted({c["id"] // KV_SEGMENT for c in cells})
-            if cells and not full:   # whole segments (or the whole grid), with this frame's events on the changed cells
+            if full:
+                frame.replace[f"kv-{role}-grid"] = kv_grid_html(role, pool, cells)
+            elif cells:            # the changed segments whole, with this frame's events on the changed cells
+                segments = sorted({c["id"] // KV_SEGMENT for c in cells})
                 changed = {c["id"]: c for c in cells}
                 cells = [changed.get(i) or {"id": i, "state": STATE_LETTERS[s], "event": None, "mine": i in table}
                          for i, s in enumerate(states)]
-            if full or len(segments) > FULL_GRID_ABOVE:
-                frame.replace[f"kv-{role}-grid"] = kv_grid_html(role, pool, cells)
-            else:
-                for k in segments:
-                    segment = cells[k * KV_SEGMENT:(k + 1) * KV_SEGMENT]
-                    frame.replace[f"kv-{role}-s{k}"] = kv_segment_html(role, k, segment, oob=True)
+                if len(segments) > FULL_GRID_ABOVE:
+                    frame.replace[f"kv-{role}-grid"] = kv_grid_html(role, pool, cells)
+                else:
+                    for k in segments:
+                        segment = cells[k * KV_SEGMENT:(k + 1) * KV_SEGMENT]
+                        frame.replace[f"kv-{role}-s{k}"] = kv_segment_html(role, k, segment, oob=True)
             if full or frame.kv_snapshot:      # not every round: each top-level element costs the browser
                 frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, pool)
             self.kv[role] = RenderedPool(key, states, table, pool)

@@ -95,7 +95,8 @@ def text_shown(text: str) -> Markup:
     return Markup("").join(piece(ch) if ch in "\n\t" else escape(ch) for ch in text)
 
 
-templates.env.filters.update(iec=iec, si_bytes=si_bytes, num=num, pct=pct, text_shown=text_shown)   # `shown`: app/html_view.py
+# (`shown`, for a token standing alone, is app/html_view.py's)
+templates.env.filters.update(iec=iec, si_bytes=si_bytes, num=num, pct=pct, text_shown=text_shown)
 
 
 def fragment(request: Request, name: str, **context) -> HTMLResponse:
