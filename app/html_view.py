@@ -385,7 +385,8 @@ class HtmlView:
         info = (f"{md['name']}: {layers(md)} × width {md['hidden_size']}, "
                 f"{md['num_attention_heads']} query heads, {md['num_key_value_heads']} KV heads ({md['attention']})")
         if e.draft_model and e.settings["method"] == "draft_model":
-            info += f" · draft model ({e.draft_model['name']}): {layers(e.draft_model)} × width {e.draft_model['hidden_size']}"
+            dm = e.draft_model
+            info += f" · draft model ({dm['name']}): {layers(dm)} × width {dm['hidden_size']}"
         frame.replace["model-info"] = m.model_info(info)
         frame.append("notes", m.note("started", f"new run: {len(e.prompt_tokens)} prompt tokens, "
                                                 f"{e.settings['method'].replace('_', ' ')}, seed {e.settings['seed']}"))
