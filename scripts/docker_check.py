@@ -2,7 +2,9 @@
 
 1. Local stand-ins for the base images from Debian's packages (scripts/docker_bases.py), cached.
 2. `podman build` of the project's own Dockerfile, with --build-arg pointing at them.
-3. The image inspected: fails if it runs as root, has no HEALTHCHECK, or its CMD is not exec form.
+3. The image inspected: fails if it runs as root, has no HEALTHCHECK, or its CMD is not exec form; or if
+   its files hold test packages, pip or npm caches, more of node_modules than the two files served, or
+   the sources (tests, docs, scripts, the packages' source folders) next to the installed app.
 4. The image's own ENTRYPOINT/CMD started as its own user, in its own filesystem (a podman container's
    writable root, unshare --root), with its environment and working directory, as PID 1 of new PID, mount,
    network, IPC and UTS namespaces: the network namespace has only loopback, as a container without
@@ -130,6 +132,25 @@ def inspect(image: str, root: Path) -> dict:
     return info
 
 
+TEST_PACKAGES = ("pytest", "_pytest", "hypothesis", "playwright")
+
+
+def check_lean(root: Path, workdir: str) -> None:
+    """No test packages, pip or npm caches, and of node_modules only the two files the app serves."""
+    found = [str(p.relative_to(root)) for top in ("usr", "opt") for name in TEST_PACKAGES
+             for p in (root / top).glob(f"**/site-packages/{name}")]
+    found += [str(p.relative_to(root)) for p in (root / "root/.cache", root / "root/.npm", root / "tmp")
+              if p.is_dir() and any(p.iterdir())]
+    app = root / workdir.lstrip("/")
+    vendored = sorted(str(p.relative_to(app)) for p in (app / "node_modules").rglob("*") if p.is_file())
+    if vendored != ["node_modules/htmx-ext-ws/dist/ws.js", "node_modules/htmx.org/dist/htmx.min.js"]:
+        found.append(f"node_modules has {len(vendored)} files: {vendored[:5]}")
+    found += [d for d in ("tests", "docs", "scripts", "app", "engine", ".git") if (app / d).exists()]
+    if found:
+        raise SystemExit(f"docker-check: FAIL the runtime stage is not lean: {found}")
+    say(f"lean: no {', '.join(TEST_PACKAGES)}, no caches, node_modules holds only {', '.join(vendored)}")
+
+
 def children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -232,6 +253,7 @@ def check_image(timings: Timings, image: str, build_args: dict, logs: Path, mode
     with container_root(image) as root:
         with timings.step(f"inspect {label}"):
             info = inspect(image, root)
+            check_lean(root, info["Config"].get("WorkingDir") or "/")
         with timings.step(f"start, probe, stop {label}"):
             start_and_probe(image, info, root, logs, models)
     return info

@@ -5,6 +5,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -73,3 +75,21 @@ def test_the_bases_come_from_the_mirror_apt_already_uses(tmp_path):
         "# deb http://old.example/debian bookworm main\n"
         "deb [arch=amd64 signed-by=/k.gpg] http://line.example/debian bookworm main non-free\n")
     assert apt_mirror(etc_apt=tmp_path) == "http://line.example/debian"          # sources.list is read first
+
+
+def test_the_lean_check_finds_test_packages_caches_and_node_modules(tmp_path):
+    from docker_check import check_lean
+
+    def image(*files: str) -> Path:
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        for rel in ("app/node_modules/htmx.org/dist/htmx.min.js", "app/node_modules/htmx-ext-ws/dist/ws.js",
+                    "opt/venv/lib/python3.11/site-packages/numpy/__init__.py", *files):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text("x")
+        return root
+
+    check_lean(image(), "/app")
+    for extra in ("opt/venv/lib/python3.11/site-packages/pytest/__init__.py", "root/.cache/pip/http/x",
+                  "app/node_modules/htmx.org/package.json", "app/tests/test_x.py"):
+        with pytest.raises(SystemExit, match="not lean"):
+            check_lean(image(extra), "/app")
