@@ -191,10 +191,11 @@ def start_and_probe(image: str, info: dict, root: Path, logs: Path, models: list
                                 str(REPO / "scripts/docker_probe.py"), f"http://127.0.0.1:{port}",
                                 *(a for m in models for a in ("--model", m))])
         if probe.returncode:
-            raise SystemExit(f"docker-check: FAIL the probe; the server's log:\n{log.read_text()[-4000:]}")
+            state = "running" if server.poll() is None else f"exited with {server.returncode}"
+            raise SystemExit(f"docker-check: FAIL the probe; the server ({state}), its log:\n{log.read_text()[-4000:]}")
         test = healthcheck(info)["Test"]
         argv = test[1:] if test[0] == "CMD" else ["/bin/sh", "-c", test[1]]
-        checked = subprocess.run(["nsenter", f"--target={pid1}", "--mount", "--net", "--pid", "--ipc", "--uts",
+        checked = subprocess.run([shutil.which("nsenter"), f"--target={pid1}", "--mount", "--net", "--pid", "--ipc", "--uts",
                                   "--root", "--wd", f"--setgid={gid}", f"--setuid={uid}", "--", *argv],
                                  env=env, capture_output=True, text=True, timeout=30)
         if checked.returncode:
@@ -270,6 +271,8 @@ def main(argv=None) -> int:
 
     mirror = docker_bases.apt_mirror()
     build_args = {}
+    with timings.step("base debian"):
+        say(f"{docker_bases.DEBIAN_IMAGE} (from {docker_bases.ensure_debian(args.cache_dir, mirror)})")
     for base in BASES:
         with timings.step(f"base {base.name}"):
             source = docker_bases.ensure(base, args.cache_dir, mirror)
