@@ -92,8 +92,9 @@ docker-check: setup fetch
 		command -v apt-get >/dev/null || skip "podman or debootstrap missing, and no apt-get to install them"; \
 		echo "docker-check: installing podman and debootstrap with apt-get"; \
 		export DEBIAN_FRONTEND=noninteractive; \
-		{ apt-get -o DPkg::Lock::Timeout=600 update && apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends \
-			podman debootstrap; } </dev/null || skip "apt-get install podman debootstrap FAILED"; \
+		apt-get -o DPkg::Lock::Timeout=600 update </dev/null || true; \
+		apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends podman debootstrap </dev/null || \
+			skip "apt-get install podman debootstrap FAILED"; \
 	fi; \
 	podman info >/dev/null 2>&1 || skip "podman does not work here: $$(podman info 2>&1 | tail -1)"; \
 	OPENBLAS_NUM_THREADS=1 $(VENV_PYTHON) scripts/docker_check.py --cache-dir "$(DOCKER_CHECK_CACHE)" \
