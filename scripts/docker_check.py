@@ -247,10 +247,20 @@ def staged_smollm2(source: Path):
         shutil.rmtree(SMOLLM2_CONTEXT, ignore_errors=True)
 
 
+def image_id(image: str) -> str | None:
+    done = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", image], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def check_image(timings: Timings, image: str, build_args: dict, logs: Path, models: list[str]) -> dict:
     label = image.rsplit(":", 1)[-1]
+    previous = image_id(image)
     with timings.step(f"build {label}"):
         build(image, logs, build_args)
+    if previous and previous != image_id(image):
+        # the last run's image, with the layers only it used (podman removes untagged parents with it):
+        # podman's storage grows by what changed, not by a whole image per run
+        subprocess.run(["podman", "rmi", previous], capture_output=True)
     with container_root(image) as root:
         with timings.step(f"inspect {label}"):
             info = inspect(image, root)
