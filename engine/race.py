@@ -116,7 +116,8 @@ def verdict(label_b: str, fa: dict, fb: dict) -> dict:
         parts.append(ratio_phrase(kv_a, kv_b, "fewer KV bytes/token", "more KV bytes/token"))
     parts.append(ratio_phrase(fa["ms_per_token"], fb["ms_per_token"], "faster per token", "slower per token"))
     if fa["acceptance_rate"] is not None and fb["acceptance_rate"] is not None:
-        parts.append(f"acceptance {fa['acceptance_rate']:.2f} → {fb['acceptance_rate']:.2f}")
+        before, after = f"{fa['acceptance_rate']:.2f}", f"{fb['acceptance_rate']:.2f}"
+        parts.append(f"acceptance {before} → {after}" if before != after else None)
     elif fb["mean_acceptance_length"] is not None and fa["mean_acceptance_length"] is None:
         parts.append(f"{fb['mean_acceptance_length']:.2f} tokens per target step")
     parts = [p for p in parts if p]

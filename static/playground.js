@@ -169,8 +169,10 @@
     var height = Math.round(width * 0.45)
     // a slide's chart fills the height its layout leaves it (the box's height does not depend on the canvas)
     if (document.body.dataset.layout && canvas.parentElement.clientHeight > 40) height = canvas.parentElement.clientHeight
-    chart.size = { width: width, height: height }
     var css = getComputedStyle(document.documentElement)
+    // its type follows the page's (a slide's is larger)
+    var font = Math.round(parseFloat(css.fontSize) * (document.body.dataset.layout ? 0.85 : 0.69))
+    chart.size = { width: width, height: height, font: font }
     chart.colors = {}
     ;['--muted', '--chart-grid', '--chart-draft', '--chart-target', '--chart-line'].forEach(function (name) {
       chart.colors[name] = css.getPropertyValue(name).trim()
@@ -209,7 +211,8 @@
     var colors = chart.colors
     var color = function (name) { return colors[name] }
     ctx.clearRect(0, 0, W, H)
-    var left = 40, right = 6, top = 8, bottom = 18
+    var font = chart.size.font
+    var left = Math.round(font * 3.6), right = 6, top = 8, bottom = Math.round(font * 1.6)
     var pts = chart.points
     // the scale follows the typical round (95th percentile): one slow outlier (a busy machine) would
     // otherwise flatten every other bar; taller bars are clipped and marked
@@ -217,7 +220,7 @@
     var typical = totals.length ? totals[Math.min(totals.length - 1, Math.floor(totals.length * 0.95))] : 0
     var max = niceMax(typical * 1.25)
     var plotH = H - top - bottom, plotW = W - left - right
-    ctx.font = '11px system-ui, sans-serif'
+    ctx.font = font + 'px system-ui, sans-serif'
     ctx.fillStyle = color('--muted')
     ctx.strokeStyle = color('--chart-grid')
     ctx.lineWidth = 1
@@ -225,7 +228,7 @@
       var y = top + plotH - plotH * g / 4
       ctx.beginPath(); ctx.moveTo(left, y + 0.5); ctx.lineTo(W - right, y + 0.5); ctx.stroke()
       var label = max * g / 4
-      ctx.fillText((label >= 10 ? label.toFixed(0) : label.toPrecision(2)) + (g === 4 ? ' ms' : ''), 2, y + 4)
+      ctx.fillText((label >= 10 ? label.toFixed(0) : label.toPrecision(2)) + (g === 4 ? ' ms' : ''), 2, y + font * 0.35)
     }
     if (!pts.length) {
       ctx.fillText('Rounds appear here as they run.', left + 8, top + plotH / 2)

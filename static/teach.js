@@ -584,7 +584,7 @@
           l.count.textContent = l.next
           followLane(l)
           l.el.classList.add('finished')
-          l.el.querySelector('[data-final]').hidden = false
+          l.el.querySelectorAll('[data-final]').forEach(function (el) { el.hidden = false })
         }
         if (!l.done) running = true
       })
