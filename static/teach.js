@@ -90,7 +90,6 @@
     openView(openName() === name ? '' : name)
   })
 
-
   // --- token inspector ---------------------------------------------------------------------------------------------
   var inspector = { pinned: null, hoverTimer: null, shown: '' }
 
@@ -613,7 +612,7 @@
         o.hidden = !mine
         o.disabled = !mine
       })
-      if (changed || select.selectedOptions[0].disabled) select.value = pair[1]
+      if (changed || !select.selectedOptions.length || select.selectedOptions[0].disabled) select.value = pair[1]
     })
     var params = new URLSearchParams(location.search)
     params.set('race', setting.value); params.set('race_a', $('race-a').value); params.set('race_b', $('race-b').value)
