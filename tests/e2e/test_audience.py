@@ -88,10 +88,10 @@ def test_scrolling_the_stream_up_stops_following_and_latest_brings_it_back(live_
     context = browser.new_context(viewport={"width": 1280, "height": 720})
     page = context.new_page()
     try:
-        open_page(page, url(live_server, "/embed", layout="stream", presenter=1, max_tokens=600, speed=10,
-                            temperature=1, prompt=PROMPT))
-        page.click(".slide-buttons [data-press=btn-toggle]")         # the slide's own play button
-        wait_until(page, "(w => w.scrollHeight > w.clientHeight + 150)(document.getElementById('stream-wrap'))", 60)
+        open_page(page, url(live_server, "/embed", presenter=1, max_tokens=1000, speed=10, temperature=1,
+                            prompt=PROMPT))
+        page.click("#btn-toggle")
+        wait_until(page, "(w => w.scrollHeight > w.clientHeight + 100)(document.getElementById('stream-wrap'))", 60)
         box = page.locator("#stream-wrap").bounding_box()
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         page.mouse.wheel(0, -400)                                      # the reader scrolls back
@@ -139,7 +139,11 @@ def test_each_layout_fits_its_frame(live_server, browser, artifacts_dir, layout,
         params = dict(layout=layout, presenter=1, max_tokens=160, speed="max", autoplay=1)
         if layout == "view:race":
             params.update(race="num_kv_heads", race_a=6, race_b=1, max_tokens=60)
+        if layout == "stream":
+            params.pop("autoplay")                     # played by the slide's own button (the settings are hidden)
         open_page(page, url(live_server, "/embed", **params))
+        if layout == "stream":
+            page.click(".slide-buttons [data-press=btn-toggle]")
         if layout == "view:race":
             page.wait_for_selector("#race-result .race[data-state='running']", timeout=60_000)
         else:
@@ -215,7 +219,6 @@ def test_token_statuses_and_chips_keep_aa_contrast(live_server, page, theme):
                 if (!out[s] || c.ratio < out[s].ratio) out[s] = c }}); return out }})()""")
     assert set(tokens) == {"target", "accepted", "rejected", "resampled", "bonus"}, tokens
     assert {"accepted", "rejected", "unverified", "resampled", "bonus", "target"} <= set(chips), chips
-    print(theme, {s: round(c["ratio"], 2) for s, c in tokens.items()}, {s: round(c["ratio"], 2) for s, c in chips.items()})
     for status, c in {**{f"token {k}": v for k, v in tokens.items()}, **{f"chip {k}": v for k, v in chips.items()}}.items():
         assert c["ratio"] >= 4.5, (theme, status, c)
         assert c["size"] >= 24, (theme, status, c)                   # presenter mode: legible from the back
