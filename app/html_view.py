@@ -100,8 +100,8 @@ def prompt_parts(prompt_tokens: list[dict]) -> dict:
                 runs.append({"template": template, "texts": []})
             runs[-1]["texts"].append(t["text"])
         for run in runs:
-            roles = ROLE_RE.findall("".join(run["texts"]))
-            run["label"] = f"chat template: {', '.join(roles) if roles else 'end of turn'} · {len(run['texts'])} tokens"
+            roles = ", ".join(ROLE_RE.findall("".join(run["texts"]))) or "end of turn"
+            run["label"] = f"chat template: {roles} · {len(run['texts'])} tokens"
         out[name] = runs
     return out
 

@@ -40,7 +40,8 @@ SIDE_COL_PARTS = ("gauges", "chart", "legend", "notes")
 # Layouts for slides (`layout=`): what a 1280x720 frame shows, without scrolling (static/app.css). "" is the
 # whole page; "view:NAME" one teaching view, full size.
 LAYOUTS = [("", "whole page"), ("stream", "slide: stream, draft lane, key gauges"), ("kv", "slide: stream and KV map"),
-           ("gauges", "slide: stream, gauges and chart"), *((f"view:{n}", f"slide: {label} view") for n, label in VIEWS)]
+           ("gauges", "slide: stream, gauges and chart"),
+           *((f"view:{n}", f"slide: {label} view") for n, label in VIEWS)]
 LAYOUT_NAMES = tuple(name for name, _ in LAYOUTS)
 RACE_LABELS = {"method": "method", "kv_cache": "KV cache on / off", "num_kv_heads": "MHA / GQA / MQA",
                "kv_cache_dtype": "cache dtype", "num_speculative_tokens": "γ (draft tokens)"}
@@ -200,7 +201,8 @@ def race_state(query, registry, target, warnings: list[str]) -> dict:
         warnings.append(f"ignored race={setting!r} from the URL: one of {', '.join(RACE_SETTINGS)}")
         setting = "method"
     offered = [v for v, _ in race_choices(registry, target)[setting]]
-    pair = [form_text(v) for v in default_values(registry, target, setting)]
+    default = [form_text(v) for v in default_values(registry, target, setting)]
+    pair = list(default)
     for i, name in enumerate(("race_a", "race_b")):
         value = query.get(name)
         if value is None:
@@ -209,9 +211,9 @@ def race_state(query, registry, target, warnings: list[str]) -> dict:
             pair[i] = value
         else:
             warnings.append(f"ignored {name}={value!r} from the URL: for race={setting}, one of {', '.join(offered)}")
-    if pair[0] == pair[1]:
+    if pair[0] == pair[1] and pair != default:
         warnings.append("ignored race_a and race_b from the URL: the two sides must differ")
-        pair = [form_text(v) for v in default_values(registry, target, setting)]
+        pair = default
     return {"setting": setting, "a": pair[0], "b": pair[1]}
 
 

@@ -17,7 +17,7 @@ from .teaching import trace
 RACE_SETTINGS = {
     "method": ("none", "draft_model"),
     "kv_cache": (True, False),
-    "num_kv_heads": (None, 1),          # the model's most KV heads against one (`default_values`)
+    "num_kv_heads": (None, 1),          # the model's most KV heads against its fewest (`default_values`)
     "kv_cache_dtype": ("auto", "int8_per_token_head"),
     "num_speculative_tokens": (2, 6),
 }
@@ -64,7 +64,8 @@ def race_choices(registry, target) -> dict[str, list[tuple[str, str]]]:
 def default_values(registry, target, setting: str) -> tuple:
     """The pair a race of `setting` starts from, for a target model (loads nothing)."""
     if setting == "num_kv_heads":
-        return max(registry.variants(target)), 1
+        heads = registry.variants(target)
+        return max(heads), min(heads)           # the same when the model has no other variant: no race
     if setting == "method":
         return "none", "draft_model" if registry.draft_for(target) is not None else "ngram"
     return RACE_SETTINGS[setting]

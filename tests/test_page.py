@@ -142,7 +142,7 @@ def test_layouts_and_races_come_from_the_url(app_client):
     assert "hidden" not in form.by_id("view-race") and form.by_id("teach")["data-open"] == "race"
     assert form.values["race"] == "num_kv_heads" and (form.values["race_a"], form.values["race_b"]) == ("6", "1")
     assert form.by_id("f-layout") is not None
-    form = Form(app_client.get("/?layout=kv").text)
+    form = Form(app_client.get("/?layout=kv&model=target-mha").text)
     assert next(a for t, a in form.elements if t == "body")["data-layout"] == "kv"
     assert form.values["race"] == "method" and (form.values["race_a"], form.values["race_b"]) == ("none", "draft_model")
     assert "data-layout" not in next(a for t, a in Form(app_client.get("/").text).elements if t == "body")

@@ -299,11 +299,13 @@ def test_a_race_of_any_two_settings_names_its_pair_and_quotes_the_engine(client)
     from engine.registry import ModelRegistry
 
     registry = ModelRegistry.from_dir(fetched=False)
-    cfg = {n: lm.cfg for n, lm in registry.variants(registry.default_target()).items()}
-    html = client.post("/teach/race", data={**FORM, "race": "num_kv_heads", "race_a": "6", "race_b": "1"}).text
-    assert re.findall(r'<h3>(.*?)</h3>', html) == ["MHA (6 KV heads)", "MQA (1 KV head)"]
+    cfg = {n: lm.cfg for n, lm in registry.variants(registry.models["target-mha"]).items()}
+    mha = max(cfg)
+    form = {**FORM, "model": "target-mha", "race": "num_kv_heads", "race_a": str(mha), "race_b": "1"}
+    html = client.post("/teach/race", data=form).text
+    assert re.findall(r'<h3>(.*?)</h3>', html) == [f"MHA ({mha} KV heads)", "MQA (1 KV head)"]
     kv = [int(x) for x in re.findall(r'data-figure="kv_bytes_per_token">(\d+)<', html)]
-    assert kv == [kv_bytes_per_token(cfg[6], "auto"), kv_bytes_per_token(cfg[1], "auto")]
+    assert kv == [kv_bytes_per_token(cfg[mha], "auto"), kv_bytes_per_token(cfg[1], "auto")]
     assert f"MQA (1 KV head): {kv[0] / kv[1]:.1f}× fewer KV bytes/token" in html
     html = client.post("/teach/race", data={**FORM, "race": "kv_cache_dtype", "race_a": "auto", "race_b": "fp8_e4m3"}).text
     assert "fp8 (e4m3) cache: 4.0× fewer KV bytes/token" in html
@@ -311,7 +313,7 @@ def test_a_race_of_any_two_settings_names_its_pair_and_quotes_the_engine(client)
     assert "KV cache off: no KV cache held" in html and "exactly the same text" in html
     for bad, message in (({"race": "top_p"}, "race: one of"), ({"race": "num_kv_heads", "race_a": "1", "race_b": "1"},
                                                                "two different values"),
-                         ({"race": "num_kv_heads", "race_a": "6", "race_b": "5"}, "num_kv_heads")):
+                         ({"race": "num_kv_heads", "race_a": "1", "race_b": "5"}, "num_kv_heads")):
         assert message in client.post("/teach/race", data={**FORM, **bad}).text
 
 

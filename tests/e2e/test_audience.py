@@ -11,6 +11,7 @@ import pytest
 from e2e.test_playground import PROMPT, open_page, url, wait_state, wait_until
 
 pytestmark = pytest.mark.browser
+MODEL = "target-mha"        # our own MHA model and its draft (SmolLM2 has its own test)
 
 # Is the last token element inside the stream box's visible area and inside the viewport? (1 px of rounding)
 NEWEST_IN_VIEW = """() => {
@@ -20,7 +21,8 @@ NEWEST_IN_VIEW = """() => {
   const wrap = document.getElementById('stream-wrap')
   const w = wrap.getBoundingClientRect()
   const top = w.top + wrap.clientTop, bottom = top + wrap.clientHeight
-  return {tokens: toks.length, top: t.top, bottom: t.bottom, left: t.left, right: t.right, boxTop: top, boxBottom: bottom,
+  return {tokens: toks.length, top: t.top, bottom: t.bottom, left: t.left, right: t.right,
+          boxTop: top, boxBottom: bottom,
           inBox: t.top >= top - 1 && t.bottom <= bottom + 1 && t.height > 0,
           inViewport: t.top >= -1 && t.bottom <= innerHeight + 1 && t.left >= -1 && t.right <= innerWidth + 1}
 }"""
@@ -47,7 +49,7 @@ def test_a_400_token_presenter_run_keeps_its_newest_token_in_view(live_server, b
     context = browser.new_context(viewport={"width": 1280, "height": 720})
     page = context.new_page()
     try:
-        open_page(page, url(live_server, "/embed", presenter=1, max_tokens=400, speed=25))
+        open_page(page, url(live_server, "/embed", model=MODEL, presenter=1, max_tokens=400, speed=25))
         seen = follow_run(page, [100, 200, 300])
         assert seen[-1]["tokens"] >= 400
         assert all(s["inBox"] and s["inViewport"] for s in seen), [sorted(s.items()) for s in seen]
@@ -88,8 +90,8 @@ def test_scrolling_the_stream_up_stops_following_and_latest_brings_it_back(live_
     context = browser.new_context(viewport={"width": 1280, "height": 720})
     page = context.new_page()
     try:
-        open_page(page, url(live_server, "/embed", presenter=1, max_tokens=1000, speed=10, temperature=1,
-                            prompt=PROMPT))
+        open_page(page, url(live_server, "/embed", model=MODEL, presenter=1, max_tokens=1000, speed=10,
+                            temperature=1, prompt=PROMPT))
         page.click("#btn-toggle")
         wait_until(page, "(w => w.scrollHeight > w.clientHeight + 100)(document.getElementById('stream-wrap'))", 60)
         box = page.locator("#stream-wrap").bounding_box()
@@ -136,9 +138,9 @@ def test_each_layout_fits_its_frame(live_server, browser, artifacts_dir, layout,
     context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     try:
-        params = dict(layout=layout, presenter=1, max_tokens=160, speed="max", autoplay=1)
+        params = dict(layout=layout, model=MODEL, presenter=1, max_tokens=160, speed="max", autoplay=1)
         if layout == "view:race":
-            params.update(race="num_kv_heads", race_a=6, race_b=1, max_tokens=60)
+            params.update(race="num_kv_heads", race_b=1, max_tokens=60)
         if layout == "stream":
             params.pop("autoplay")                     # played by the slide's own button (the settings are hidden)
         open_page(page, url(live_server, "/embed", **params))
@@ -183,8 +185,8 @@ CONTRAST = """(el) => {
   }
   const c = rgba(getComputedStyle(el).color)
   const fg = over([c[0], c[1], c[2], c[3] * opacity], bg)
-  const lum = x => { const [r, g, b] = x.slice(0, 3).map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4) })
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b }
+  const linear = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4) }
+  const lum = x => 0.2126 * linear(x[0]) + 0.7152 * linear(x[1]) + 0.0722 * linear(x[2])
   const [hi, lo] = [lum(fg), lum(bg)].sort((a, b) => b - a)
   return {ratio: (hi + 0.05) / (lo + 0.05), size: parseFloat(getComputedStyle(el).fontSize)}
 }"""
@@ -204,7 +206,7 @@ RECORD_CHIPS = """(contrast) => {
 def test_token_statuses_and_chips_keep_aa_contrast(live_server, page, theme):
     chips = {}
     for method in ("draft_model", "ngram"):            # the n-gram lookup also shows the target's own chips
-        open_page(page, url(live_server, "/embed", theme=theme, presenter=1, method=method, temperature=1,
+        open_page(page, url(live_server, "/embed", model=MODEL, theme=theme, presenter=1, method=method, temperature=1,
                             num_speculative_tokens=4, max_tokens=100, speed="max", prompt=PROMPT))
         page.evaluate(f"(() => {{ const contrast = {CONTRAST}; ({RECORD_CHIPS})(contrast) }})()")
         page.click("#btn-toggle")
@@ -219,7 +221,8 @@ def test_token_statuses_and_chips_keep_aa_contrast(live_server, page, theme):
                 if (!out[s] || c.ratio < out[s].ratio) out[s] = c }}); return out }})()""")
     assert set(tokens) == {"target", "accepted", "rejected", "resampled", "bonus"}, tokens
     assert {"accepted", "rejected", "unverified", "resampled", "bonus", "target"} <= set(chips), chips
-    for status, c in {**{f"token {k}": v for k, v in tokens.items()}, **{f"chip {k}": v for k, v in chips.items()}}.items():
+    measured = {**{f"token {k}": v for k, v in tokens.items()}, **{f"chip {k}": v for k, v in chips.items()}}
+    for status, c in measured.items():
         assert c["ratio"] >= 4.5, (theme, status, c)
         assert c["size"] >= 24, (theme, status, c)                   # presenter mode: legible from the back
     assert page.recorder.errors == []
@@ -231,7 +234,7 @@ def test_the_phone_watcher_shows_the_lane_and_the_stream_legibly(live_server, br
                                 has_touch=True)
     try:
         page = presenter.new_page()
-        open_page(page, url(live_server, max_tokens=120, speed="max", temperature=1, prompt=PROMPT))
+        open_page(page, url(live_server, model=MODEL, max_tokens=120, speed="max", temperature=1, prompt=PROMPT))
         watcher = phone.new_page()
         open_page(watcher, live_server + page.get_attribute("#watch-link", "href"))
         page.click("#btn-toggle")
@@ -262,21 +265,22 @@ def test_a_race_of_mha_against_mqa_from_its_url(live_server, models_dir, browser
     context = browser.new_context(viewport={"width": 1280, "height": 720})
     page = context.new_page()
     try:
-        open_page(page, url(live_server, "/embed", layout="view:race", autoplay=1, race="num_kv_heads", race_a=6,
-                            race_b=1, max_tokens=60, temperature=0, prompt=PROMPT))
+        registry = ModelRegistry.from_dir(models_dir, fetched=False)      # the models the server serves
+        variants = registry.variants(registry.models[MODEL])
+        mha = max(variants)
+        open_page(page, url(live_server, "/embed", layout="view:race", autoplay=1, model=MODEL,
+                            race="num_kv_heads", race_a=mha, race_b=1, max_tokens=60, temperature=0, prompt=PROMPT))
         page.wait_for_selector("#race-result .race[data-state='done']", timeout=60_000)
         assert page.locator("#race-result .race-stream").count() == 2
         assert [page.inner_text(f"#race-result .race-lane[data-lane={s}] h3") for s in "ab"] == \
-            ["MHA (6 KV heads)", "MQA (1 KV head)"]
+            [f"MHA ({mha} KV heads)", "MQA (1 KV head)"]
         assert all(page.locator(f"#race-result .race-lane[data-lane={s}] .tok.shown").count() == 60 for s in "ab")
-        registry = ModelRegistry.from_dir(models_dir, fetched=False)      # the models the server serves
-        variants = registry.variants(registry.default_target())
         shown = [int(page.inner_text(f"#race-result .race-lane[data-lane={s}] [data-figure=kv_bytes_per_token]"))
                  for s in "ab"]
-        assert shown == [kv_bytes_per_token(variants[6].cfg, "auto"), kv_bytes_per_token(variants[1].cfg, "auto")]
+        assert shown == [kv_bytes_per_token(variants[mha].cfg, "auto"), kv_bytes_per_token(variants[1].cfg, "auto")]
         verdict = page.inner_text("#race-result [data-verdict]")
         assert verdict.startswith(f"MQA (1 KV head): {shown[0] / shown[1]:.1f}× fewer KV bytes/token")
-        assert "race=num_kv_heads" in page.url and "race_a=6" in page.url and "race_b=1" in page.url
+        assert "race=num_kv_heads" in page.url and f"race_a={mha}" in page.url and "race_b=1" in page.url
         assert page.evaluate("document.scrollingElement.scrollHeight") == 720
         page.screenshot(path=str(artifacts_dir / "audience-race-mha-mqa.png"))
     finally:
