@@ -162,6 +162,12 @@ def test_each_layout_fits_its_frame(live_server, browser, artifacts_dir, layout,
         if not layout.startswith("view:"):
             newest = page.evaluate(NEWEST_IN_VIEW)
             assert newest["inBox"] and newest["inViewport"], newest
+        if layout == "kv":                             # the map's cells grew, and every one of them is in its box
+            cells = page.evaluate("""() => [...document.querySelectorAll('.kv-pool')].map(pool => {
+              const grid = pool.querySelector('.kv-grid').getBoundingClientRect(), cells = pool.querySelectorAll('.kv')
+              const last = cells[cells.length - 1].getBoundingClientRect()
+              return {n: cells.length, size: last.width, inside: last.bottom <= grid.bottom + 0.5} })""")
+            assert all(c["n"] > 100 and c["size"] > 9 and c["inside"] for c in cells), cells
         page.screenshot(path=str(artifacts_dir / f"audience-layout-{layout.replace(':', '-')}-{width}x{height}.png"))
     finally:
         context.close()
