@@ -412,6 +412,9 @@
         var stream = $('stream')
         var open = stream.classList.toggle('tpl-open')
         stream.querySelectorAll('.tpl-toggle').forEach(function (t) { t.setAttribute('aria-expanded', open ? 'true' : 'false') })
+        // the reader is looking at the template: the box stays there, and says where the newest token went
+        var wrap = $('stream-wrap')
+        if (wrap.scrollHeight - wrap.clientHeight - wrap.scrollTop > 4) setFollow(false)
       }
     })
     if (form) {

@@ -82,6 +82,9 @@ def test_a_smollm2_chat_answer_is_in_view_and_its_template_collapsed(live_server
         assert page.locator("#stream .tpl").first.is_visible()
         assert "You are a helpful AI assistant" in page.inner_text("#stream .prompt-head")
         assert page.get_attribute("#stream .tpl-toggle >> nth=1", "aria-expanded") == "true"
+        if not page.evaluate(NEWEST_IN_VIEW)["inBox"]:                 # the open template pushed the answer down
+            page.click("#stream-latest")
+            assert page.evaluate(NEWEST_IN_VIEW)["inBox"]
     finally:
         context.close()
 
