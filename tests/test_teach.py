@@ -295,11 +295,12 @@ def test_the_race_runs_plain_and_speculative_on_their_engine_clocks(client):
 
 
 def test_a_race_of_any_two_settings_names_its_pair_and_quotes_the_engine(client):
+    from app.config import AppConfig
+    from engine.checkpoint import load_config
     from engine.kv_dtypes import kv_bytes_per_token
-    from engine.registry import ModelRegistry
 
-    registry = ModelRegistry.from_dir(fetched=False)
-    cfg = {n: lm.cfg for n, lm in registry.variants(registry.models["target-mha"]).items()}
+    models = AppConfig.from_env().models_dir                          # the client's models (configs only)
+    cfg = {c.num_key_value_heads: c for c in (load_config(models / name) for name in ("target-mha", "target-mqa"))}
     mha = max(cfg)
     form = {**FORM, "model": "target-mha", "race": "num_kv_heads", "race_a": str(mha), "race_b": "1"}
     html = client.post("/teach/race", data=form).text

@@ -268,15 +268,15 @@ def test_the_phone_watcher_shows_the_lane_and_the_stream_legibly(live_server, br
 
 
 def test_a_race_of_mha_against_mqa_from_its_url(live_server, models_dir, browser, artifacts_dir):
+    from engine.checkpoint import load_config
     from engine.kv_dtypes import kv_bytes_per_token
-    from engine.registry import ModelRegistry
 
     context = browser.new_context(viewport={"width": 1280, "height": 720})
     page = context.new_page()
     try:
-        registry = ModelRegistry.from_dir(models_dir, fetched=False)      # the models the server serves
-        variants = registry.variants(registry.models[MODEL])
-        mha = max(variants)
+        # the configs of the models the server serves (read from their files: no weights loaded here)
+        cfg = {"MHA": load_config(models_dir / MODEL), "MQA": load_config(models_dir / "target-mqa")}
+        mha = cfg["MHA"].num_key_value_heads
         open_page(page, url(live_server, "/embed", layout="view:race", autoplay=1, model=MODEL,
                             race="num_kv_heads", race_a=mha, race_b=1, max_tokens=60, temperature=0, prompt=PROMPT))
         page.wait_for_selector("#race-result .race[data-state='done']", timeout=60_000)
@@ -286,7 +286,7 @@ def test_a_race_of_mha_against_mqa_from_its_url(live_server, models_dir, browser
         assert all(page.locator(f"#race-result .race-lane[data-lane={s}] .tok.shown").count() == 60 for s in "ab")
         shown = [int(page.inner_text(f"#race-result .race-lane[data-lane={s}] [data-figure=kv_bytes_per_token]"))
                  for s in "ab"]
-        assert shown == [kv_bytes_per_token(variants[mha].cfg, "auto"), kv_bytes_per_token(variants[1].cfg, "auto")]
+        assert shown == [kv_bytes_per_token(cfg["MHA"], "auto"), kv_bytes_per_token(cfg["MQA"], "auto")]
         verdict = page.inner_text("#race-result [data-verdict]")
         assert verdict.startswith(f"MQA (1 KV head): {shown[0] / shown[1]:.1f}× fewer KV bytes/token")
         assert "race=num_kv_heads" in page.url and f"race_a={mha}" in page.url and "race_b=1" in page.url
