@@ -47,11 +47,17 @@ class PanelWeight:
         self.panels = np.ascontiguousarray(w.reshape(c, d // b, b).transpose(1, 0, 2))   # [P, C, b]
 
     @property
+    def data(self):  # the stored array
+        return self.panels
+
+    @property
     def nbytes(self) -> int:
         return self.panels.nbytes
 
     def vec(self, x):  # [C] -> [D]: as two rows, which OpenBLAS's small GEMM streams faster than its GEMV
-        return self.rows(np.stack([x, x]))[0]
+        rows = np.empty((2, x.shape[0]), x.dtype)
+        rows[:] = x
+        return self.rows(rows)[0]
 
     def rows(self, x):  # [n, C] -> [n, D], each panel's product written straight into its columns
         n, num_panels = x.shape[0], self.panels.shape[0]
@@ -71,6 +77,10 @@ class OutInWeight:
         self.shape, self.dtype = (c, d), w.dtype
         self.t = np.ascontiguousarray(w.T)                                        # [D, C]
         self.block_rows = min(block_rows, d)
+
+    @property
+    def data(self):  # the stored array
+        return self.t
 
     @property
     def nbytes(self) -> int:
@@ -98,6 +108,7 @@ class OutInWeight:
 
 
 LAYOUTS = {"panels": PanelWeight, "out_in": OutInWeight}
+MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")      # the matrices of an engine.model.LayerWeights
 
 
 def weight_rows(x, w):  # [n, C] @ a layout's weight -> [n, D]: `Model.dot` of a model with these weights
@@ -122,11 +133,48 @@ def one_row_ms(w, repeats: int = 5) -> dict[str, float]:
     return {name: min(v) for name, v in times.items()}
 
 
+def weights_of(model) -> list:
+    """Every matrix a forward of `model` multiplies by, in order: the bytes a decode step reads."""
+    return [getattr(lw, a) for lw in model.layers for a in MATRICES] + [model.lm_head]
+
+
+class WeightStream:
+    """One pass over exactly a model's weight bytes, the floor of a decode step, two ways:
+    `read`, a BLAS dot of each stored array with itself (every byte loaded once, one multiply-add each), and
+    `gemv`, one matrix-vector product per matrix stored [out, in] (only for a model in that layout)."""
+
+    def __init__(self, model):
+        weights = weights_of(model)
+        self.flat = [w.data.reshape(-1) if hasattr(w, "data") else w.reshape(-1) for w in weights]
+        self.nbytes = sum(v.nbytes for v in self.flat)
+        rng = np.random.default_rng(0)
+        self.products = [(w.t, rng.standard_normal(w.shape[0]).astype(w.dtype))
+                         for w in weights if isinstance(w, OutInWeight)]
+
+    def read(self) -> None:
+        for v in self.flat:
+            np.dot(v, v)
+
+    def gemv(self) -> None:
+        for t, x in self.products:
+            np.dot(t, x)
+
+
+def stream_ms(model, repeats: int = 5) -> float:
+    """The fastest of `repeats` passes of `WeightStream.read` over the model's weights, in ms."""
+    stream, times = WeightStream(model), []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        stream.read()
+        times.append((time.perf_counter() - t) * 1e3)
+    return min(times)
+
+
 def use_layout(model, name: str):
     """Store every matrix of `model` (an engine.model.Model) in layout `name`, in place; returns the model."""
     layout = LAYOUTS[name]
     for lw in model.layers:
-        for attr in ("w_qkv", "w_o", "w_gate_up", "w_down"):
+        for attr in MATRICES:
             setattr(lw, attr, layout(getattr(lw, attr)))
     model.lm_head = layout(model.lm_head)
     model.layout = name
