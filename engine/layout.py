@@ -138,6 +138,10 @@ def weights_of(model) -> list:
     return [getattr(lw, a) for lw in model.layers for a in MATRICES] + [model.lm_head]
 
 
+def weight_bytes(model) -> int:
+    return sum(w.nbytes for w in weights_of(model))
+
+
 class WeightStream:
     """One pass over exactly a model's weight bytes, the floor of a decode step, two ways:
     `read`, a BLAS dot of each stored array with itself (every byte loaded once, one multiply-add each), and
