@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from cli.bench_smollm2_profile import breakdown_markdown, step_breakdown
 from engine.fetched import cache_dir, fetched_models, is_fetched
 from engine.kv_cache import KVCacheManager
 from engine.layout import LAYOUTS, WeightStream, use_layout
@@ -185,6 +186,7 @@ def run_smollm2(quick: bool = False, cache=None) -> dict:
     if BEFORE in layouts:
         r["decode_vs_before"] = med[BEFORE, 1] / one
         r["prefill_vs_before"] = med["panels", "prefill"] / med[chosen.layout, "prefill"]
+    r["breakdown"] = step_breakdown(chosen, tokens, CONTEXT, 3 if quick else 9)
     repeats = 1 if quick else 3
     r["ngram_summary"] = ngram_vs_plain(engine, SUMMARY_PROMPT, repeats)
     r["ngram_question"] = ngram_vs_plain(engine, QUESTION_PROMPT, repeats)
@@ -258,6 +260,7 @@ def markdown(r: dict) -> str:
         used = " (used)" if name == r["layout"] else ""
         prefill = f"{d['prefill_tokens_per_s']:.0f}" if "prefill_tokens_per_s" in d else ""
         lines.append(f"| {LAYOUT_LABELS[name]}{used} | {cells} | {prefill} |")
+    lines += breakdown_markdown(r["breakdown"])
     lines += ["", f"`ngram` prompt lookup ({NGRAM['num_speculative_tokens']} tokens, n-gram "
               f"{NGRAM['prompt_lookup_min']}..{NGRAM['prompt_lookup_max']}) against plain decoding, temperature 0, "
               "chat template, 96 tokens, decode phase (1 / tpot), medians of alternated runs:", "",
