@@ -154,7 +154,7 @@ def run_smollm2(quick: bool = False, cache=None) -> dict:
     panels = models.get("panels", (None,))[0]
     if panels is not None:
         before = _BeforeIssue17(panels)
-        models[BEFORE] = (before, (1,))
+        models[BEFORE] = (before, (1, 2, 3, 5))
     times = step_costs(models, tokens, 3 if quick else 9)
     med = {k: statistics.median(v) for k, v in times.items()}
     floor_how = min((k[1] for k in med if k[0] == "floor"), key=lambda h: med["floor", h])
