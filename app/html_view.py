@@ -198,7 +198,7 @@ class HtmlView:
         self.gauges: dict[str, str] = {}
         self.status = {"state": "idle", "round": 0, "tokens": 0, "gamma": None, "finish": None}
         self.lane: dict | None = None
-        self.model_line: tuple[str, dict] | None = None     # the run's model line, and its model's figures
+        self.run_model_line: tuple[str, dict] | None = None     # the run's model line, and its model's figures
         self.run_id: int | None = None
         self.recording = None           # the current run's events, kept for export, the inspector, replay
         self._recording_owner = False
@@ -401,7 +401,7 @@ class HtmlView:
         if e.draft_model and e.settings["method"] == "draft_model":
             dm = e.draft_model
             info += f" · draft model ({dm['name']}): {layers(dm)} × width {dm['hidden_size']}"
-        self.model_line = (info, md)
+        self.run_model_line = (info, md)
         frame.replace["model-info"] = m.model_info(model_line(info, md, None))
         frame.append("notes", m.note("started", f"new run: {len(e.prompt_tokens)} prompt tokens, "
                                                 f"{e.settings['method'].replace('_', ' ')}, seed {e.settings['seed']}"))
@@ -456,8 +456,8 @@ class HtmlView:
         frame.metrics = e.values
         steps = e.values.get("verify_ms_by_tokens") or {}
         step = steps.get(1, steps.get("1"))
-        if step and self.model_line is not None and "weights_stream_ms" in self.model_line[1]:
-            frame.replace["model-info"] = macros().model_info(model_line(*self.model_line, step))
+        if step and self.run_model_line is not None and "weights_stream_ms" in self.run_model_line[1]:
+            frame.replace["model-info"] = macros().model_info(model_line(*self.run_model_line, step))
         self.status["tokens"] = e.values.get("num_output_tokens", self.status["tokens"])
         if self.status["gamma"] is not None or e.values.get("num_drafts"):
             self.status["gamma"] = e.values.get("num_speculative_tokens")
