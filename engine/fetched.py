@@ -123,7 +123,9 @@ class LazyModel:
         with self._lock:
             if self._model is None:
                 cfg, weights, _ = load_checkpoint(self.path, with_tokenizer=False)
-                model = use_fastest_layout(Model(cfg, weights))    # memory-bound: see engine/layout.py
+                model = Model(cfg, weights)
+                del weights                                        # before the layouts' copies: a lower peak
+                model = use_fastest_layout(model)                  # memory-bound: see engine/layout.py
                 model.weights_stream_ms = stream_ms(model)        # the floor of a decode step, for the page
                 self._model = model
         return self._model
