@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from cli.bench_smollm2_profile import breakdown_markdown, step_breakdown
+from cli.bench_smollm2_profile import ModelWith, breakdown_markdown, step_breakdown
 from engine.fetched import cache_dir, fetched_models, is_fetched
 from engine.kv_cache import KVCacheManager
 from engine.layout import LAYOUTS, WeightStream, use_layout
@@ -88,6 +88,7 @@ def step_costs(models: dict, tokens, repeats: int) -> dict:
                     forward(model, new, CONTEXT, mgr.append_slots(seq, new))
                     mgr.truncate(seq, CONTEXT)
                 timed((name, n), verify_rows)
+
             def prefill():
                 fresh = mgr.new_sequence()
                 forward(model, tokens[:CONTEXT], 0, mgr.append_slots(fresh, tokens[:CONTEXT]))
@@ -153,8 +154,8 @@ def run_smollm2(quick: bool = False, cache=None) -> dict:
         del weights
     panels = models.get("panels", (None,))[0]
     if panels is not None:
-        before = _BeforeIssue17(panels)
-        models[BEFORE] = (before, (1, 2, 3, 5))
+        # a one-token step through the 2-D forward, not `decode`, as before issue 17
+        models[BEFORE] = (ModelWith(panels, vector_decode=False), (1, 2, 3, 5))
     times = step_costs(models, tokens, 3 if quick else 9)
     med = {k: statistics.median(v) for k, v in times.items()}
     floor_how = min((k[1] for k in med if k[0] == "floor"), key=lambda h: med["floor", h])
@@ -195,16 +196,6 @@ def run_smollm2(quick: bool = False, cache=None) -> dict:
     met["ngram_summary_speedup"] &= r["ngram_summary"]["identical_output"]     # faster *and* the same text
     r["targets"] = {k: {"target": TARGETS[k], "measured": r[k], "met": m} for k, m in met.items()}
     return r
-
-
-class _BeforeIssue17:
-    """A panel model as it ran before issue 17: a one-token step through the 2-D forward, not `decode`."""
-
-    def __init__(self, model):
-        self._model = model
-
-    def __getattr__(self, name):
-        return False if name == "vector_decode" else getattr(self._model, name)
 
 
 LAYOUT_LABELS = {"panels": "64-column panels [in, out]", "out_in": "[out, in], 256-row blocks",

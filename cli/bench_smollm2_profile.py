@@ -55,7 +55,7 @@ def step_breakdown(model, tokens, context: int, repeats: int = 9) -> dict:
             table[id(w)] = model.vec_dot(x, w)
         return table[id(w)].copy()
 
-    without = _WithProducts(model, looked_up)
+    without = ModelWith(model, vec_dot=looked_up)
     decode(without, int(new[0]), context, mgr.append_slots(seq, new))
     mgr.truncate(seq, context)
 
@@ -79,11 +79,12 @@ def step_breakdown(model, tokens, context: int, repeats: int = 9) -> dict:
     return {k: min(v) for k, v in measured.items()}
 
 
-class _WithProducts:
-    """A model whose one-row products are another function's (attributes otherwise the model's)."""
+class ModelWith:
+    """A model with some attributes replaced, the others the model's own."""
 
-    def __init__(self, model, vec_dot):
-        self._model, self.vec_dot = model, vec_dot
+    def __init__(self, model, **replaced):
+        self._model = model
+        vars(self).update(replaced)
 
     def __getattr__(self, name):
         return getattr(self._model, name)
