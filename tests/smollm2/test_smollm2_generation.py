@@ -5,7 +5,7 @@ import pytest
 from engine.checkpoint import load_checkpoint
 from engine.kv_cache import KVCacheManager
 from engine.model import Model, forward, forward_no_cache
-from engine.layout import LAYOUTS, use_layout
+from engine.layout import LAYOUTS
 from engine.settings import SettingsError
 
 SUMMARY_PROMPT = (
@@ -40,43 +40,10 @@ def test_cached_logits_equal_uncached_logits(smollm2, tokenizer):
     assert (paged.argmax(-1) == full.argmax(-1)).all()
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_each_layout_computes_the_same_products(layout):
-    """Every row count takes its own call pattern (engine/layout.py): one row, a few rows, many rows."""
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((96, 640)).astype(np.float32)
-    lw = LAYOUTS[layout](w)
-    assert np.array_equal(lw.to_array(), w) and lw.nbytes == w.nbytes
-    x = rng.standard_normal((40, 96)).astype(np.float32)
-    np.testing.assert_allclose(lw.vec(x[0]), x[0] @ w, rtol=1e-5, atol=1e-4)
-    for n in (1, 2, 3, 5, 9, 10, 40):
-        np.testing.assert_allclose(lw.rows(x[:n]), x[:n] @ w, rtol=1e-5, atol=1e-4)
-
-
 def test_the_loaded_model_uses_the_layout_measured_faster(smollm2):
     model = smollm2.model
     assert model.layout == min(model.layout_ms, key=model.layout_ms.get)
     assert isinstance(model.lm_head, LAYOUTS[model.layout])
-
-
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_each_layout_gives_the_whole_matrix_model_s_logits(smollm2, tokenizer, layout):
-    """Prefill, decode steps and a verification of 4 rows, in either layout, against plain arrays."""
-    cfg, weights, _ = load_checkpoint(smollm2.path, with_tokenizer=False)
-    whole, stored = Model(cfg, weights), use_layout(Model(cfg, weights), layout)
-    del weights
-    ids = np.array(tokenizer.encode("The Eiffel Tower is in Paris, the capital of France, and"))
-    runs = []
-    for model in (whole, stored):
-        mgr = KVCacheManager(cfg, num_blocks=4, block_size=16)
-        seq = mgr.new_sequence()
-        split = len(ids) - 6
-        out = [forward(model, ids[:split], 0, mgr.append_slots(seq, ids[:split]))]
-        out += [forward(model, ids[p:p + 1], p, mgr.append_slots(seq, ids[p:p + 1])) for p in (split, split + 1)]
-        out.append(forward(model, ids[split + 2:], split + 2, mgr.append_slots(seq, ids[split + 2:])))
-        runs.append(np.concatenate(out))
-    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-4, atol=1e-3)
-    assert (runs[1].argmax(-1) == runs[0].argmax(-1)).all()
 
 
 def test_ngram_greedy_equals_plain_greedy_and_saves_target_calls(run_session):
