@@ -69,6 +69,19 @@ def layers(model: dict) -> str:
     return f"{n} layer{'s' if n != 1 else ''}"
 
 
+def model_line(info: str, model: dict, step_ms: float | None) -> str:
+    """The model line, with a model's measured floor beside its measured decode step when it has one (a model
+    whose weights do not fit in the caches: its step streams them all, engine/layout.py)."""
+    floor = model.get("weights_stream_ms")
+    if floor is None:
+        return info
+    if step_ms is None:
+        gb_s = model["weight_bytes"] / floor / 1e6
+        return f"{info} · its {model['weight_bytes'] / 1e6:.0f} MB of weights stream in {floor:.1f} ms here ({gb_s:.0f} GB/s)"
+    return (f"{info} · decode {step_ms:.1f} ms, weights stream in {floor:.1f} ms: {floor / step_ms:.0%} of "
+            "this machine's memory bandwidth")
+
+
 def token_html(t) -> str:
     """One streamed token. Built here rather than by a template macro: it is the hot path at full speed
     (several macro calls per token); every value that is not a fixed string is escaped."""
@@ -210,6 +223,7 @@ class HtmlView:
         self.gauges: dict[str, str] = {}
         self.status = {"state": "idle", "round": 0, "tokens": 0, "gamma": None, "finish": None}
         self.lane: dict | None = None
+        self.run_model_line: tuple[str, dict] | None = None     # the run's model line, and its model's figures
         self.run_id: int | None = None
         self.recording = None           # the current run's events, kept for export, the inspector, replay
         self._recording_owner = False
@@ -412,7 +426,8 @@ class HtmlView:
         if e.draft_model and e.settings["method"] == "draft_model":
             dm = e.draft_model
             info += f" · draft model ({dm['name']}): {layers(dm)} × width {dm['hidden_size']}"
-        frame.replace["model-info"] = m.model_info(info)
+        self.run_model_line = (info, md)
+        frame.replace["model-info"] = m.model_info(model_line(info, md, None))
         frame.append("notes", m.note("started", f"new run: {len(e.prompt_tokens)} prompt tokens, "
                                                 f"{e.settings['method'].replace('_', ' ')}, seed {e.settings['seed']}"))
         if e.unknown_characters:
@@ -464,6 +479,10 @@ class HtmlView:
 
     def _on_metrics(self, e, frame: Frame, run_id: int) -> None:
         frame.metrics = e.values
+        steps = e.values.get("verify_ms_by_tokens") or {}
+        step = steps.get(1, steps.get("1"))
+        if step and self.run_model_line is not None and "weights_stream_ms" in self.run_model_line[1]:
+            frame.replace["model-info"] = macros().model_info(model_line(*self.run_model_line, step))
         self.status["tokens"] = e.values.get("num_output_tokens", self.status["tokens"])
         if self.status["gamma"] is not None or e.values.get("num_drafts"):
             self.status["gamma"] = e.values.get("num_speculative_tokens")

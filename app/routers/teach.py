@@ -49,6 +49,7 @@ from cli.bench_spec import curve_at, verify_curve
 from cli.generate import check_distribution
 from engine.kv_dtypes import KV_CACHE_DTYPES, kv_bytes_per_token
 from engine.kv_memory import ELEMENT_BYTES, PUBLIC_CONFIGS, calculator, paging_waste, seed_request_mix
+from engine.layout import stream_ms, weight_bytes
 from engine.registry import SEQUENCE_TOKENS_BUDGET
 from engine.settings import FAULTS, GenerationSettings, SettingsError
 from engine.race import RACE_SETTINGS, race
@@ -229,9 +230,13 @@ def measured_curve(engine, model_name: str | None) -> dict:
         curve = verify_curve(lm, ns=ns, repeats=repeats, summary=min)
         draft = engine.registry.draft_for(lm)
         draft_ms = verify_curve(draft, ns=(1,), repeats=repeats, summary=min)[1] if draft is not None else None
+        # a model whose weights do not fit in the caches: one pass over its weight bytes, the floor of t(1)
+        streamed = hasattr(lm.model, "weights_stream_ms")
         result = {"model": lm.name, "draft": draft.name if draft else None, "context": 100,
                   "target_ms": {n: curve_at(curve, n) for n in CURVE_NS}, "measured_at": list(ns),
                   "draft_ms": draft_ms, "c": draft_ms / curve[1] if draft_ms else None,
+                  "floor_ms": stream_ms(lm.model) if streamed else None,
+                  "weight_bytes": weight_bytes(lm.model) if streamed else None,
                   "seconds": time.perf_counter() - t}
         _curves[lm.name] = result
         return result
