@@ -206,7 +206,7 @@ def causal_mask(n):  # -> [n, n]: 0 on and below the diagonal, -inf above
 
 
 def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_only: bool = False,
-            with_hidden: bool = False):
+            with_hidden: bool = False, inputs_embeds=None):
     """Logits [n, V] for n new tokens at positions p0..p0+n-1 ([1, V] for the last one if last_only:
     a prefill needs no more, and the LM head is a large share of its work for a large vocabulary).
 
@@ -228,12 +228,12 @@ def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_on
     if kv is None and p0 != 0:
         raise ValueError("without a KV cache the whole sequence must be passed (p0 = 0)")
     if n == 1 and kv is not None and model.vector_decode:
-        return decode(model, int(tokens[0]), p0, kv, with_hidden)
+        return decode(model, int(tokens[0]), p0, kv, with_hidden, inputs_embeds)
     nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     i_dim, c_eps = cfg.intermediate_size, model.c_eps
     rotation = model.rotation[p0:p0 + n, None, :]                                  # [n, 1, hd/2]
     mm = matmul_rows if n in model.split_rows else model.dot                       # x @ w
-    x = model.embed.take(tokens, axis=0)                                           # [n, C]
+    x = model.embed.take(tokens, axis=0) if inputs_embeds is None else np.array(inputs_embeds, F32)   # [n, C]
     for i, lw in enumerate(model.layers):
         heads = mm(rms_norm(x, c_eps), lw.w_qkv).reshape(n, nq + 2 * nkv, hd)      # q, k, v heads
         apply_rope_inplace(heads[:, :nq + nkv], rotation)
@@ -255,7 +255,8 @@ def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_on
     return mm(rms_norm(x, c_eps), model.lm_head)                                   # [n, V]
 
 
-def decode(model: Model, token: int, p: int, kv, with_hidden: bool = False):  # -> logits [1, V] (, hidden [1, C])
+def decode(model: Model, token: int, p: int, kv, with_hidden: bool = False, inputs_embeds=None):
+    # -> logits [1, V] (, hidden [1, C])
     """`forward` for one token (a decode step): the same arithmetic on 1-D vectors (attention's one-query
     case as `attention`), and K/V written and read in the store's own arrays when the cache allows it
     (`SequenceKV.direct`). A decode step of models this small is mostly numpy's per-call overhead: measured
@@ -266,7 +267,7 @@ def decode(model: Model, token: int, p: int, kv, with_hidden: bool = False):  # 
     q_dim, i_dim, c_eps = model.q_dim, cfg.intermediate_size, model.c_eps
     rotation = model.rotation[p]                                                   # [hd/2]
     direct = kv.direct()
-    x = model.embed[token].copy()                                                  # [C]
+    x = model.embed[token].copy() if inputs_embeds is None else np.array(inputs_embeds[0], F32)   # [C]
     for i, lw in enumerate(model.layers):
         heads = dot(rms_norm_vector(x, c_eps), lw.w_qkv)                           # [(nq + 2 nkv) hd]
         pairs = heads[:q_dim + model.kv_dim].view(np.complex64).reshape(nq + nkv, hd // 2)
