@@ -39,7 +39,9 @@ class FeatureLog:
     """The target's hidden state at every position of one session, as its forwards compute them.
 
     Rows past the target runner's tokens are stale (rejected drafts) and get overwritten; `start` is the
-    first position that has a row (positions served by the prefix cache were never computed)."""
+    first position that has a row. Positions served by the prefix cache were never computed: their rows
+    come from `shared` (the engine's rows per cached block hash, filled by `share`), else the head starts
+    after them."""
 
     def __init__(self, width: int):
         self.rows = np.zeros((256, width), np.float32)
@@ -56,6 +58,27 @@ class FeatureLog:
         self.rows[p0:p0 + n] = runner.hidden
         if self.start is None or p0 < self.start:
             self.start = p0
+        if p0 and p0 == getattr(runner, "cached_tokens", 0) and p0 == self.start:   # a prefill with cached blocks
+            bs = runner.manager.block_size
+            rows = [shared_rows.get((id(runner.manager), h)) for h in runner.seq.block_hashes[:p0 // bs]]
+            if len(rows) * bs == p0 and all(r is not None for r in rows):
+                self.rows[:p0] = np.concatenate(rows)
+                self.start = 0
+
+    def share(self, runner, limit: int = 1024) -> None:
+        """Offer the rows of the runner's committed full blocks to later sessions (see `record`)."""
+        if self.start is None or not hasattr(runner, "seq"):
+            return
+        bs = runner.manager.block_size
+        for b, h in enumerate(runner.seq.block_hashes):
+            key = (id(runner.manager), h)       # one manager per model and cache dtype: rows depend on both
+            if key not in shared_rows and b * bs >= self.start:
+                shared_rows[key] = self.rows[b * bs:(b + 1) * bs].copy()
+                if len(shared_rows) > limit:
+                    shared_rows.pop(next(iter(shared_rows)))
+
+
+shared_rows: dict = {}    # (KV cache manager, block hash) -> the target's hidden states of that block [block_size, C]
 
 
 class EagleHead:

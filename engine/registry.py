@@ -101,6 +101,11 @@ class ModelRegistry:
         return {m.cfg.num_key_value_heads: m for m in self.targets
                 if m.cfg.replace(num_key_value_heads=1) == base and m.tokenizer is not None}
 
+    def set_heads(self, target_name: str, heads: dict) -> None:
+        """Heads built in memory (tests, evaluation) instead of models/heads/."""
+        self._heads[target_name] = heads
+        self.models[target_name].meta["heads"] = sorted(heads)
+
     def heads_for(self, target: LoadedModel) -> dict:
         """The draft heads trained for this target ({'eagle': ..., 'medusa': ...}; loaded on first use)."""
         if target.name not in self._heads:

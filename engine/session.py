@@ -257,6 +257,7 @@ class GenerationSession:
         self.stats.target_forward(ms, len(self.tokens), prefill=True)
         events: list[Event] = [Prefill("target", len(self.tokens), self.target.cached_tokens, ms)]
         self.target.commit()
+        self.features.share(self.target)
         t, p = self._sample_target(logits)
         events.append(self._target_token(t, logits, p))
         self._emit([t], ["target"], events[-1:])
