@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_page.add_parser(bsub)
     from cli import bench_smollm2
     bench_smollm2.add_parser(bsub)
+    from cli import bench_heads
+    bench_heads.add_parser(bsub)
     from cli import bench_serve
     bench_serve.add_parser(bsub)
 

@@ -93,15 +93,15 @@ def medusa_forward(params, f, mask, head_w):
     """f [B, T + K, C] features; head i (1..K) reads positions 0..T-1 and is taught the target's distribution
     at i..i+T-1; mask [B, T] -> (loss: mean over heads, per-head losses, cache)."""
     K = len(params)
-    T = f.shape[1] - K
+    B, T = mask.shape
     x = _masked_rows(f[:, :T], mask)                                                     # [n, C]
+    p_all = _target_probs(f[:, 1:T + K].reshape(-1, f.shape[-1]), head_w).reshape(B, T + K - 1, -1)  # once for all heads
     losses, caches = [], []
     for i in range(K):
         a, c_lin = ops.linear_forward(x, params[f"medusa.{i}.weight"])
         s, c_silu = ops.silu_forward(a)
         logits, c_head = ops.linear_forward(x + s, head_w)
-        ce, c_ce = ops.soft_cross_entropy_forward(logits, _target_probs(_masked_rows(f[:, i + 1:i + 1 + T], mask),
-                                                                        head_w))
+        ce, c_ce = ops.soft_cross_entropy_forward(logits, _masked_rows(p_all[:, i:i + T], mask))
         losses.append(float(ce))
         caches.append((c_lin, c_silu, c_head, c_ce))
     return sum(losses) / K, losses, caches
