@@ -328,9 +328,14 @@ class HtmlView:
             opts = model_options(self.playground.registry, d["model"])
             value = d["num_kv_heads"] if d["num_kv_heads"] in {v["value"] for v in opts["variants"]} else ""
             frame.replace["f-num_kv_heads"] = m.kv_heads_select(opts, value)
+            method = self.form.get("method") or opts["default_method"]
+            frame.replace["f-method"] = m.method_select(opts, method if method in opts["heads"] or method in (
+                "none", "ngram") or (method == "draft_model" and opts["draft"]) else "none")
             draft = (f"draft model {opts['draft']}" if opts["draft"] else
                      "no draft model shares its vocabulary: use n-gram lookup or none")
             chat = ", has a chat template" if opts["chat"] else ""
+            if opts["heads"]:
+                draft += f"; draft heads: {', '.join(opts['heads'])}"
             frame.append("notes", m.note("model", f"{opts['target']}: {opts['num_kv_heads']} KV heads "
                                                   f"({opts['attention']}){chat}; {draft}"))
         elif item.type == "note":

@@ -293,6 +293,17 @@ def test_the_race_runs_plain_and_speculative_on_their_engine_clocks(client):
     assert "exactly the same text" in html                               # greedy: speculative == plain
 
 
+def test_the_shootout_runs_every_method_of_the_model_with_identical_greedy_output(client):
+    html = client.post("/teach/shootout", data={**FORM, "model": "target-mha", "num_speculative_tokens": "3"}).text
+    rows = dict(re.findall(r'<tr data-method="(\w+)">(.*?)</tr>', html, re.S))
+    assert list(rows) == ["none", "ngram", "draft_model", "medusa", "eagle"]          # target-mha ships heads
+    assert all(re.search(r'data-figure="identical">yes<', r) for r in rows.values())
+    for m in ("draft_model", "medusa", "eagle"):
+        assert float(re.search(r'data-figure="mal">([\d.]+)<', rows[m]).group(1)) >= 1.0
+        assert re.search(r'data-figure="measured"><strong class="\w+">[\d.]+×<', rows[m])
+    assert "3.57" in rows["eagle"] and "2.32" in rows["medusa"]                       # Spec-Bench beside ours
+
+
 def test_the_distribution_check_runs_in_the_background(client):
     form = {"prefix": "import ", "sample_temperature": "1", "samples": "5000", "sample_seed": "1"}
     html = client.post("/teach/distribution", data=form).text
@@ -324,7 +335,7 @@ def panels(html: str) -> dict[str, bool]:
 def test_a_view_opens_by_url_and_can_be_hidden(client):
     html = client.get("/?view=theory").text
     shown = panels(html)
-    assert len(shown) == 9 and [n for n, s in shown.items() if s] == ["theory"]
+    assert len(shown) == 10 and [n for n, s in shown.items() if s] == ["theory"]
     assert re.search(r'id="tab-theory"[^>]*aria-selected="true"', html)
     assert 'href="?view=race"' in html                                   # each tab is a link
     assert "0.88" in html and "slower" in html                            # the second seed's worked table
