@@ -91,9 +91,27 @@ def defaults() -> dict[str, str]:
     return out
 
 
+# The demo the page opens on when SmolLM2 and its EAGLE head are there: a real model, drafting with EAGLE.
+SMOLLM2_DEMO = {"model": "smollm2-135m", "chat": "true", "method": "eagle", "num_speculative_tokens": "3",
+                "prompt": "Explain how a rainbow forms, in a short paragraph."}
+
+
+def demo_defaults(playground: Playground, model: str | None = None) -> dict[str, str]:
+    """The form's defaults: SmolLM2 + chat + EAGLE when present (config demo "auto") and the URL names no other
+    model, else our character models'."""
+    out = defaults()
+    registry = playground.registry
+    lm = registry.models.get(SMOLLM2_DEMO["model"]) if registry is not None else None
+    if (playground.config.demo == "auto" and lm is not None and "eagle" in lm.meta.get("heads", [])
+            and model in (None, "", SMOLLM2_DEMO["model"])):
+        out.update(SMOLLM2_DEMO)
+    return out
+
+
 def page_state(query, playground: Playground) -> PageState:
     """Validate the query string (a starlette QueryParams or a dict) into the page's state."""
-    state = PageState(values=defaults(), defaults=defaults())
+    model = query.get("model")
+    state = PageState(values=demo_defaults(playground, model), defaults=demo_defaults(playground, model))
     valid: dict = {}
     for name in FORM_SETTINGS:
         if name not in query:
