@@ -304,6 +304,18 @@ def test_the_shootout_runs_every_method_of_the_model_with_identical_greedy_outpu
     assert "3.57" in rows["eagle"] and "2.32" in rows["medusa"]                       # Spec-Bench beside ours
 
 
+def test_theory_measures_a_run_against_plain_decoding_of_the_same_prompt_and_settings(recorded, client):
+    rec, events, _ = recorded
+    d = client.get("/teach/plain.json", params={"recording": rec.key}).json()
+    run = events[-1].summary
+    assert d["run_ms_per_token"] == pytest.approx(run["elapsed_s"] * 1e3 / run["num_output_tokens"])
+    assert d["plain_ms_per_token"] > 0 and d["measured"] == pytest.approx(d["plain_ms_per_token"] / d["run_ms_per_token"])
+    assert client.get("/teach/plain.json", params={"recording": rec.key}).json() == d        # timed once
+    assert client.get("/teach/plain.json", params={"recording": "nope"}).status_code == 404
+    html = client.get("/?view=theory").text
+    assert 'id="theory-measure"' in html and ">estimated</th>" in html
+
+
 def test_the_distribution_check_runs_in_the_background(client):
     form = {"prefix": "import ", "sample_temperature": "1", "samples": "5000", "sample_seed": "1"}
     html = client.post("/teach/distribution", data=form).text
