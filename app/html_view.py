@@ -515,7 +515,8 @@ class HtmlView:
     def _render_kv(self, frame: Frame) -> None:
         pools: dict[str, dict] = {}
         if frame.kv_events:
-            pools = {p["role"]: p for p in frame.kv_events[-1].pools}
+            # the drafter's pool (a draft model's, or an EAGLE head's own) is drawn in the draft slot, under its name
+            pools = {("draft" if p["role"] == "eagle" else p["role"]): p for p in frame.kv_events[-1].pools}
         if frame.kv_snapshot or frame.kv_events:
             for role, old in self.kv.items():
                 if role not in pools or frame.kv_snapshot:
@@ -532,7 +533,7 @@ class HtmlView:
             if pool is None:
                 if role in self.kv or not self.kv:
                     frame.replace[f"kv-{role}-grid"] = m.kv_unused(role, f"No {role} KV cache in use"
-                                                                  + (" (method: no draft model)" if role == "draft" else
+                                                                  + (" (method: no drafter with a cache)" if role == "draft" else
                                                                      " (KV cache off: recomputing)"))
                     frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, None)
                     self.kv.pop(role, None)
