@@ -16,6 +16,9 @@ import datetime as dt
 import json
 import statistics
 import time
+from pathlib import Path
+
+import numpy as np
 
 from engine.heads import HEADS_DIR
 from engine.registry import InferenceEngine, ModelRegistry
@@ -98,7 +101,7 @@ def measure(engine, prompts, max_tokens, repeats, cfgs) -> dict:
                      "c": c_med if calls else 0.0, "verify_ratio": v_med,
                      "predicted": mal / (k * (c_med if calls else 0.0) + v_med), "measured": statistics.median(ratios),
                      "identical": [x[1]["text"] for x in last] == [x[1]["text"] for x in plain[-1]]})
-    return {"t1_ms": t1, "rows": rows}
+    return {"t1_ms": t1, "rows": rows, "plain_ids": [t["id"] for x in plain[-1] for t in x[1]["tokens"]]}
 
 
 def h100(engine, row) -> float | None:
@@ -134,13 +137,16 @@ def run(args) -> int:
             row["h100_projected"] = h100(engine, row)
         out["sets"][label] = r
         print(markdown_set(label, r), flush=True)
-    out["heads"] = {m: {"parameters": h.num_parameters, "vocab_subset": len(h.subset)} for m, h in heads.items()}
+    held_out = np.array([i for r in out["sets"].values() for i in r.pop("plain_ids")])
+    out["heads"] = {m: {"parameters": h.num_parameters, "vocab_subset": len(h.subset),
+                        "coverage_held_out": float(np.isin(held_out, h.subset).mean())} for m, h in heads.items()}
     if args.json:
         print(json.dumps(out, indent=1))
     if not args.no_write and not args.quick:
         from cli.bench import write_section
         write_section("heads", markdown(out))
         (HEADS_DIR / NAME / "bench.json").write_text(json.dumps(out, indent=1))
+        write_card(HEADS_DIR / NAME, out)
     return 0
 
 
@@ -168,6 +174,50 @@ def markdown(out) -> str:
     lines += ["Spec-Bench (Vicuna-7B, A100) mean acceptance lengths for comparison: "
               + ", ".join(f"{m} {v}" for m, v in SPEC_BENCH.items()) + "."]
     return "\n".join(lines)
+
+
+def write_card(folder: Path, bench: dict) -> None:
+    """models/heads/NAME/README.md: what the heads are, their size, vocabulary, data, time and measured figures."""
+    training = json.loads((folder / "training.json").read_text())
+    data, cfg = training["data"], training["config"]
+    sizes = {m: (folder / f"{m}.safetensors").stat().st_size for m in bench["heads"]}
+    lines = [f"# Draft heads for {NAME} (EAGLE-1, Medusa-1)", "",
+             "Trained here in numpy (engine/training/heads.py, handwritten backward, gradient-checked) on the frozen "
+             "target's own hidden states; loaded by engine/heads.py when SmolLM2 has been fetched. Both end in the "
+             "target's own LM head restricted to a frequent-token subset (FR-Spec): q = 0 outside it, and "
+             "verification stays exact (the residual covers those tokens).", "",
+             "| head | what | parameters | file (float16) |", "|---|---|---|---|"]
+    what = {"eagle": "[f_t, emb(x_{t+1})] → linear 1152→576 → one Llama decoder layer (9 heads, 3 KV heads, MLP 1536, "
+                     "own paged KV cache) → norm → LM head rows of the subset; drafts autoregressively on its own features",
+            "medusa": f"{cfg['num_medusa_heads']} heads r_i = f + SiLU(f W_i) (W_i from 0) → LM head rows of the subset; "
+                      "head i proposes token t+1+i, all in one pass"}
+    for m, h in bench["heads"].items():
+        lines.append(f"| {m} | {what[m]} | {h['parameters']:,} (+ {h['vocab_subset']:,} × 576 frozen LM head rows) | "
+                     f"{sizes[m] / 1e6:.1f} MB |")
+    h = next(iter(bench["heads"].values()))
+    lines += ["", "## Vocabulary subset", "",
+              f"The {h['vocab_subset']:,} most frequent tokens of the training answers (of 49,152). Coverage: "
+              f"{data['coverage_in_data']:.1%} of the training answers' tokens, {h['coverage_held_out']:.1%} of the "
+              "plain-decoding answers to the held-out prompts of `bench heads`.", "",
+              "## Data and time", "",
+              f"Self-distillation: SmolLM2's own greedy answers (chat template, at most 160 tokens) to "
+              f"{data['conversations']} prompts composed in engine/training/head_prompts.py ({data['by_kind']}), "
+              f"{data['answer_tokens']:,} answer tokens, generated with the engine's batched forward, the target's "
+              "hidden state stored at every position. Held out: the subjects and code tasks in HELD_OUT_* there.",
+              f"Training: {training['steps']} steps (EAGLE: {cfg['batch_size']} windows of {cfg['seq_len']} positions a "
+              f"step; Medusa: {cfg['medusa_batch_size']} windows every {cfg['medusa_every']} steps), AdamW, peak lr "
+              f"{cfg['lr']}, {training['train_s'] / 3600:.1f} h on one shared CPU core (numpy, one BLAS thread). "
+              "Losses: distillation to the target's distribution renormalised on the subset (soft cross-entropy), "
+              f"plus EAGLE's feature regression (smooth L1, weight {cfg['reg_weight']}), uniform feature noise ±"
+              f"{cfg['feature_noise']}.", "",
+              "## Measured (held-out prompts, temperature 0)", "",
+              f"From `decoding-playground bench heads`, {bench['date']} (docs/benchmarks.md has the full tables):", ""]
+    for label, r in bench["sets"].items():
+        lines += [markdown_set(label, r), ""]
+    lines += ["c: drafting time per draft token over the plain runs' one-token forward, in the same runs.",
+              "", "Reproduce: `decoding-playground train-heads smollm2-135m data`, then `... train`, then "
+              "`... export`, then `decoding-playground bench heads`."]
+    (folder / "README.md").write_text("\n".join(lines) + "\n")
 
 
 def add_parser(bsub) -> None:

@@ -80,9 +80,8 @@ def run(args: argparse.Namespace) -> int:
         from ..heads import HEADS_DIR
         trainer = _trainer(args, log)
         out = Path(args.out or HEADS_DIR / args.target)
-        info = trainer.export(out)
-        (out / "training.json").write_text(json.dumps({**info, "history": trainer.history[-20:],
-                                                       "config": json.loads(args.config or "{}")}, indent=1))
+        info = trainer.export(out, args.vocab_subset)
+        (out / "training.json").write_text(json.dumps({**info, "history": trainer.history[-20:]}, indent=1))
         log(f"wrote {out}: {info}")
     return 0
 
@@ -95,5 +94,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--folder", help="data and state folder (default: the cache's heads/TARGET)")
     p.add_argument("--config", help='training settings as JSON, e.g. \'{"steps": 3000, "vocab_subset": 8192}\'')
     p.add_argument("--out", help="export folder (default models/heads/TARGET)")
+    p.add_argument("--vocab-subset", type=int, help="export: the size of the heads' vocabulary subset (FR-Spec)")
     p.set_defaults(func=run)
     return p

@@ -196,11 +196,23 @@ class HeadTrainer:
             if self.step % tc.ckpt_every == 0 or self.step == tc.steps:
                 self.save()
 
-    def export(self, out_dir: Path) -> dict:
-        """float16 safetensors: eagle.safetensors, medusa.safetensors (each with the vocabulary subset)."""
+    def export(self, out_dir: Path, vocab_subset: int | None = None) -> dict:
+        """float16 safetensors: eagle.safetensors, medusa.safetensors (each with the vocabulary subset: the
+        `vocab_subset` most frequent tokens of all the data, the heads' weights do not depend on it)."""
         out_dir.mkdir(parents=True, exist_ok=True)
-        subset = self.subset.astype(np.int64)
+        self.convs = load_conversations(self.data_dir)
+        subset = frequent_tokens(self.convs, self.target_cfg.vocab_size, vocab_subset or self.tc.vocab_subset)
         for kind in ("eagle", "medusa"):
             w = {k: p.astype(np.float16) for k, p in self.params.items() if k.startswith("medusa.") == (kind == "medusa")}
             save_file({**w, "vocab_subset": subset}, str(out_dir / f"{kind}.safetensors"))
-        return {"subset": len(subset), "steps": self.step, "train_s": self.train_s}
+        kinds: dict[str, int] = {}
+        answers = 0
+        for c in self.convs:
+            answers += len(c.ids) - c.first - 1
+        for line in (self.data_dir / "conversations.jsonl").read_text().splitlines():
+            kind = json.loads(line)["kind"]
+            kinds[kind] = kinds.get(kind, 0) + 1
+        return {"subset": len(subset), "steps": self.step, "train_s": self.train_s,
+                "data": {"conversations": len(self.convs), "by_kind": kinds, "answer_tokens": answers,
+                         "coverage_in_data": coverage(self.convs, subset)},
+                "config": asdict(self.tc)}
