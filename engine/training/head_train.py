@@ -115,6 +115,7 @@ class HeadTrainer:
             self.v = {k[2:]: z[k] for k in z.files if k.startswith("v:")}
             meta = json.loads(str(z["meta"]))
             self.step, self.history, self.train_s = meta["step"], meta["history"], meta["train_s"]
+            self.trained_with = meta["config"]          # the settings of the last training run
             self.rng = np.random.default_rng()
             self.rng.bit_generator.state = meta["rng"]
             log(f"resumed at step {self.step}")
@@ -126,6 +127,7 @@ class HeadTrainer:
             self.m = {k: np.zeros_like(p) for k, p in self.params.items()}
             self.v = {k: np.zeros_like(p) for k, p in self.params.items()}
             self.step, self.history, self.train_s = 0, [], 0.0
+            self.trained_with = asdict(tc)
         self.out_embed = out_embed
         self.set_subset(self.subset)
 
@@ -215,4 +217,4 @@ class HeadTrainer:
         return {"subset": len(subset), "steps": self.step, "train_s": self.train_s,
                 "data": {"conversations": len(self.convs), "by_kind": kinds, "answer_tokens": answers,
                          "coverage_in_data": coverage(self.convs, subset)},
-                "config": asdict(self.tc)}
+                "config": self.trained_with}
