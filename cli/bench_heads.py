@@ -49,8 +49,8 @@ def configs(quick: bool) -> list[tuple[str, dict]]:
         return [("eagle γ=3", {"method": "eagle", "num_speculative_tokens": 3}),
                 ("medusa γ=3", {"method": "medusa", "num_speculative_tokens": 3})]
     return ([("ngram γ=3", {"method": "ngram", "num_speculative_tokens": 3})]
-            + [(f"eagle γ={k}", {"method": "eagle", "num_speculative_tokens": k}) for k in (2, 3, 4, 5)]
-            + [(f"medusa γ={k}", {"method": "medusa", "num_speculative_tokens": k}) for k in (2, 3, 4)])
+            + [(f"eagle γ={k}", {"method": "eagle", "num_speculative_tokens": k}) for k in (2, 3, 4)]
+            + [(f"medusa γ={k}", {"method": "medusa", "num_speculative_tokens": k}) for k in (2, 3)])
 
 
 def generate(engine, prompt, max_tokens, **settings) -> tuple[float, dict, dict]:

@@ -26,10 +26,10 @@ import numpy as np
 from .block_pool import KVCacheFullError
 from .events import (DraftProposed, Done, Error, Event, KVBlocks, Metrics, Prefill, RoundDone, SettingsApplied,
                      Started, TokenResult)
-from .kv_dtypes import kv_bytes_per_token
-from .metrics import SpecDecodeStats
 from .heads import METHODS as HEAD_METHODS
 from .heads import EagleProposer, FeatureLog, MedusaProposer
+from .kv_dtypes import kv_bytes_per_token
+from .metrics import SpecDecodeStats
 from .model import ContextLengthError
 from .proposers import DraftModelProposer, NgramProposer
 from .registry import InferenceEngine, LoadedModel
@@ -500,8 +500,8 @@ class GenerationSession:
 
     def _kv_event(self) -> KVBlocks:
         pools = []
-        for role, runner in (("target", self.target), (getattr(self.proposer, "method", "draft").replace(
-                "draft_model", "draft"), getattr(self.proposer, "runner", None))):
+        drafter = "eagle" if isinstance(self.proposer, EagleProposer) else "draft"    # a head's pool is its own
+        for role, runner in (("target", self.target), (drafter, getattr(self.proposer, "runner", None))):
             if isinstance(runner, PagedRunner):
                 m = runner.manager
                 pools.append({"role": role, "name": m.pool.name, "num_blocks": m.pool.num_blocks,
