@@ -23,7 +23,7 @@ import numpy as np
 from engine.heads import HEADS_DIR
 from engine.registry import InferenceEngine, ModelRegistry
 from engine.session import GenerationSession
-from engine.theory import ACCELERATORS, projected_speedup
+from engine.shootout import SPEC_BENCH, h100_speedup
 from engine.training.head_prompts import summary_prompt
 
 NAME = "smollm2-135m"
@@ -40,8 +40,6 @@ PARAGRAPHS = [
     "journey is dangerous, and storms, hunting and the loss of stopover habitats kill many birds on the way.",
 ]
 SUMMARIES = [summary_prompt(p) for p in PARAGRAPHS]
-# Spec-Bench (Xia et al. 2024), Vicuna-7B, greedy, on an A100: mean accepted tokens per round
-SPEC_BENCH = {"eagle": 3.57, "medusa": 2.32, "draft_model": 2.29, "ngram": 1.74}
 
 
 def configs(quick: bool) -> list[tuple[str, dict]]:
@@ -104,19 +102,6 @@ def measure(engine, prompts, max_tokens, repeats, cfgs) -> dict:
     return {"t1_ms": t1, "rows": rows, "plain_ids": [t["id"] for x in plain[-1] for t in x[1]["tokens"]]}
 
 
-def h100(engine, row) -> float | None:
-    lm = engine.registry.get(NAME)
-    head = engine.registry.heads_for(lm).get(row["method"])
-    if head is None:
-        return None
-    cfg = lm.cfg
-    kv = 2 * cfg.num_key_value_heads * cfg.head_dim * 2
-    draft_params = head.num_parameters + len(head.subset) * cfg.hidden_size
-    return projected_speedup(ACCELERATORS["H100-SXM"], min(row["alpha"], 0.999), row["gamma"], lm.model.num_parameters,
-                             draft_params, kv * cfg.num_hidden_layers, kv if row["method"] == "eagle" else 0,
-                             context=256)["speedup"]
-
-
 def run(args) -> int:
     from engine.fetched import fetched_models
     reg = ModelRegistry(fetched_models())
@@ -134,7 +119,7 @@ def run(args) -> int:
         cs = cfgs if label == "open questions" else [c for c in cfgs if c[1]["method"] == "eagle"]
         r = measure(engine, prompts, args.max_tokens, args.repeats, cs)
         for row in r["rows"]:
-            row["h100_projected"] = h100(engine, row)
+            row["h100_projected"] = h100_speedup(engine, lm, row["method"], row["alpha"], row["gamma"], context=256)
         out["sets"][label] = r
         print(markdown_set(label, r), flush=True)
     held_out = np.array([i for r in out["sets"].values() for i in r.pop("plain_ids")])
