@@ -199,11 +199,10 @@
   }
 
   // c, one draft step in target steps: the draft model's as measured with the curve (both on an idle engine);
-  // for n-gram lookup (no model) this run's own proposal time over t(1)
+  // for n-gram lookup and the draft heads (EAGLE, Medusa) this run's own proposal time per draft token over t(1)
   function draftCost(draftMs, draftSteps, t1) {
-    var lane = $('draft-lane')
-    var ngram = lane && lane.dataset.method === 'ngram'
-    if (!ngram && theory.curve && theory.curve.c) return theory.curve.c
+    var method = $('f-method') ? $('f-method').value : 'draft_model'
+    if (method === 'draft_model' && theory.curve && theory.curve.c) return theory.curve.c
     return t1 && draftSteps ? draftMs / draftSteps / t1 : 0
   }
 
