@@ -201,7 +201,8 @@
   // c, one draft step in target steps: the draft model's as measured with the curve (both on an idle engine);
   // for n-gram lookup and the draft heads (EAGLE, Medusa) this run's own proposal time per draft token over t(1)
   function draftCost(draftMs, draftSteps, t1) {
-    var method = $('f-method') ? $('f-method').value : 'draft_model'
+    var lane = $('draft-lane'), method = lane && lane.dataset.method       // the last round's drafter (replays too)
+    if (!method || method === 'none' || method === 'prefill') method = $('f-method') ? $('f-method').value : 'draft_model'
     if (method === 'draft_model' && theory.curve && theory.curve.c) return theory.curve.c
     return t1 && draftSteps ? draftMs / draftSteps / t1 : 0
   }
