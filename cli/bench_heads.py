@@ -188,7 +188,9 @@ def write_card(folder: Path, bench: dict) -> None:
               f"Self-distillation: SmolLM2's own greedy answers (chat template, at most 160 tokens) to "
               f"{data['conversations']} prompts composed in engine/training/head_prompts.py ({data['by_kind']}), "
               f"{data['answer_tokens']:,} answer tokens, generated with the engine's batched forward, the target's "
-              "hidden state stored at every position. Held out: the subjects and code tasks in HELD_OUT_* there.",
+              "hidden state stored at every position (generation ran beside training, which re-read the data every "
+              "60 steps, so the last answers were seen only in the final steps). Held out: the subjects and code "
+              "tasks in HELD_OUT_* there.",
               f"Training: {training['steps']} steps (EAGLE: {cfg['batch_size']} windows of {cfg['seq_len']} positions a "
               f"step; Medusa: {cfg['medusa_batch_size']} windows every {cfg['medusa_every']} steps), AdamW, peak lr "
               f"{cfg['lr']}, {training['train_s'] / 3600:.1f} h on one shared CPU core (numpy, one BLAS thread). "
