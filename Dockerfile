@@ -6,15 +6,45 @@
 #              -e DECODING_PLAYGROUND_MAX_SESSIONS=32 decoding-playground        # a workshop room
 # Configuration is read from DECODING_PLAYGROUND_* variables (app/config.py); the websocket Origin check is
 # always on (the page's own origin, plus DECODING_PLAYGROUND_ALLOWED_ORIGINS).
+#
+# Build arguments:
+#   NODE_IMAGE, PYTHON_IMAGE  the base images (Docker Hub's by default; `make docker-check` builds this file
+#                             on local stand-ins made from Debian's packages, scripts/docker_bases.py)
+#   SMOLLM2                   1: bake in the converted SmolLM2 checkpoint from docker-models/smollm2-135m
+#                             (README: Docker); empty (the default): the image has no SmolLM2
+ARG NODE_IMAGE=node:20-slim
+ARG PYTHON_IMAGE=python:3.11-slim
 
 # --- front-end packages, exactly as pinned in package-lock.json --------------------------------------------
-FROM node:20-slim AS frontend
+FROM ${NODE_IMAGE} AS frontend
 WORKDIR /src
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
 
-# --- runtime: slim Python, the app, the shipped models ----------------------------------------------------
-FROM python:3.11-slim AS runtime
+# --- our code as one wheel: the runtime stage installs it without the sources or build tools ---------------
+FROM ${PYTHON_IMAGE} AS wheel
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY app app
+COPY cli cli
+COPY engine engine
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
+# --- SmolLM2, only with SMOLLM2=1: the converted checkpoint the builder put in docker-models/ (README: Docker)
+FROM ${PYTHON_IMAGE} AS smollm2
+ARG SMOLLM2=
+COPY docker-models /context
+# chmod: checkpoints converted before 2026-12-01 have a 0600 model.safetensors, unreadable by the image's user
+RUN mkdir -p /cache/models && if [ -n "$SMOLLM2" ]; then \
+        test -f /context/smollm2-135m/fetched.json || \
+            { echo "SMOLLM2=$SMOLLM2: no converted checkpoint in docker-models/smollm2-135m (README: Docker)" >&2; \
+              exit 1; }; \
+        mv /context/smollm2-135m /cache/models/smollm2-135m; \
+    fi && chmod -R a+rX /cache
+
+# --- runtime: slim Python, the installed app, its templates, static files and shipped models ---------------
+FROM ${PYTHON_IMAGE} AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -25,11 +55,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     DECODING_PLAYGROUND_CACHE=/app/cache
 WORKDIR /app
 
-COPY . .
-RUN pip install . && rm -rf build *.egg-info
+COPY --from=wheel /wheels /tmp/wheels
+RUN pip install /tmp/wheels/*.whl && rm -rf /tmp/wheels
+COPY templates templates
+COPY static static
+COPY models models
 # Only the two files the app serves (app/paths.py VENDOR_FILES), at the paths it serves them from.
 COPY --from=frontend /src/node_modules/htmx.org/dist/htmx.min.js node_modules/htmx.org/dist/htmx.min.js
 COPY --from=frontend /src/node_modules/htmx-ext-ws/dist/ws.js node_modules/htmx-ext-ws/dist/ws.js
+COPY --from=smollm2 /cache cache
 
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin playground
 USER playground

@@ -17,7 +17,7 @@ DECODING_PLAYGROUND_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/decoding-pla
 export DECODING_PLAYGROUND_CACHE
 SMOLLM2_STAMP := $(DECODING_PLAYGROUND_CACHE)/models/smollm2-135m/fetched.json
 
-.PHONY: setup browser fetch run test screenshot clean
+.PHONY: setup browser fetch run test docker-check screenshot clean
 
 setup: $(VENV)/.stamp node_modules/.stamp
 
@@ -74,6 +74,31 @@ test: setup browser fetch
 	$(VENV_PYTHON) -m pytest -q -rs $(PYTEST_ARGS) || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "error: no tests ran (pytest exit code 5)" >&2; exit 1; fi; \
 	exit $$status
+
+# The Docker image built and started without Docker or a registry (podman + Debian stand-in bases; README:
+# Docker). Installs podman and debootstrap as root with apt-get where they are missing; where they cannot be
+# had it SKIPS, loudly, with the reason. A failure to build or run our image fails.
+DOCKER_CHECK_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/decoding-playground-docker
+docker-check: setup fetch
+	@skip() { \
+		echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
+		echo "!!! docker-check SKIPPED: $$1" >&2; \
+		echo "!!! The Docker image was NOT built or started." >&2; \
+		echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
+		exit 0; \
+	}; \
+	[ "$$(id -u)" = 0 ] || skip "needs root (debootstrap, podman's storage, namespaces)"; \
+	if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null; then \
+		command -v apt-get >/dev/null || skip "podman or debootstrap missing, and no apt-get to install them"; \
+		echo "docker-check: installing podman and debootstrap with apt-get"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get -o DPkg::Lock::Timeout=600 update </dev/null || true; \
+		apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends podman debootstrap </dev/null || \
+			skip "apt-get install podman debootstrap FAILED"; \
+	fi; \
+	podman info >/dev/null 2>&1 || skip "podman does not work here: $$(podman info 2>&1 | tail -1)"; \
+	OPENBLAS_NUM_THREADS=1 $(VENV_PYTHON) scripts/docker_check.py --cache-dir "$(DOCKER_CHECK_CACHE)" \
+		--smollm2-dir "$(DECODING_PLAYGROUND_CACHE)/models/smollm2-135m"
 
 # README's picture: the page mid-run from a real server, in Debian's Chromium (docs/screenshot.png).
 screenshot: setup browser

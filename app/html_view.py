@@ -14,6 +14,7 @@ block size) is sent whole.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from markupsafe import Markup, escape
@@ -82,7 +83,31 @@ def token_html(t) -> str:
             f'data-pos="{int(t.position)}" title="{escape(title)}">{piece(t.text)}</span>')
 
 
+ROLE_RE = re.compile(r"<\|im_start\|>(\w+)")
+
+
+def prompt_parts(prompt_tokens: list[dict]) -> dict:
+    """The prompt as the stream shows it: `head`, its lines up to the last line break (a block, compacted),
+    and `tail`, the line the answer continues. Each is a list of runs {"template", "texts", "label"}: a chat
+    template's runs collapse to their label (the roles they open) until clicked."""
+    cut = max((i + 1 for i, t in enumerate(prompt_tokens) if "\n" in t["text"]), default=0)
+    out = {}
+    for name, tokens in (("head", prompt_tokens[:cut]), ("tail", prompt_tokens[cut:])):
+        runs = []
+        for t in tokens:
+            template = bool(t.get("template"))
+            if not runs or runs[-1]["template"] != template:
+                runs.append({"template": template, "texts": []})
+            runs[-1]["texts"].append(t["text"])
+        for run in runs:
+            roles = ", ".join(ROLE_RE.findall("".join(run["texts"]))) or "end of turn"
+            run["label"] = f"chat template: {roles} · {len(run['texts'])} tokens"
+        out[name] = runs
+    return out
+
+
 templates.env.globals["piece"] = piece        # for templates/_fragments.html
+templates.env.globals["prompt_parts"] = prompt_parts
 templates.env.filters["shown"] = shown
 
 

@@ -66,6 +66,9 @@ def save_checkpoint(path: str | Path, cfg: ModelConfig, weights: dict[str, np.nd
     (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     save_file({k: np.ascontiguousarray(v, dtype=dtype) for k, v in weights.items()},
               str(path / "model.safetensors"), metadata={"format": "pt"})
+    # safetensors writes 0600; the weights get config.json's umask-given mode, so that another user (the
+    # Docker image's, with the cache as a volume) can read them as it reads the config
+    (path / "model.safetensors").chmod((path / "config.json").stat().st_mode & 0o777)
     if tokenizer is not None:
         tokenizer.save(path / "tokenizer.json")
     return path

@@ -12,7 +12,7 @@ JSON the views' scripts read (static/teach.js).
 | `GET /teach/paging`, `GET /teach/paging/live` | paging waste on the seed's request mix, and in the live pools |
 | `GET /teach/cost` | measured verify cost here beside a roofline projection for an accelerator |
 | `POST /teach/faults` | a teaching fault beside a correct run, with the point of divergence |
-| `POST /teach/race` | plain and speculative decoding of the same prompt, with their engine clocks |
+| `POST /teach/race` | the same prompt with one setting apart (`race`, `race_a`, `race_b`), on their engine clocks |
 
 The routes translate: every figure comes from the engine (engine/theory.py, engine/kv_memory.py,
 engine/teaching.py, cli/generate.py's `check_distribution`, cli/bench_spec.py's `verify_curve`). Errors are
@@ -51,7 +51,8 @@ from engine.kv_dtypes import KV_CACHE_DTYPES, kv_bytes_per_token
 from engine.kv_memory import ELEMENT_BYTES, PUBLIC_CONFIGS, calculator, paging_waste, seed_request_mix
 from engine.registry import SEQUENCE_TOKENS_BUDGET
 from engine.settings import FAULTS, GenerationSettings, SettingsError
-from engine.teaching import fault_comparison, race
+from engine.race import RACE_SETTINGS, race
+from engine.teaching import fault_comparison
 from engine.theory import (ACCELERATORS, expected_tokens_per_round, projected_speedup, projected_verify_curve,
                            speedup_from_curve)
 
@@ -595,15 +596,19 @@ async def faults(request: Request, playground: PlaygroundDep) -> HTMLResponse:
 
 @router.post("/race", response_class=HTMLResponse)
 async def race_view(request: Request, playground: PlaygroundDep) -> HTMLResponse:
+    """`race` names the setting the two sides differ in, `race_a` and `race_b` its values (engine/race.py)."""
     if playground.engine is None:
         return error_fragment(request, playground.load_error or "no models loaded")
     try:
-        prompt, settings, _ = await _settings_from(request)
+        prompt, settings, fields = await _settings_from(request)
+        setting = fields.get("race") or "method"
+        if setting not in RACE_SETTINGS:
+            raise SettingsError("race", f"one of {', '.join(RACE_SETTINGS)}")
+        values = (fields["race_a"], fields["race_b"]) if fields.get("race_a") and fields.get("race_b") else None
         settings["max_tokens"] = min(GenerationSettings.parse(settings).max_tokens, RACE_MAX_TOKENS)
-        r = await anyio.to_thread.run_sync(_teaching_run, race, playground.engine, prompt, settings)
+        r = await anyio.to_thread.run_sync(_teaching_run, race, playground.engine, prompt, settings, setting, values)
     except (SettingsError, ValueError) as e:
         return error_fragment(request, str(e))
     except BusyError:
         return error_fragment(request, "Another comparison or race is running: try again in a moment.")
-    finish = max(r["plain"]["elapsed_ms"], r["speculative"]["elapsed_ms"])
-    return fragment(request, "race", r=r, finish_ms=finish, prompt=prompt)
+    return fragment(request, "race", r=r, prompt=prompt)

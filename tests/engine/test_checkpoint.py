@@ -37,6 +37,13 @@ def test_round_trip(saved):
     assert hf["architectures"] == ["LlamaForCausalLM"] and hf["num_key_value_heads"] == cfg.num_key_value_heads
 
 
+def test_the_weights_are_as_readable_as_the_config(saved):
+    """Another user (the Docker image's, given the cache as a volume) reads what the config's mode allows."""
+    path = saved[0]
+    mode = {f.name: f.stat().st_mode & 0o777 for f in path.iterdir()}
+    assert mode["model.safetensors"] == mode["config.json"] and mode["config.json"] & 0o004, mode
+
+
 def test_tokenizer_json_is_read_by_the_tokenizers_library(saved):
     path, _, _ = saved
     lib = Tokenizer.from_file(str(path / "tokenizer.json"))

@@ -95,3 +95,18 @@ def test_streamed_text_is_whole_characters(run_session):
     assert "北京" in summary["text"] and "".join(pieces) == summary["text"]
     assert "" in pieces and "\ufffd" not in summary["text"]
     assert "北" in pieces and not any("\\x" in p for p in pieces)
+
+
+def test_the_chat_template_s_own_prompt_tokens_are_marked(smollm2_engine):
+    """The page collapses the template (system prompt, control tokens): the rest of the prompt is the user's text."""
+    from engine.session import GenerationSession
+
+    question = "What is the capital of France?"
+    events = list(GenerationSession(smollm2_engine, question, {"model": "smollm2-135m", "chat": True,
+                                                               "method": "none", "max_tokens": 1}).events())
+    tokens = events[0].prompt_tokens
+    assert "".join(t["text"] for t in tokens if not t.get("template")) == question
+    assert "".join(t["text"] for t in tokens if t.get("template")).startswith("<|im_start|>system\n")
+    plain = list(GenerationSession(smollm2_engine, question, {"model": "smollm2-135m", "method": "none",
+                                                              "max_tokens": 1}).events())
+    assert not any(t.get("template") for t in plain[0].prompt_tokens)
