@@ -67,10 +67,10 @@ def default_values(registry, target, setting: str) -> tuple:
     if setting == "num_kv_heads":
         heads = registry.variants(target)
         return max(heads), min(heads)           # the same when the model has no other variant: no race
-    if setting == "method":
-        if "eagle" in target.meta.get("heads", []):
-            return "none", "eagle"
-        return "none", "draft_model" if registry.draft_for(target) is not None else "ngram"
+    if setting == "method":     # the drafter the model has: its draft model, else its EAGLE head, else n-gram
+        if registry.draft_for(target) is not None:
+            return "none", "draft_model"
+        return "none", "eagle" if "eagle" in target.meta.get("heads", []) else "ngram"
     return RACE_SETTINGS[setting]
 
 
