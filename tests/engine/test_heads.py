@@ -169,3 +169,18 @@ def test_feature_log_grows_and_keeps_rows():
         hidden_p0, hidden = 250, np.ones((10, 4), np.float32)
     log.record(R)
     assert len(log.rows) >= 260 and log.start == 250 and log.rows[259].sum() == 4
+
+
+def test_top_rows_of_a_subset_head_match_a_full_sort_and_stay_cheap():
+    """A head's q is 0 outside its subset; its top-5 (the inspector's) must equal a full sort's, rows of p too."""
+    from engine.sampling import softmax, top_k_rows
+    rng = np.random.default_rng(3)
+    logits = np.full((3, 5000), -np.inf)
+    logits[:, rng.choice(5000, 300, replace=False)] = rng.standard_normal((3, 300))
+    rows = softmax(np.concatenate([rng.standard_normal((2, 5000)), logits]))
+    for row, top in zip(rows, top_k_rows(rows)):
+        assert [t for t, _ in top] == np.argsort(-row, kind="stable")[:5].tolist()
+        assert [p for _, p in top] == row[np.argsort(-row, kind="stable")[:5]].tolist()
+    few = np.zeros((1, 5000))
+    few[0, [7, 9]] = [0.4, 0.6]                      # fewer nonzero entries than k: zeros fill the rest
+    assert [t for t, _ in top_k_rows(few)[0][:2]] == [9, 7]
