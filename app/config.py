@@ -13,6 +13,7 @@ built by `decoding-playground serve` from its options:
 | DECODING_PLAYGROUND_IDLE_TIMEOUT | `--idle-timeout` | 600 s without progress or a message |
 | DECODING_PLAYGROUND_TOKEN | `--token` | none (workshop mode off) |
 | DECODING_PLAYGROUND_FRAME_ANCESTORS | `--frame-ancestors` | `*` (who may frame `/embed`) |
+| DECODING_PLAYGROUND_DEMO | – | `auto`: the page opens on SmolLM2 + chat + EAGLE when fetched; `character`: our models |
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class AppConfig:
     token: str | None = None              # workshop mode: the shared secret of page, API and websockets
     messages_per_s: float = 100.0         # per-connection message rate (token bucket) ...
     message_burst: int = 200              # ... and burst
+    demo: str = "auto"                    # what the page opens on (app/page.py's demo_defaults)
 
     def __post_init__(self):
         object.__setattr__(self, "models_dir", Path(self.models_dir))
@@ -74,6 +76,8 @@ class AppConfig:
             if len(token) < 8 or not token.isascii() or not token.isprintable() or " " in token:
                 raise ValueError("token: at least 8 printable ASCII characters without spaces")
             object.__setattr__(self, "token", token)
+        if self.demo not in ("auto", "character"):
+            raise ValueError(f"demo: auto or character, got {self.demo!r}")
         if any(c in self.embed_frame_ancestors for c in ";,\r\n"):
             raise ValueError("frame ancestors must be a space-separated CSP source list: "
                              f"{self.embed_frame_ancestors!r}")
@@ -99,4 +103,6 @@ class AppConfig:
             kwargs["token"] = env[ENV_PREFIX + "TOKEN"]
         if env.get(ENV_PREFIX + "FRAME_ANCESTORS"):
             kwargs["embed_frame_ancestors"] = env[ENV_PREFIX + "FRAME_ANCESTORS"]
+        if env.get(ENV_PREFIX + "DEMO"):
+            kwargs["demo"] = env[ENV_PREFIX + "DEMO"]
         return cls(**kwargs)

@@ -367,9 +367,14 @@ class HtmlView:
             opts = model_options(self.playground.registry, d["model"])
             value = d["num_kv_heads"] if d["num_kv_heads"] in {v["value"] for v in opts["variants"]} else ""
             frame.replace["f-num_kv_heads"] = m.kv_heads_select(opts, value)
+            method = self.form.get("method") or opts["default_method"]
+            frame.replace["f-method"] = m.method_select(opts, method if method in opts["heads"] or method in (
+                "none", "ngram") or (method == "draft_model" and opts["draft"]) else "none")
             draft = (f"draft model {opts['draft']}" if opts["draft"] else
                      "no draft model shares its vocabulary: use n-gram lookup or none")
             chat = ", has a chat template" if opts["chat"] else ""
+            if opts["heads"]:
+                draft += f"; draft heads: {', '.join(opts['heads'])}"
             frame.append("notes", m.note("model", f"{opts['target']}: {opts['num_kv_heads']} KV heads "
                                                   f"({opts['attention']}){chat}; {draft}"))
         elif item.type == "note":
@@ -554,7 +559,8 @@ class HtmlView:
     def _render_kv(self, frame: Frame) -> None:
         pools: dict[str, dict] = {}
         if frame.kv_events:
-            pools = {p["role"]: p for p in frame.kv_events[-1].pools}
+            # the drafter's pool (a draft model's, or an EAGLE head's own) is drawn in the draft slot, under its name
+            pools = {("draft" if p["role"] == "eagle" else p["role"]): p for p in frame.kv_events[-1].pools}
         if frame.kv_snapshot or frame.kv_events:
             for role, old in self.kv.items():
                 if role not in pools or frame.kv_snapshot:
@@ -571,7 +577,7 @@ class HtmlView:
             if pool is None:
                 if role in self.kv or not self.kv:
                     frame.replace[f"kv-{role}-grid"] = m.kv_unused(role, f"No {role} KV cache in use"
-                                                                  + (" (method: no draft model)" if role == "draft" else
+                                                                  + (" (method: no drafter with a cache)" if role == "draft" else
                                                                      " (KV cache off: recomputing)"))
                     frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, None)
                     self.kv.pop(role, None)

@@ -14,7 +14,7 @@ from app.presets import DEFAULT_PROMPT, PRESETS
 from app.state import Playground
 from engine.kv_dtypes import KV_CACHE_DTYPES
 from engine.race import RACE_SETTINGS, default_values, form_text, race_choices
-from engine.settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
+from engine.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError
 from engine.theory import worked_table
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
@@ -28,7 +28,7 @@ DEFAULT_SPEED = "5"
 THEMES = ("light", "dark")
 # The teaching views (templates/_teach.html, app/routers/teach.py): `?view=NAME` opens one.
 VIEWS = [("inspector", "Inspector"), ("theory", "Theory"), ("distribution", "Distribution"), ("memory", "KV memory"),
-         ("paging", "Paging"), ("faults", "Faults"), ("cost", "Cost model"), ("race", "Race"), ("replay", "Replay")]
+         ("paging", "Paging"), ("faults", "Faults"), ("cost", "Cost model"), ("race", "Race"), ("shootout", "Shoot-out"), ("replay", "Replay")]
 VIEW_NAMES = tuple(name for name, _ in VIEWS)
 # Parts of the page that `hide` can name (TensorFlow Playground's `_hide`): "views" is the teaching views'
 # whole strip, "tabs" only its tabs (a view opened by the URL stays), and each view by its name.
@@ -118,9 +118,27 @@ def defaults() -> dict[str, str]:
     return out
 
 
+# The demo the page opens on when SmolLM2 and its EAGLE head are there: a real model, drafting with EAGLE.
+SMOLLM2_DEMO = {"model": "smollm2-135m", "chat": "true", "method": "eagle", "num_speculative_tokens": "3",
+                "prompt": "Explain how a rainbow forms, in a short paragraph."}
+
+
+def demo_defaults(playground: Playground, model: str | None = None) -> dict[str, str]:
+    """The form's defaults: SmolLM2 + chat + EAGLE when present (config demo "auto") and the URL names no other
+    model, else our character models'."""
+    out = defaults()
+    registry = playground.registry
+    lm = registry.models.get(SMOLLM2_DEMO["model"]) if registry is not None else None
+    if (playground.config.demo == "auto" and lm is not None and "eagle" in lm.meta.get("heads", [])
+            and model in (None, "", SMOLLM2_DEMO["model"])):
+        out.update(SMOLLM2_DEMO)
+    return out
+
+
 def page_state(query, playground: Playground) -> PageState:
     """Validate the query string (a starlette QueryParams or a dict) into the page's state."""
-    state = PageState(values=defaults(), defaults=defaults())
+    model = query.get("model")
+    state = PageState(values=demo_defaults(playground, model), defaults=demo_defaults(playground, model))
     valid: dict = {}
     for name in FORM_SETTINGS:
         if name not in query:
@@ -237,15 +255,25 @@ def model_options(registry, name: str | None) -> dict:
                 for n, lm in sorted(registry.variants(target).items(), reverse=True)]
     draft = registry.draft_for(target)
     chat = target.tokenizer is not None and getattr(target.tokenizer, "chat_template", None) is not None
+    heads = target.meta.get("heads", [])
+    methods = [{"value": value, "label": label, "available": ok, "why": why} for value, label, ok, why in [
+        ("none", "none (plain decoding)", True, ""),
+        ("draft_model", "draft model", draft is not None, "no draft model shares this target's vocabulary"),
+        ("ngram", "n-gram lookup", True, ""),
+        ("medusa", "Medusa heads", "medusa" in heads, "no Medusa heads trained for this target"),
+        ("eagle", "EAGLE head", "eagle" in heads, "no EAGLE head trained for this target")]]
     return {"target": target.name, "attention": target.cfg.attention_kind,
             "num_kv_heads": target.cfg.num_key_value_heads, "variants": variants,
-            "draft": draft.name if draft else None, "chat": chat}
+            "draft": draft.name if draft else None, "chat": chat, "heads": heads, "methods": methods,
+            "default_method": GenerationSettings().method}
 
 
 def page_context(query, playground: Playground, embed: bool) -> dict:
     registry = playground.registry
     state = page_state(query, playground)
-    targets, options, races = [], {"variants": [], "draft": None, "chat": False}, {}
+    targets, races = [], {}
+    options = {"variants": [], "draft": None, "chat": False, "heads": [], "default_method": "draft_model",
+               "methods": [{"value": m, "label": m, "available": True, "why": ""} for m in METHODS]}
     if registry is not None:
         targets = [{"name": m.name, "label": f"{m.name} ({m.cfg.attention_kind})"} for m in registry.targets]
         options = model_options(registry, state.values["model"] or None)

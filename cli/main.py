@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_page.add_parser(bsub)
     from cli import bench_smollm2
     bench_smollm2.add_parser(bsub)
+    from cli import bench_heads
+    bench_heads.add_parser(bsub)
     from cli import bench_serve
     bench_serve.add_parser(bsub)
 
@@ -102,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         training_cli = None
     if training_cli is not None and hasattr(training_cli, "add_parser"):
         training_cli.add_parser(sub)
+        from engine.training import head_cli
+        head_cli.add_parser(sub)
     return p
 
 

@@ -207,9 +207,14 @@ def causal_mask(n):  # -> [n, n]: 0 on and below the diagonal, -inf above
     return m
 
 
-def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_only: bool = False):
+def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_only: bool = False,
+            with_hidden: bool = False, inputs_embeds=None):
     """Logits [n, V] for n new tokens at positions p0..p0+n-1 ([1, V] for the last one if last_only:
     a prefill needs no more, and the LM head is a large share of its work for a large vocabulary).
+
+    with_hidden: return (logits, hidden [n, C]) where hidden is the last hidden state of every new position
+    after the final norm, as `rms_norm` leaves it (x / |x|, the norm weight lives in the LM head): what draft
+    heads (engine/heads.py) read. It is computed on the way to the logits anyway.
 
     kv: an object with `write(layer, kv)` storing this call's keys and values [n, 2, nkv, hd] and
     `read(layer) -> KV` returning them as [2, nkv, p0 + n, hd] float32 for the whole sequence so far
@@ -225,12 +230,12 @@ def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_on
     if kv is None and p0 != 0:
         raise ValueError("without a KV cache the whole sequence must be passed (p0 = 0)")
     if n == 1 and kv is not None and model.vector_decode:
-        return decode(model, int(tokens[0]), p0, kv)
+        return decode(model, int(tokens[0]), p0, kv, with_hidden, inputs_embeds)
     nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     i_dim, c_eps = cfg.intermediate_size, model.c_eps
     rotation = model.rotation[p0:p0 + n, None, :]                                  # [n, 1, hd/2]
     mm = matmul_rows if n in model.split_rows else model.dot                       # x @ w
-    x = model.embed.take(tokens, axis=0)                                           # [n, C]
+    x = model.embed.take(tokens, axis=0) if inputs_embeds is None else np.array(inputs_embeds, F32)   # [n, C]
     for i, lw in enumerate(model.layers):
         heads = mm(rms_norm(x, c_eps), lw.w_qkv).reshape(n, nq + 2 * nkv, hd)      # q, k, v heads
         apply_rope_inplace(heads[:, :nq + nkv], rotation)
@@ -244,12 +249,16 @@ def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_on
         gate_up = mm(rms_norm(x, c_eps), lw.w_gate_up)                             # [n, 2 I]
         neg_gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
         x += mm(swiglu(neg_gate, up), lw.w_down)
+    if with_hidden:
+        hidden = rms_norm(x, c_eps)                                                # [n, C]
+        return (model.dot(hidden[-1:], model.lm_head) if last_only else mm(hidden, model.lm_head)), hidden
     if last_only:
         return model.dot(rms_norm(x[-1:], c_eps), model.lm_head)                   # [1, V]
     return mm(rms_norm(x, c_eps), model.lm_head)                                   # [n, V]
 
 
-def decode(model: Model, token: int, p: int, kv):  # -> logits [1, V] for one new token at position p
+def decode(model: Model, token: int, p: int, kv, with_hidden: bool = False, inputs_embeds=None):
+    # -> logits [1, V] (, hidden [1, C])
     """`forward` for one token (a decode step): the same arithmetic on 1-D vectors (attention's one-query
     case as `attention`), and K/V written and read in the store's own arrays when the cache allows it
     (`SequenceKV.direct`). A decode step of models this small is mostly numpy's per-call overhead: measured
@@ -260,7 +269,7 @@ def decode(model: Model, token: int, p: int, kv):  # -> logits [1, V] for one ne
     q_dim, i_dim, c_eps = model.q_dim, cfg.intermediate_size, model.c_eps
     rotation = model.rotation[p]                                                   # [hd/2]
     direct = kv.direct()
-    x = model.embed[token].copy()                                                  # [C]
+    x = model.embed[token].copy() if inputs_embeds is None else np.array(inputs_embeds[0], F32)   # [C]
     for i, lw in enumerate(model.layers):
         heads = dot(rms_norm_vector(x, c_eps), lw.w_qkv)                           # [(nq + 2 nkv) hd]
         pairs = heads[:q_dim + model.kv_dim].view(np.complex64).reshape(nq + nkv, hd // 2)
@@ -276,7 +285,9 @@ def decode(model: Model, token: int, p: int, kv):  # -> logits [1, V] for one ne
         x += dot(attention(heads[:q_dim].reshape(1, nq, hd), K, V, p)[0], lw.w_o)
         gate_up = dot(rms_norm_vector(x, c_eps), lw.w_gate_up)                     # [2 I]
         x += dot(swiglu(gate_up[:i_dim], gate_up[i_dim:]), lw.w_down)
-    return dot(rms_norm_vector(x, c_eps), model.lm_head)[None]                     # [1, V]
+    hidden = rms_norm_vector(x, c_eps)
+    logits = dot(hidden, model.lm_head)[None]                                      # [1, V]
+    return (logits, hidden[None]) if with_hidden else logits
 
 
 def _slot_array(slots):  # a slice or int array of slots -> int array
@@ -288,12 +299,13 @@ def forward_no_cache(model: Model, tokens):
     return forward(model, np.asarray(tokens), 0, None)
 
 
-def forward_batch(model: Model, requests):
+def forward_batch(model: Model, requests, with_hidden: bool = False):
     """Several sequences' new tokens in one computation (continuous batching).
 
     requests: [(tokens, p0, kv)], each as for `forward`. Every matrix product runs once over all rows
     of all sequences; only attention, which reads each sequence's own cache, runs per sequence.
-    Returns [logits [n_i, V]] in request order; equal to calling `forward` on each.
+    Returns [logits [n_i, V]] in request order; equal to calling `forward` on each ([(logits, hidden)]
+    with_hidden, as `forward`).
     """
     cfg = model.cfg
     nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -329,5 +341,8 @@ def forward_batch(model: Model, requests):
         gate_up = dot(rms_norm(x, c_eps), lw.w_gate_up)
         neg_gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
         x += dot(swiglu(neg_gate, up), lw.w_down)
-    logits = dot(rms_norm(x, c_eps), model.lm_head)
+    hidden = rms_norm(x, c_eps)
+    logits = dot(hidden, model.lm_head)
+    if with_hidden:
+        return [(logits[a:b], hidden[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
     return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

@@ -23,7 +23,8 @@ RACE_SETTINGS = {
 }
 RACE_GAMMAS = (1, 2, 3, 4, 6, 8, 12, 16)
 RACE_DTYPES = ("auto", "float16", "bfloat16", "int8_per_token_head", "fp8_e4m3", "fp8_e5m2")
-METHOD_NAMES = {"none": "plain decoding", "draft_model": "draft model", "ngram": "n-gram lookup"}
+METHOD_NAMES = {"none": "plain decoding", "draft_model": "draft model", "ngram": "n-gram lookup", "eagle": "EAGLE head",
+                "medusa": "Medusa heads"}
 DTYPE_NAMES = {"auto": "float32", "int8_per_token_head": "int8", "fp8_e4m3": "fp8 (e4m3)", "fp8_e5m2": "fp8 (e5m2)"}
 
 
@@ -66,8 +67,10 @@ def default_values(registry, target, setting: str) -> tuple:
     if setting == "num_kv_heads":
         heads = registry.variants(target)
         return max(heads), min(heads)           # the same when the model has no other variant: no race
-    if setting == "method":
-        return "none", "draft_model" if registry.draft_for(target) is not None else "ngram"
+    if setting == "method":     # the drafter the model has: its draft model, else its EAGLE head, else n-gram
+        if registry.draft_for(target) is not None:
+            return "none", "draft_model"
+        return "none", "eagle" if "eagle" in target.meta.get("heads", []) else "ngram"
     return RACE_SETTINGS[setting]
 
 

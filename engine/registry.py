@@ -15,6 +15,7 @@ from pathlib import Path
 from .checkpoint import load_checkpoint
 from .config import ModelConfig
 from .fetched import LazyModel, fetched_models
+from .heads import HEADS_DIR, available_heads, load_heads
 from .kv_cache import KVCacheManager
 from .layout import weight_bytes
 from .model import Model
@@ -56,6 +57,10 @@ class ModelRegistry:
         if not any(m.role == "target" for m in models):
             raise ValueError("no target model")
         self.models = {m.name: m for m in models}
+        self.heads_dir = HEADS_DIR
+        self._heads: dict[str, dict] = {}
+        for m in models:
+            m.meta.setdefault("heads", available_heads(m.name, self.heads_dir))
 
     @classmethod
     def from_dir(cls, models_dir: str | Path = MODELS_DIR, fetched: bool | str | Path = True) -> "ModelRegistry":
@@ -102,6 +107,19 @@ class ModelRegistry:
         base = target.cfg.replace(num_key_value_heads=1)
         return {m.cfg.num_key_value_heads: m for m in self.targets
                 if m.cfg.replace(num_key_value_heads=1) == base and m.tokenizer is not None}
+
+    def set_heads(self, target_name: str, heads: dict) -> None:
+        """Heads built in memory (tests, evaluation) instead of models/heads/."""
+        self._heads[target_name] = heads
+        self.models[target_name].meta["heads"] = sorted(heads)
+
+    def heads_for(self, target: LoadedModel) -> dict:
+        """The draft heads trained for this target ({'eagle': ..., 'medusa': ...}; loaded on first use)."""
+        if target.name not in self._heads:
+            found = available_heads(target.name, self.heads_dir)
+            self._heads[target.name] = load_heads(target.name, target.cfg, self.get(target.name).model.embed,
+                                                  target.path, self.heads_dir) if found else {}
+        return self._heads[target.name]
 
     def draft_for(self, target: LoadedModel) -> LoadedModel | None:
         for d in self.drafts:

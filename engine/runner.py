@@ -1,7 +1,8 @@
 """A model runner: one sequence of one model, with or without a KV cache.
 
 `extend(tokens)` feeds new tokens after those already held and returns their logits; `truncate(n)`
-rolls back. `PagedRunner` keeps K/V in a paged cache (engine.kv_cache); `RecomputeRunner` keeps only
+rolls back. After each forward, `hidden` [n, C] holds the last hidden states of the positions computed,
+from `hidden_p0` on (engine.model.forward's with_hidden: what draft heads read). `PagedRunner` keeps K/V in a paged cache (engine.kv_cache); `RecomputeRunner` keeps only
 the token ids and recomputes the whole sequence on every call (the seed's no-cache baseline).
 """
 from __future__ import annotations
@@ -16,13 +17,17 @@ from .model import Model, forward
 
 class ForwardRequest:
     """A forward a session needs: `tokens` fed after what `runner` holds. A scheduler may run several
-    requests of the same model as one batched computation; alone, `run()` does it."""
-    __slots__ = ("runner", "tokens", "causal", "last_only")
+    requests of the same model as one batched computation; alone, `run()` does it. inputs_embeds: the
+    first layer's input instead of the tokens' embeddings (an EAGLE head's; never batched)."""
+    __slots__ = ("runner", "tokens", "causal", "last_only", "inputs_embeds")
 
-    def __init__(self, runner, tokens, causal: bool = True, last_only: bool = False):
+    def __init__(self, runner, tokens, causal: bool = True, last_only: bool = False, inputs_embeds=None):
         self.runner, self.tokens, self.causal, self.last_only = runner, list(tokens), causal, last_only
+        self.inputs_embeds = inputs_embeds
 
     def run(self):
+        if self.inputs_embeds is not None:
+            return self.runner.extend(self.tokens, self.causal, self.last_only, inputs_embeds=self.inputs_embeds)
         return self.runner.extend(self.tokens, self.causal, self.last_only)
 
 
@@ -36,6 +41,7 @@ class PagedRunner:
         self.forward_calls = 0
         self.forward_s = 0.0
         self.cached_tokens = 0      # tokens served by the prefix cache (never computed here)
+        self.hidden, self.hidden_p0 = None, 0
 
     @property
     def num_tokens(self) -> int:
@@ -45,16 +51,17 @@ class PagedRunner:
     def token_ids(self) -> list[int]:
         return self.seq.token_ids
 
-    def extend(self, tokens, causal: bool = True, last_only: bool = False):  # -> logits [n computed | 1, V]
+    def extend(self, tokens, causal: bool = True, last_only: bool = False, inputs_embeds=None):
         """Feed tokens; the first call on an empty sequence may reuse cached prefix blocks.
 
         Returns logits for the positions actually computed (the last one is always computed), or for the
-        last position only.
+        last position only. inputs_embeds: see engine.model.forward (no prefix reuse then).
         """
         tokens, p0, kv = self.prepare(tokens)
         t = time.perf_counter()
-        logits = forward(self.model, tokens, p0, kv, causal=causal, last_only=last_only)
-        self.finish(time.perf_counter() - t)
+        logits, hidden = forward(self.model, tokens, p0, kv, causal=causal, last_only=last_only, with_hidden=True,
+                                 inputs_embeds=inputs_embeds)
+        self.finish(time.perf_counter() - t, hidden)
         return logits
 
     def prepare(self, tokens):  # -> (tokens to compute, p0, SequenceKV): the slots for a forward
@@ -62,12 +69,13 @@ class PagedRunner:
         if self.seq.num_tokens == 0 and self.prefix_caching and len(tokens) > 1:
             self.cached_tokens = self.manager.match_prefix(self.seq, tokens)
             tokens = tokens[self.cached_tokens:]
-        p0 = self.seq.num_tokens
+        p0 = self.hidden_p0 = self.seq.num_tokens
         return np.asarray(tokens), p0, self.manager.append_slots(self.seq, tokens)
 
-    def finish(self, seconds: float) -> None:
+    def finish(self, seconds: float, hidden=None) -> None:
         self.forward_s += seconds
         self.forward_calls += 1
+        self.hidden = hidden
 
     def truncate(self, n: int) -> None:
         if n < self.seq.num_tokens:
@@ -105,6 +113,7 @@ class RecomputeRunner:
         self.forward_calls = 0
         self.forward_s = 0.0
         self.cached_tokens = 0
+        self.hidden, self.hidden_p0 = None, 0
 
     @property
     def num_tokens(self) -> int:
@@ -114,7 +123,8 @@ class RecomputeRunner:
         tokens = list(tokens)
         self.token_ids.extend(tokens)
         t = time.perf_counter()
-        logits = forward(self.model, np.asarray(self.token_ids), 0, None, last_only=last_only)
+        logits, self.hidden = forward(self.model, np.asarray(self.token_ids), 0, None, last_only=last_only,
+                                      with_hidden=True)
         self.forward_s += time.perf_counter() - t
         self.forward_calls += 1
         return logits if last_only else logits[len(self.token_ids) - len(tokens):]

@@ -52,7 +52,17 @@ def sample(p, rng: np.random.Generator) -> int:
 def top_k_rows(p, k: int = 5):  # [n, V] -> per row [(token, prob)], the k most likely tokens first
     k = min(k, p.shape[-1])
     rows = np.arange(len(p))[:, None]                       # fancy indexing: take_along_axis's checks cost more
-    idx = np.argpartition(p, -k, axis=-1)[:, -k:]         # O(V), not a full sort; no negated copy of p
+    sparse = (p[:, ::64] == 0).mean(axis=-1) > 0.5          # sampled: rows mostly 0 (a draft head's q outside its
+    if sparse.any():                                        # vocabulary): argpartition over thousands of tied
+        idx = np.empty((len(p), k), np.int64)               # zeros took 23 ms for 3 rows of 49,152; their
+        for i in range(len(p)):                             # nonzero entries alone take 0.1 ms
+            nz = np.flatnonzero(p[i]) if sparse[i] else None
+            if nz is None or len(nz) < k:
+                idx[i] = np.argpartition(p[i], -k)[-k:]
+            else:
+                idx[i] = nz[np.argpartition(p[i, nz], -k)[-k:]]
+    else:
+        idx = np.argpartition(p, -k, axis=-1)[:, -k:]     # O(V), not a full sort; no negated copy of p
     vals = p[rows, idx]
     order = np.argsort(-vals, axis=-1, kind="stable")
     ids, probs = idx[rows, order].tolist(), vals[rows, order].tolist()

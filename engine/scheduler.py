@@ -105,7 +105,7 @@ class Scheduler:
         groups: dict[int, list[_Entry]] = defaultdict(list)
         for e in pending:
             r = e.request
-            if isinstance(r.runner, PagedRunner) and r.causal:
+            if isinstance(r.runner, PagedRunner) and r.causal and r.inputs_embeds is None:
                 groups[id(r.runner.model)].append(e)
             else:
                 self._run_alone(e)
@@ -124,7 +124,7 @@ class Scheduler:
                 continue
             t = time.perf_counter()
             try:
-                results = forward_batch(ok[0].request.runner.model, prepared)
+                results = forward_batch(ok[0].request.runner.model, prepared, with_hidden=True)
             except Exception as exc:  # noqa: BLE001
                 for e in ok:
                     self._resume_with(e, error=exc)
@@ -132,8 +132,8 @@ class Scheduler:
             seconds = time.perf_counter() - t
             self.batches += 1
             self.batched_requests += len(ok)
-            for e, logits in zip(ok, results):
-                e.request.runner.finish(seconds)
+            for e, (logits, hidden) in zip(ok, results):
+                e.request.runner.finish(seconds, hidden)
                 self._resume_with(e, value=logits[-1:] if e.request.last_only else logits)
 
     def _run_alone(self, e: _Entry) -> None:

@@ -26,6 +26,8 @@ import numpy as np
 from .block_pool import KVCacheFullError
 from .events import (DraftProposed, Done, Error, Event, KVBlocks, Metrics, Prefill, RoundDone, SettingsApplied,
                      Started, TokenResult)
+from .heads import METHODS as HEAD_METHODS
+from .heads import EagleProposer, FeatureLog, MedusaProposer
 from .kv_dtypes import kv_bytes_per_token
 from .metrics import SpecDecodeStats
 from .model import ContextLengthError
@@ -68,6 +70,7 @@ class GenerationSession:
         self.draft_lm = engine.registry.draft_for(self.target_lm)
         if settings.method == "draft_model" and self.draft_lm is None:
             raise SettingsError("method", self._no_draft_reason())
+        self._check_heads(settings.method, self.target_lm)
         # chat: the prompt becomes the user's turn in the model's chat template (engine/chat.py)
         text = self.tokenizer.chat_template.prompt(prompt) if settings.chat else prompt
         self.prompt_ids = self.tokenizer.encode(text)
@@ -91,6 +94,7 @@ class GenerationSession:
         self._closed = False
         self._seq_ids: set = set()
         self._unshown: list = []    # token events whose inspector figures are filled in after the round
+        self.features = FeatureLog(self.target_lm.cfg.hidden_size)   # the target's hidden states, for heads
         # output text, token by token: a byte-level token may end inside a character (engine/tokenizer.py)
         self._stream = StreamDecoder(self.tokenizer)
 
@@ -109,6 +113,8 @@ class GenerationSession:
                 self._check_kv_heads(new.num_kv_heads)
             if new.method == "draft_model" and self.draft_lm is None:
                 raise SettingsError("method", self._no_draft_reason())
+            self._check_heads(new.method, self.variants[new.num_kv_heads] if new.num_kv_heads is not None
+                              else self.target_lm)
             self._pending = merged
         return new
 
@@ -225,6 +231,12 @@ class GenerationSession:
         for lm in (target, self.draft_lm if s.method == "draft_model" else None):
             if lm is not None:
                 self.engine.manager(lm, s.kv_cache_dtype, s.block_size)
+        if s.method == "eagle":
+            self._eagle_manager(target)
+
+    def _eagle_manager(self, target: LoadedModel):
+        """The EAGLE layer's own pool: float32, 16-token blocks, whatever the target's cache settings."""
+        return self.engine.manager(self.engine.registry.heads_for(target)["eagle"], "auto", 16)
 
     def _make_runner(self, lm: LoadedModel):
         s = self.settings
@@ -241,6 +253,13 @@ class GenerationSession:
             return DraftModelProposer(self._make_runner(self.draft_lm))
         if s.method == "ngram":
             return NgramProposer(self.target_lm.cfg.vocab_size, s.prompt_lookup_min, s.prompt_lookup_max)
+        if s.method == "medusa":
+            return MedusaProposer(self.engine.registry.heads_for(self.target_lm)["medusa"], self.features)
+        if s.method == "eagle":
+            head = self.engine.registry.heads_for(self.target_lm)["eagle"]
+            runner = PagedRunner(head.model, self._eagle_manager(self.target_lm), prefix_caching=False)
+            self._seq_ids.add((runner.manager.pool.name, runner.seq.seq_id))
+            return EagleProposer(head, runner, self.features)
         return None
 
     def _prefill(self):  # generator -> list[Event]
@@ -249,9 +268,11 @@ class GenerationSession:
         t = time.perf_counter()
         logits = (yield ForwardRequest(self.target, self.tokens, last_only=True))[-1]
         ms = (time.perf_counter() - t) * 1e3
+        self.features.record(self.target)
         self.stats.target_forward(ms, len(self.tokens), prefill=True)
         events: list[Event] = [Prefill("target", len(self.tokens), self.target.cached_tokens, ms)]
         self.target.commit()
+        self.features.share(self.target)
         t, p = self._sample_target(logits)
         events.append(self._target_token(t, logits, p))
         self._emit([t], ["target"], events[-1:])
@@ -281,6 +302,7 @@ class GenerationSession:
         t = time.perf_counter()
         logits = yield ForwardRequest(self.target, [self.tokens[-1]] + drafts, causal=s.fault != "no_causal_mask")
         target_ms = (time.perf_counter() - t) * 1e3
+        self.features.record(self.target)
         self.stats.target_forward(target_ms, len(drafts) + 1)
         greedy = s.temperature == 0
         if greedy:    # point masses on the argmax: verification compares ids, no distributions are built
@@ -294,7 +316,7 @@ class GenerationSession:
         shown = [TokenResult(self.round, v.position, v.token_id, self.tokenizer.token_text(v.token_id), v.status,
                              None, None, v.accept_prob, v.r) for v in verdicts]
         # display distributions: at temperature 0 the decision uses point masses; show softmax(T=1)
-        display_q = self.proposer.display_q if greedy and self.proposer.method == "draft_model" else None
+        display_q = getattr(self.proposer, "display_q", None) if greedy else None
         self._unshown.append((shown, logits if greedy else p, greedy, display_q if display_q is not None else q,
                               display_q is not None, residual))
         events += shown
@@ -317,6 +339,7 @@ class GenerationSession:
         t = time.perf_counter()
         logits = (yield ForwardRequest(self.target, [self.tokens[-1]]))[-1]
         target_ms = (time.perf_counter() - t) * 1e3
+        self.features.record(self.target)
         self.stats.target_forward(target_ms, 1)
         tok, p = self._sample_target(logits)
         events = [self._target_token(tok, logits, p)]
@@ -401,6 +424,13 @@ class GenerationSession:
             raise SettingsError("num_kv_heads", f"{n} is not available for this model"
                                 f"{f' ({note})' if note else ''}; choose one of {sorted(self.variants)}")
 
+    def _check_heads(self, method: str, target: LoadedModel) -> None:
+        if method in HEAD_METHODS and method not in self.engine.registry.heads_for(target):
+            have = self.engine.registry.heads_for(target)
+            raise SettingsError("method", f"{target.name} has no {method} head"
+                                f"{f' (it has: {sorted(have)})' if have else ''}; heads are trained per target "
+                                f"(decoding-playground train-heads)")
+
     def _no_draft_reason(self) -> str:
         return (f"no draft model shares this target's vocabulary ({self.target_lm.name}: "
                 f"{self.target_lm.cfg.vocab_size:,} tokens); use method ngram or none")
@@ -438,6 +468,7 @@ class GenerationSession:
             self.target = self._make_runner(self.target_lm)
             if new.kv_cache:
                 yield ForwardRequest(self.target, self.tokens[:-1], last_only=True)
+                self.features.record(self.target)
                 self.target.commit()
                 notes.append(f"target {self.target_lm.name} ({self.target_lm.cfg.attention_kind}) re-prefilled "
                              f"{len(self.tokens) - 1} tokens")
@@ -450,7 +481,7 @@ class GenerationSession:
         elif {"kv_cache_dtype", "block_size"} & changed.keys() and isinstance(self.target, PagedRunner):
             for holder in (self, self.proposer):
                 runner = getattr(holder, "target" if holder is self else "runner", None)
-                if isinstance(runner, PagedRunner):
+                if isinstance(runner, PagedRunner) and (holder is self or isinstance(holder, DraftModelProposer)):
                     lm = self.target_lm if holder is self else self.draft_lm
                     moved = runner.move_to(self.engine.manager(lm, new.kv_cache_dtype, new.block_size))
                     self._seq_ids.add((moved.manager.pool.name, moved.seq.seq_id))
@@ -484,7 +515,8 @@ class GenerationSession:
 
     def _kv_event(self) -> KVBlocks:
         pools = []
-        for role, runner in (("target", self.target), ("draft", getattr(self.proposer, "runner", None))):
+        drafter = "eagle" if isinstance(self.proposer, EagleProposer) else "draft"    # a head's pool is its own
+        for role, runner in (("target", self.target), (drafter, getattr(self.proposer, "runner", None))):
             if isinstance(runner, PagedRunner):
                 m = runner.manager
                 pools.append({"role": role, "name": m.pool.name, "num_blocks": m.pool.num_blocks,

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from .kv_dtypes import resolve_kv_cache_dtype
 
 MAX_PROMPT_CHARS = 8000
-METHODS = ("none", "draft_model", "ngram")
+METHODS = ("none", "draft_model", "ngram", "eagle", "medusa")   # vLLM's names; heads: engine/heads.py
 FAULTS = ("none", "no_causal_mask", "no_truncate", "unnormalized_residual")
 
 
@@ -32,7 +32,7 @@ class GenerationSettings(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = Field(0, ge=0, le=2 ** 32 - 1)
-    method: Literal["none", "draft_model", "ngram"] = "draft_model"
+    method: Literal["none", "draft_model", "ngram", "eagle", "medusa"] = "draft_model"
     num_speculative_tokens: int = Field(4, ge=1, le=16)
     num_speculative_tokens_schedule: Literal["constant", "heuristic"] = "constant"
     prompt_lookup_min: int = Field(1, ge=1, le=16)

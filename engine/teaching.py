@@ -22,9 +22,10 @@ from .settings import FAULTS, GenerationSettings, SettingsError
 FAULT_TEMPERATURE = {"no_causal_mask": 0.0, "no_truncate": 0.0, "unnormalized_residual": 1.0}
 
 
-def trace(engine: InferenceEngine, prompt: str, settings: dict) -> dict:
+def trace(engine: InferenceEngine, prompt: str, settings: dict, with_times: bool = False) -> dict:
     """Run one session to its end. Every token event (rejected drafts included) gets `t_ms`: the session's
-    engine time when its round ended, which is when it was delivered."""
+    engine time when its round ended, which is when it was delivered. with_times: also every target forward's
+    ms by its number of new tokens (`forward_ms`)."""
     session = GenerationSession(engine, prompt, settings)
     tokens, pending, summary, error, rounds, elapsed_ms = [], [], None, None, 0, 0.0
     for e in session.events():
@@ -44,9 +45,12 @@ def trace(engine: InferenceEngine, prompt: str, settings: dict) -> dict:
         elif e.type == "error":
             error = e.message        # the failing round's events were never delivered (pending stays out)
     emitted = [t for t in tokens if t["status"] != "rejected"]
-    return {"settings": session.settings.model_dump(), "tokens": tokens, "emitted_ids": [t["id"] for t in emitted],
-            "num_output_tokens": len(emitted), "rounds": rounds, "elapsed_ms": elapsed_ms,
-            "summary": summary, "error": error}
+    out = {"settings": session.settings.model_dump(), "tokens": tokens, "emitted_ids": [t["id"] for t in emitted],
+           "num_output_tokens": len(emitted), "rounds": rounds, "elapsed_ms": elapsed_ms,
+           "summary": summary, "error": error}
+    if with_times:
+        out["forward_ms"] = {n: list(v) for n, v in session.stats.target_ms_by_tokens.items()}
+    return out
 
 
 def first_divergence(reference: list[int], other: list[int]) -> int | None:

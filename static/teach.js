@@ -193,11 +193,11 @@
   }
 
   // c, one draft step in target steps: the draft model's as measured with the curve (both on an idle engine);
-  // for n-gram lookup (no model) this run's own proposal time over t(1)
+  // for n-gram lookup and the draft heads (EAGLE, Medusa) this run's own proposal time per draft token over t(1)
   function draftCost(draftMs, draftSteps, t1) {
-    var lane = $('draft-lane')
-    var ngram = lane && lane.dataset.method === 'ngram'
-    if (!ngram && theory.curve && theory.curve.c) return theory.curve.c
+    var lane = $('draft-lane'), method = lane && lane.dataset.method       // the last round's drafter (replays too)
+    if (!method || method === 'none' || method === 'prefill') method = $('f-method') ? $('f-method').value : 'draft_model'
+    if (method === 'draft_model' && theory.curve && theory.curve.c) return theory.curve.c
     return t1 && draftSteps ? draftMs / draftSteps / t1 : 0
   }
 
@@ -426,11 +426,31 @@
       note.textContent = !sum.rounds ? 'Run a generation with a draft model or n-gram lookup (or replay one): each round adds a point.'
         : !speculative ? 'This run proposes nothing (method none, or no n-gram found): choose a draft model or n-gram lookup.'
           : sum.rounds + ' rounds. Measured tokens per call: ' + fmt(s.tokens[s.tokens.length - 1], 2) +
-            '; E with the measured α: ' + fmt(sum.e, 2) + '. Measured speed-up: tokens per call × t(1) ÷ the median ' +
-            'round’s forward time, t(1) and c measured on an idle engine' + (theory.curve ? ' (' + theory.curve.model + ')' : '') +
-            '; a busy machine pulls it down. The Race times plain decoding in the same conditions.'
+            '; E with the measured α: ' + fmt(sum.e, 2) + '. Estimated speed-up: tokens per call × t(1) ÷ the median ' +
+            'round’s forward time, t(1) and c timed on an idle engine' + (theory.curve ? ' (' + theory.curve.model + ')' : '') +
+            '; a busy machine pulls it down. “Measure against plain decoding” times plain decoding of the same prompt ' +
+            'and settings on the same engine, as the Race does.'
     }
   }
+
+  // The measured speed-up: plain decoding of this run's prompt and settings, timed on the same engine (server side)
+  document.addEventListener('click', function (evt) {
+    if (!evt.target.closest || !evt.target.closest('#theory-measure')) return
+    var out = $('theory-measured'), note = $('theory-measured-note'), key = recordingKey()
+    if (!key) { note.textContent = 'run a generation first'; return }
+    out.textContent = '…'
+    fetch(withToken('/teach/plain.json?recording=' + encodeURIComponent(key)))
+      .then(function (r) { return r.json() })
+      .then(function (d) {
+        if (d.error) { out.textContent = '–'; note.textContent = d.error; return }
+        out.textContent = d.measured.toFixed(2) + '×'
+        out.classList.toggle('slower', d.measured < 1)
+        note.textContent = d.run_ms_per_token.toFixed(1) + ' ms per token against plain decoding’s ' +
+          d.plain_ms_per_token.toFixed(1) + ' ms (same prompt and settings, same engine)' +
+          (d.same_text ? '; identical text' : '')
+      })
+      .catch(function () { out.textContent = '–' })
+  })
 
   // --- replay: a recorded run's messages, swapped in at any speed (app/replay.py), no engine ----------------------
   var socket = null

@@ -54,7 +54,7 @@ def live_server(models_dir):
     from app.main import create_app
     from live_server import serve
 
-    with serve(create_app(AppConfig(models_dir=models_dir))) as base_url:
+    with serve(create_app(AppConfig(models_dir=models_dir, demo="character"))) as base_url:
         yield base_url
 
 

@@ -57,7 +57,8 @@ class Form(HTMLParser):
 
 @pytest.fixture(scope="module")
 def app_client(models_dir):
-    with TestClient(create_app(AppConfig(models_dir=models_dir, embed_frame_ancestors="https://slides.example"))) as c:
+    config = AppConfig(models_dir=models_dir, embed_frame_ancestors="https://slides.example", demo="character")
+    with TestClient(create_app(config)) as c:
         yield c
 
 

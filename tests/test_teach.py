@@ -26,7 +26,7 @@ TOKEN_RE = re.compile(r'<span class="tok[^"]*" data-token-status="(\w+)"[^>]*>(.
 
 @pytest.fixture(scope="module")
 def client(models_dir):
-    with TestClient(create_app(AppConfig(models_dir=models_dir))) as c:
+    with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character"))) as c:
         yield c
 
 
@@ -294,6 +294,29 @@ def test_the_race_runs_plain_and_speculative_on_their_engine_clocks(client):
     assert "exactly the same text" in html                               # greedy: speculative == plain
 
 
+def test_the_shootout_runs_every_method_of_the_model_with_identical_greedy_output(client):
+    html = client.post("/teach/shootout", data={**FORM, "model": "target-mha", "num_speculative_tokens": "3"}).text
+    rows = dict(re.findall(r'<tr data-method="(\w+)">(.*?)</tr>', html, re.S))
+    assert list(rows) == ["none", "ngram", "draft_model", "medusa", "eagle"]          # target-mha ships heads
+    assert all(re.search(r'data-figure="identical">yes<', r) for r in rows.values())
+    for m in ("draft_model", "medusa", "eagle"):
+        assert float(re.search(r'data-figure="mal">([\d.]+)<', rows[m]).group(1)) >= 1.0
+        assert re.search(r'data-figure="measured"><strong class="\w+">[\d.]+×<', rows[m])
+    assert "3.57" in rows["eagle"] and "2.32" in rows["medusa"]                       # Spec-Bench beside ours
+
+
+def test_theory_measures_a_run_against_plain_decoding_of_the_same_prompt_and_settings(recorded, client):
+    rec, events, _ = recorded
+    d = client.get("/teach/plain.json", params={"recording": rec.key}).json()
+    run = events[-1].summary
+    assert d["run_ms_per_token"] == pytest.approx(run["elapsed_s"] * 1e3 / run["num_output_tokens"])
+    assert d["plain_ms_per_token"] > 0 and d["measured"] == pytest.approx(d["plain_ms_per_token"] / d["run_ms_per_token"])
+    assert client.get("/teach/plain.json", params={"recording": rec.key}).json() == d        # timed once
+    assert client.get("/teach/plain.json", params={"recording": "nope"}).status_code == 404
+    html = client.get("/?view=theory").text
+    assert 'id="theory-measure"' in html and ">estimated</th>" in html
+
+
 def test_a_race_of_any_two_settings_names_its_pair_and_quotes_the_engine(client):
     from app.config import AppConfig
     from engine.checkpoint import load_config
@@ -349,7 +372,7 @@ def panels(html: str) -> dict[str, bool]:
 def test_a_view_opens_by_url_and_can_be_hidden(client):
     html = client.get("/?view=theory").text
     shown = panels(html)
-    assert len(shown) == 9 and [n for n, s in shown.items() if s] == ["theory"]
+    assert len(shown) == 10 and [n for n, s in shown.items() if s] == ["theory"]
     assert re.search(r'id="tab-theory"[^>]*aria-selected="true"', html)
     assert 'href="?view=race"' in html                                   # each tab is a link
     assert "0.88" in html and "slower" in html                            # the second seed's worked table

@@ -199,8 +199,12 @@ def test_choosing_another_target_updates_its_kv_head_options(live_server):
             await c.until(lambda f: True)
             await c.send(speed="5", model=other["name"], num_kv_heads="")      # the first change after loading
             select = await c.until(lambda f: any(a.get("id") == "f-num_kv_heads" for _, a in f.top))
-            options = [a.get("value") for t, a in select.all if t == "option"]
+            start = next(i for i, (t, a) in enumerate(select.all) if a.get("id") == "f-num_kv_heads")
+            end = next((i for i, (t, _) in enumerate(select.all) if t == "select" and i > start), len(select.all))
+            options = [a.get("value") for t, a in select.all[start:end] if t == "option"]
             assert options[0] == "" and set(options[1:]) == {str(n) for n in other["kv_head_variants"]}
             assert any(a.get("data-note") == "model" for _, a in c.elements())
+            methods = {a.get("value"): "disabled" in a for t, a in select.all[end:] if t == "option"}
+            assert methods["eagle"] and methods["medusa"]           # heads are trained for target-mha only
 
     run(scenario())

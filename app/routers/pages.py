@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 
 from app.deps import PlaygroundDep
 from app.page import page_context
-from app.routers import teach
+from app.routers import shootout, teach
 from app.rooms import new_key, watch_id_for
 from app.security import FRAME_ANCESTORS_SELF, content_security_policy
 from app.templating import templates
@@ -49,3 +49,4 @@ def session_links(playground) -> dict:
 
 # The teaching views' endpoints (/teach/...) belong to the page: its views load them (app/routers/teach.py).
 router.include_router(teach.router)
+router.include_router(shootout.router)

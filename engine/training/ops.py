@@ -165,3 +165,27 @@ def soft_cross_entropy_forward(logits, target_probs):  # [N, V], [N, V] -> mean 
 def soft_cross_entropy_backward(dloss, cache):  # -> dlogits [N, V] = (q - p) / N
     q, p = cache
     return (q - p) * (q.dtype.type(dloss) / q.shape[0])
+
+
+# --- SiLU (Medusa's residual blocks) ---------------------------------------------------------------
+def silu_forward(x):  # [...] -> x * sigmoid(x)
+    sig = 1.0 / (1.0 + np.exp(-x))
+    return x * sig, (x, sig)
+
+
+def silu_backward(dout, cache):  # -> dx
+    x, sig = cache
+    return dout * sig * (1.0 + x * (1.0 - sig))
+
+
+# --- smooth L1 (EAGLE's feature regression) ----------------------------------------------------------
+def smooth_l1_forward(x, target):  # [N, C], [N, C] -> mean over elements of huber(x - target, 1)
+    d = x - target
+    a = np.abs(d)
+    loss = np.where(a < 1.0, 0.5 * d * d, a - 0.5).mean()
+    return loss, (d, a)
+
+
+def smooth_l1_backward(dloss, cache):  # -> dx
+    d, a = cache
+    return np.where(a < 1.0, d, np.sign(d)) * (d.dtype.type(dloss) / d.size)

@@ -1,0 +1,63 @@
+"""`POST /teach/shootout`: the shoot-out view. One prompt, every method the target supports, run one after
+another on the engine (engine/shootout.py), as a table beside Spec-Bench's published acceptance lengths.
+
+`GET /teach/plain.json?recording=KEY`: the Theory view's measured speed-up. Plain decoding of a recorded run's
+prompt with its settings, timed on the same engine (as the Race does); the run's engine time per token
+against it. Figures from isolated timings (t(1), c on an idle engine) the view labels "estimated"."""
+from __future__ import annotations
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from app.deps import PlaygroundDep
+from app.recording import RECORDINGS
+from app.routers.teach import BusyError, _settings_from, _teaching_run, error_fragment, fragment
+from engine.settings import GenerationSettings, SettingsError
+from engine.shootout import shootout
+from engine.teaching import trace
+
+router = APIRouter(prefix="/teach", tags=["teach"])
+SHOOTOUT_MAX_TOKENS = 64     # five whole runs of a large model; the table needs a few dozen rounds, not more
+
+
+@router.post("/shootout", response_class=HTMLResponse)
+async def shootout_view(request: Request, playground: PlaygroundDep) -> HTMLResponse:
+    if playground.engine is None:
+        return error_fragment(request, playground.load_error or "no models loaded")
+    try:
+        prompt, settings, _ = await _settings_from(request)
+        settings["max_tokens"] = min(GenerationSettings.parse(settings).max_tokens, SHOOTOUT_MAX_TOKENS)
+        r = await anyio.to_thread.run_sync(_teaching_run, shootout, playground.engine, prompt, settings)
+    except (SettingsError, ValueError) as e:
+        return error_fragment(request, str(e))
+    except BusyError:
+        return error_fragment(request, "Another comparison, race or shoot-out is running: try again in a moment.")
+    return fragment(request, "shootout", r=r, prompt=prompt)
+
+
+_plain: dict[str, dict] = {}          # recording key -> its plain-decoding comparison (a run is timed once)
+
+
+@router.get("/plain.json")
+async def plain_json(playground: PlaygroundDep, recording: str = ""):
+    rec = RECORDINGS.get(recording)
+    done = rec.last("done") if rec is not None else None
+    if done is None or playground.engine is None:
+        return JSONResponse({"error": "no finished run with this key: run a generation first"}, status_code=404)
+    if recording not in _plain:
+        settings = {**rec.settings, "method": "none", "fault": "none"}
+        try:
+            plain = await anyio.to_thread.run_sync(_teaching_run, trace, playground.engine, rec.prompt, settings)
+        except BusyError:
+            return JSONResponse({"error": "another comparison is running: try again in a moment"}, status_code=503)
+        except (SettingsError, ValueError) as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        run = done.summary
+        plain_ms = plain["elapsed_ms"] / max(1, plain["num_output_tokens"])
+        run_ms = run["elapsed_s"] * 1e3 / max(1, run["num_output_tokens"])
+        _plain[recording] = {"plain_ms_per_token": plain_ms, "run_ms_per_token": run_ms, "measured": plain_ms / run_ms,
+                             "same_text": plain["summary"] is not None and plain["summary"]["text"] == run["text"]}
+        while len(_plain) > 256:
+            _plain.pop(next(iter(_plain)))
+    return JSONResponse(_plain[recording])

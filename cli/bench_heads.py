@@ -1,0 +1,217 @@
+"""`decoding-playground bench heads`: EAGLE and Medusa against plain decoding on SmolLM2 (and n-gram beside them).
+
+What a user sees: every figure comes from fresh generations (a new session per prompt, as `generate` runs
+one), wall-clock from the session's creation to its last event, through the chat template at temperature 0.
+Per repeat and prompt the plain run comes first, then every method, so noise on the shared machine hits all
+alike; the speed-up is the median over repeats of (plain time / method time) summed over the prompts.
+Beside it, the prediction from the same runs' measured figures: mean acceptance length L (tokens per target
+call), c (drafting time per draft token / the plain runs' mean one-token forward) and the verify ratio
+t(γ+1)/t(1) (in-run means): L / (γ c + t(γ+1)/t(1)). And the same acceptance projected on an H100 with the
+Cost model's roofline (engine/theory.py). Prompts: held-out questions (subjects the heads never saw in
+training) and summaries of paragraphs written here.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine.heads import HEADS_DIR
+from engine.registry import InferenceEngine, ModelRegistry
+from engine.session import GenerationSession
+from engine.shootout import SPEC_BENCH, h100_speedup
+from engine.training.head_prompts import summary_prompt
+
+NAME = "smollm2-135m"
+OPEN = ["Explain glaciers in simple terms.", "Why are octopuses important?", "Describe telescopes to a ten-year-old.",
+        "What are the main advantages and disadvantages of batteries?"]
+PARAGRAPHS = [
+    "Lighthouses were built to warn ships of dangerous coasts and to guide them into harbours at night. Early "
+    "lighthouses burned wood or coal in open fires, later ones used oil lamps with mirrors, and in the nineteenth "
+    "century the Fresnel lens made their beams visible more than twenty miles out to sea. Today most lighthouses "
+    "are automated, and satellite navigation has made many of them less important, but they remain landmarks.",
+    "Bird migration is the regular seasonal movement of birds between breeding and wintering grounds. Many species "
+    "fly thousands of kilometres each year, guided by the sun, the stars, the Earth's magnetic field and familiar "
+    "landmarks. Migration lets birds use food that is plentiful in one place for only part of the year, but the "
+    "journey is dangerous, and storms, hunting and the loss of stopover habitats kill many birds on the way.",
+]
+SUMMARIES = [summary_prompt(p) for p in PARAGRAPHS]
+
+
+def configs(quick: bool) -> list[tuple[str, dict]]:
+    if quick:
+        return [("eagle γ=3", {"method": "eagle", "num_speculative_tokens": 3}),
+                ("medusa γ=3", {"method": "medusa", "num_speculative_tokens": 3})]
+    return ([("ngram γ=3", {"method": "ngram", "num_speculative_tokens": 3})]
+            + [(f"eagle γ={k}", {"method": "eagle", "num_speculative_tokens": k}) for k in (2, 3, 4)]
+            + [(f"medusa γ={k}", {"method": "medusa", "num_speculative_tokens": k}) for k in (2, 3)])
+
+
+def generate(engine, prompt, max_tokens, **settings) -> tuple[float, dict, dict]:
+    """One fresh generation as `generate` runs it: (wall seconds, summary, forward times by row count)."""
+    t = time.perf_counter()
+    session = GenerationSession(engine, prompt, {"model": NAME, "chat": True, "temperature": 0,
+                                                 "max_tokens": max_tokens, **settings})
+    events = list(session.events())
+    wall = time.perf_counter() - t
+    if events[-1].type != "done":
+        raise RuntimeError(events[-1].message)
+    return wall, events[-1].summary, dict(session.stats.target_ms_by_tokens)
+
+
+def mean_ms(runs, n):
+    v = [ms for r in runs for ms in r[2].get(n, [])]
+    return sum(v) / len(v) if v else None
+
+
+def measure(engine, prompts, max_tokens, repeats, cfgs) -> dict:
+    plain, spec = [], {name: [] for name, _ in cfgs}           # per repeat: [(wall, summary, times) per prompt]
+    for _ in range(repeats):
+        plain.append([])
+        for name, _ in cfgs:
+            spec[name].append([])
+        for p in prompts:
+            plain[-1].append(generate(engine, p, max_tokens, method="none"))
+            for name, s in cfgs:
+                spec[name][-1].append(generate(engine, p, max_tokens, **s))
+    t1 = statistics.median(mean_ms(r, 1) for r in plain)
+    rows = []
+    for name, s in cfgs:
+        k, last = s["num_speculative_tokens"], spec[name][-1]
+        drafts = sum(x[1]["num_drafts"] for x in last)
+        accepted = sum(x[1]["num_accepted_tokens"] for x in last)
+        rejected = drafts - sum(sum(t["status"] == "bonus" for t in x[1]["tokens"]) for x in last)
+        per_pos = [sum(x[1]["accepted_per_position"][i] if i < len(x[1]["accepted_per_position"]) else 0
+                       for x in last) / drafts for i in range(k)] if drafts else []
+        calls = sum(x[1]["draft_forward_calls"] for x in last)
+        c = [sum(x[1]["draft_time_s"] for x in r) * 1e3 / max(1, sum(x[1]["draft_forward_calls"] for x in r))
+             / mean_ms(b, 1) for r, b in zip(spec[name], plain)]
+        v = [(mean_ms(r, k + 1) or mean_ms(r, 1)) / mean_ms(b, 1) for r, b in zip(spec[name], plain)]
+        mal = 1 + accepted / drafts if drafts else 1.0
+        c_med, v_med = statistics.median(c), statistics.median(v)
+        ratios = [sum(x[0] for x in b) / sum(x[0] for x in r) for r, b in zip(spec[name], plain)]
+        rows.append({"config": name, "method": s["method"], "gamma": k, "mean_acceptance_length": mal,
+                     "acceptance_per_position": per_pos, "alpha": accepted / (accepted + rejected) if accepted + rejected else 0,
+                     "c": c_med if calls else 0.0, "verify_ratio": v_med,
+                     "predicted": mal / (k * (c_med if calls else 0.0) + v_med), "measured": statistics.median(ratios),
+                     "identical": [x[1]["text"] for x in last] == [x[1]["text"] for x in plain[-1]]})
+    return {"t1_ms": t1, "rows": rows, "plain_ids": [t["id"] for x in plain[-1] for t in x[1]["tokens"]]}
+
+
+def run(args) -> int:
+    from engine.fetched import fetched_models
+    reg = ModelRegistry(fetched_models())
+    if NAME not in reg.models:
+        raise SystemExit(f"{NAME} is not fetched: run `decoding-playground fetch-model {NAME}` (make fetch)")
+    engine = InferenceEngine(reg, max_sessions=2)
+    lm = reg.get(NAME)
+    heads = reg.heads_for(lm)
+    cfgs = [c for c in configs(args.quick) if c[1]["method"] not in ("eagle", "medusa") or c[1]["method"] in heads]
+    generate(engine, OPEN[0], 8, method="none")                                           # warm up
+    sets = {"open questions": OPEN[:1] if args.quick else OPEN, "summaries": SUMMARIES[:1] if args.quick else SUMMARIES}
+    out = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "model": NAME,
+           "max_tokens": args.max_tokens, "repeats": args.repeats, "sets": {}}
+    for label, prompts in sets.items():
+        cs = cfgs if label == "open questions" else [c for c in cfgs if c[1]["method"] == "eagle"]
+        r = measure(engine, prompts, args.max_tokens, args.repeats, cs)
+        for row in r["rows"]:
+            row["h100_projected"] = h100_speedup(engine, lm, row["method"], row["alpha"], row["gamma"], context=256)
+        out["sets"][label] = r
+        print(markdown_set(label, r), flush=True)
+    held_out = np.array([i for r in out["sets"].values() for i in r.pop("plain_ids")])
+    out["heads"] = {m: {"parameters": h.num_parameters, "vocab_subset": len(h.subset),
+                        "coverage_held_out": float(np.isin(held_out, h.subset).mean())} for m, h in heads.items()}
+    if args.json:
+        print(json.dumps(out, indent=1))
+    if not args.no_write and not args.quick:
+        from cli.bench import write_section
+        write_section("heads", markdown(out))
+        (HEADS_DIR / NAME / "bench.json").write_text(json.dumps(out, indent=1))
+        write_card(HEADS_DIR / NAME, out)
+    return 0
+
+
+def markdown_set(label, r) -> str:
+    lines = [f"**{label}** (plain decoding: {r['t1_ms']:.1f} ms per one-token forward in these runs)", "",
+             "| config | mean acceptance length | acceptance per position | α | c | t(γ+1)/t(1) | predicted | measured "
+             "| H100 projection | identical output |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for x in r["rows"]:
+        h = f"{x['h100_projected']:.2f}x" if x.get("h100_projected") else "–"
+        lines.append(f"| {x['config']} | {x['mean_acceptance_length']:.2f} | "
+                     f"{' / '.join(f'{a:.2f}' for a in x['acceptance_per_position'])} | {x['alpha']:.2f} | {x['c']:.3f} | "
+                     f"{x['verify_ratio']:.2f} | {x['predicted']:.2f}x | {x['measured']:.2f}x | {h} | "
+                     f"{'yes' if x['identical'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def markdown(out) -> str:
+    lines = [f"Run {out['date']}: `decoding-playground bench heads` ({out['model']}, chat template, temperature 0, "
+             f"{out['max_tokens']} tokens, {out['repeats']} interleaved repeats; each run a fresh generation, "
+             "wall-clock). Heads: " + ", ".join(f"{m} {h['parameters']:,} parameters + LM head rows of a "
+                                                 f"{h['vocab_subset']:,}-token subset" for m, h in out["heads"].items()),
+             ""]
+    for label, r in out["sets"].items():
+        lines += [markdown_set(label, r), ""]
+    lines += ["Spec-Bench (Vicuna-7B, A100) mean acceptance lengths for comparison: "
+              + ", ".join(f"{m} {v}" for m, v in SPEC_BENCH.items()) + "."]
+    return "\n".join(lines)
+
+
+def write_card(folder: Path, bench: dict) -> None:
+    """models/heads/NAME/README.md: what the heads are, their size, vocabulary, data, time and measured figures."""
+    training = json.loads((folder / "training.json").read_text())
+    data, cfg = training["data"], training["config"]
+    sizes = {m: (folder / f"{m}.safetensors").stat().st_size for m in bench["heads"]}
+    lines = [f"# Draft heads for {NAME} (EAGLE-1, Medusa-1)", "",
+             "Trained here in numpy (engine/training/heads.py, handwritten backward, gradient-checked) on the frozen "
+             "target's own hidden states; loaded by engine/heads.py when SmolLM2 has been fetched. Both end in the "
+             "target's own LM head restricted to a frequent-token subset (FR-Spec): q = 0 outside it, and "
+             "verification stays exact (the residual covers those tokens).", "",
+             "| head | what | parameters | file (float16) |", "|---|---|---|---|"]
+    what = {"eagle": "[f_t, emb(x_{t+1})] → linear 1152→576 → one Llama decoder layer (9 heads, 3 KV heads, MLP 1536, "
+                     "own paged KV cache) → norm → LM head rows of the subset; drafts autoregressively on its own features",
+            "medusa": f"{cfg['num_medusa_heads']} heads r_i = f + SiLU(f W_i) (W_i from 0) → LM head rows of the subset; "
+                      "head i proposes token t+1+i, all in one pass"}
+    for m, h in bench["heads"].items():
+        lines.append(f"| {m} | {what[m]} | {h['parameters']:,} (+ {h['vocab_subset']:,} × 576 frozen LM head rows) | "
+                     f"{sizes[m] / 1e6:.1f} MB |")
+    h = next(iter(bench["heads"].values()))
+    lines += ["", "## Vocabulary subset", "",
+              f"The {h['vocab_subset']:,} most frequent tokens of the training answers (of 49,152). Coverage: "
+              f"{data['coverage_in_data']:.1%} of the training answers' tokens, {h['coverage_held_out']:.1%} of the "
+              "plain-decoding answers to the held-out prompts of `bench heads`.", "",
+              "## Data and time", "",
+              f"Self-distillation: SmolLM2's own greedy answers (chat template, at most 160 tokens) to "
+              f"{data['conversations']} prompts composed in engine/training/head_prompts.py ({data['by_kind']}), "
+              f"{data['answer_tokens']:,} answer tokens, generated with the engine's batched forward, the target's "
+              "hidden state stored at every position (generation ran beside training, which re-read the data every "
+              "60 steps, so the last answers were seen only in the final steps). Held out: the subjects and code "
+              "tasks in HELD_OUT_* there.",
+              f"Training: {training['steps']} steps (EAGLE: {cfg['batch_size']} windows of {cfg['seq_len']} positions a "
+              f"step; Medusa: {cfg['medusa_batch_size']} windows every {cfg['medusa_every']} steps), AdamW, peak lr "
+              f"{cfg['lr']}, {training['train_s'] / 3600:.1f} h on one shared CPU core (numpy, one BLAS thread). "
+              "Losses: distillation to the target's distribution renormalised on the subset (soft cross-entropy), "
+              f"plus EAGLE's feature regression (smooth L1, weight {cfg['reg_weight']}), uniform feature noise ±"
+              f"{cfg['feature_noise']}.", "",
+              "## Measured (held-out prompts, temperature 0)", "",
+              f"From `decoding-playground bench heads`, {bench['date']} (docs/benchmarks.md has the full tables):", ""]
+    for label, r in bench["sets"].items():
+        lines += [markdown_set(label, r), ""]
+    lines += ["c: drafting time per draft token over the plain runs' one-token forward, in the same runs.",
+              "", "Reproduce: `decoding-playground train-heads smollm2-135m data`, then `... train`, then "
+              "`... export`, then `decoding-playground bench heads`."]
+    (folder / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def add_parser(bsub) -> None:
+    b = bsub.add_parser("heads", help="SmolLM2: EAGLE and Medusa heads against plain decoding (fresh generations)")
+    b.add_argument("--quick", action="store_true", help="one prompt per set, eagle and medusa at γ = 3 only")
+    b.add_argument("--max-tokens", type=int, default=96)
+    b.add_argument("--repeats", type=int, default=2)
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    b.set_defaults(func=run)

@@ -1,0 +1,237 @@
+"""Draft heads (vLLM's `eagle` and `medusa`): small networks on the target's last hidden state that
+propose draft tokens, behind the proposer interface of engine/proposers.py.
+
+Both end in the target's own LM head restricted to a frequent-token subset S of the vocabulary
+(FR-Spec, Zhao et al. 2025), so a draft step does not pay for the whole vocabulary. Their q is zero
+outside S; verification (engine/speculative.py) stays exact, the residual covers those tokens.
+
+- EAGLE-1 (Li et al. 2024): z = [f_t, emb(x_{t+1})] W_fc -> one Llama decoder layer with its own paged
+  KV cache -> h; h's norm is the predicted next feature and (norm h) @ LM head[S] the next token. It
+  drafts autoregressively on its own features; after verification its cache is rolled back to the
+  entries made from the target's real features, and the next round catches up with the new ones.
+- Medusa-1 (Cai et al. 2024): K heads r_i = f_t + SiLU(f_t W_i); head i proposes token t+1+i from the
+  same f_t, all K in one pass.
+
+Features: engine.model.forward's with_hidden rows, x / |x| (trained as x / rms(x) = sqrt(C) x / |x|;
+the factor is folded into the first matrix of each head here). Weights: models/heads/<target>/*.safetensors
+(engine/training/head_train.py writes them).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import load_file
+
+from .config import ModelConfig
+from .model import Model
+from .proposers import point_masses
+from .runner import ForwardRequest, PagedRunner
+from .sampling import probs_from_logits, sample
+
+HEADS_DIR = Path(__file__).resolve().parent.parent / "models" / "heads"
+METHODS = ("eagle", "medusa")
+
+
+class FeatureLog:
+    """The target's hidden state at every position of one session, as its forwards compute them.
+
+    Rows past the target runner's tokens are stale (rejected drafts) and get overwritten; `start` is the
+    first position that has a row. Positions served by the prefix cache were never computed: their rows
+    come from `shared` (the engine's rows per cached block hash, filled by `share`), else the head starts
+    after them."""
+
+    def __init__(self, width: int):
+        self.rows = np.zeros((256, width), np.float32)
+        self.start = None
+
+    def record(self, runner) -> None:
+        if runner.hidden is None:
+            return
+        p0, n = runner.hidden_p0, len(runner.hidden)
+        if p0 + n > len(self.rows):
+            grown = np.zeros((max(2 * len(self.rows), p0 + n), self.rows.shape[1]), np.float32)
+            grown[:len(self.rows)] = self.rows
+            self.rows = grown
+        self.rows[p0:p0 + n] = runner.hidden
+        if self.start is None or p0 < self.start:
+            self.start = p0
+        if p0 and p0 == getattr(runner, "cached_tokens", 0) and p0 == self.start:   # a prefill with cached blocks
+            bs = runner.manager.block_size
+            rows = [shared_rows.get((id(runner.manager), h)) for h in runner.seq.block_hashes[:p0 // bs]]
+            if len(rows) * bs == p0 and all(r is not None for r in rows):
+                self.rows[:p0] = np.concatenate(rows)
+                self.start = 0
+
+    def share(self, runner, limit: int = 1024) -> None:
+        """Offer the rows of the runner's committed full blocks to later sessions (see `record`)."""
+        if self.start is None or not hasattr(runner, "seq"):
+            return
+        bs = runner.manager.block_size
+        for b, h in enumerate(runner.seq.block_hashes):
+            key = (id(runner.manager), h)       # one manager per model and cache dtype: rows depend on both
+            if key not in shared_rows and b * bs >= self.start:
+                shared_rows[key] = self.rows[b * bs:(b + 1) * bs].copy()
+                if len(shared_rows) > limit:
+                    shared_rows.pop(next(iter(shared_rows)))
+
+
+shared_rows: dict = {}    # (KV cache manager, block hash) -> the target's hidden states of that block [block_size, C]
+
+
+class EagleHead:
+    """EAGLE-1 weights for one target: a one-layer `Model` over the subset vocabulary (its LM head is the
+    target's final norm times the subset's rows of the output embedding) plus the fusing matrix.
+    target_weights: {"embed": input embedding [V, C], "head": output embedding [V, C], "norm": [C]}."""
+    role = "eagle"
+
+    def __init__(self, target_name: str, target_cfg: ModelConfig, target_weights: dict, head_weights: dict):
+        self.subset = head_weights["vocab_subset"].astype(np.int64)
+        c = target_cfg.hidden_size
+        self.cfg = target_cfg.replace(num_hidden_layers=1, vocab_size=len(self.subset), tie_word_embeddings=True,
+                                      name=f"{target_name}-eagle")
+        self.name = self.cfg.name
+        layer = {k: v.astype(np.float32) for k, v in head_weights.items() if k.startswith("model.layers.0.")}
+        self.model = Model(self.cfg, {**layer, "model.embed_tokens.weight": target_weights["head"][self.subset],
+                                      "model.norm.weight": target_weights["norm"]})
+        fc = head_weights["fc.weight"].astype(np.float32).T                        # [2C, C]
+        fc[:c] *= math.sqrt(c)                                                     # features arrive as x / |x|
+        self.w_fc = np.ascontiguousarray(fc)
+        self.target_embed = np.ascontiguousarray(target_weights["embed"], np.float32)   # [V, C]
+        self.vocab_size = target_cfg.vocab_size
+        self.num_parameters = int(sum(v.size for k, v in head_weights.items() if k != "vocab_subset"))
+
+    def inputs(self, feats, tokens):  # [n, C], [n] -> the layer's input [n, C]
+        return np.concatenate([feats, self.target_embed[np.asarray(tokens)]], axis=1) @ self.w_fc
+
+
+class MedusaHead:
+    role = "medusa"
+
+    def __init__(self, target_name: str, target_cfg: ModelConfig, target_weights: dict, head_weights: dict):
+        self.subset = head_weights["vocab_subset"].astype(np.int64)
+        c = target_cfg.hidden_size
+        self.name = f"{target_name}-medusa"
+        ws = [head_weights[f"medusa.{i}.weight"].astype(np.float32) for i in range(len(head_weights) - 1)]
+        self.num_heads = len(ws)
+        self.w = np.ascontiguousarray(np.concatenate([w.T for w in ws], axis=1) * np.float32(math.sqrt(c)))  # [C, K C]
+        emb = target_weights["head"][self.subset].astype(np.float32)
+        self.lm_head = np.ascontiguousarray(target_weights["norm"][:, None] * emb.T)    # [C, Vs]
+        self.sqrt_c = np.float32(math.sqrt(c))
+        self.vocab_size = target_cfg.vocab_size
+        self.num_parameters = int(sum(w.size for w in ws))
+
+    def logits(self, feat):  # [C] (x / |x|) -> [K, Vs]
+        a = feat @ self.w                                                          # f W_i for all i: [K C]
+        r = feat * self.sqrt_c + (a / (1.0 + np.exp(-a))).reshape(self.num_heads, -1)   # f + SiLU(f W_i): [K, C]
+        return r @ self.lm_head
+
+
+def full_vocab(row, subset, vocab_size):  # [Vs] -> [V] with -inf outside the subset
+    out = np.full(vocab_size, -np.inf, np.float32)
+    out[subset] = row
+    return out
+
+
+def draft_from(logits_sub, head, temperature, top_p, rng):  # -> (token, q [V] or None, display logits [V])
+    full = full_vocab(logits_sub, head.subset, head.vocab_size)
+    if temperature == 0:
+        return int(head.subset[int(np.argmax(logits_sub))]), None, full
+    q = probs_from_logits(full, temperature, top_p)
+    return sample(q, rng), q, full
+
+
+class EagleProposer:
+    """Drafts with an EAGLE head over its own paged KV cache; `features` is the session's FeatureLog."""
+    method = "eagle"
+
+    def __init__(self, head: EagleHead, runner: PagedRunner, features: FeatureLog):
+        self.head, self.runner, self.features = head, runner, features
+        self.start = None        # the position of the head's first cache entry
+        self.real = 0            # entries made from the target's own features (kept after verification)
+        self.display_q = None
+        self.forward_calls, self.forward_s = 0, 0.0
+
+    def propose(self, tokens, k, temperature, top_p, rng):  # generator of ForwardRequests -> (drafts, q)
+        head, runner, feats = self.head, self.runner, self.features
+        if self.start is None:
+            self.start = feats.start
+        last = len(tokens) - 2                       # entry j = (f_j, x_{j+1}); the last one with a real f_j
+        first = self.start + self.real
+        new = tokens[first + 1:last + 2]
+        logits = (yield ForwardRequest(runner, new, last_only=True,
+                                       inputs_embeds=head.inputs(feats.rows[first:last + 1], new)))[-1]
+        self.real = last + 1 - self.start
+        drafts, qs, shown = [], [], []
+        for i in range(k):
+            x, q, full = draft_from(logits, head, temperature, top_p, rng)
+            drafts.append(x)
+            shown.append(full)
+            if q is not None:
+                qs.append(q)
+            if i < k - 1:
+                feat = runner.hidden[-1:]                                           # the predicted feature
+                logits = (yield ForwardRequest(runner, [x], last_only=True, inputs_embeds=head.inputs(feat, [x])))[-1]
+        self.forward_calls += k
+        self.display_q = np.array(shown)
+        return drafts, np.array(qs) if qs else point_masses(drafts, head.vocab_size)
+
+    def rollback(self, num_valid: int) -> None:
+        """Drop the entries made from predicted features (the drafting ones); the next round catches up."""
+        self.runner.truncate(self.real)
+
+    def free(self) -> None:
+        self.runner.free()
+
+
+class MedusaProposer:
+    """K heads on the hidden state that produced the last token: up to K drafts in one pass."""
+    method = "medusa"
+
+    def __init__(self, head: MedusaHead, features: FeatureLog):
+        self.head, self.features = head, features
+        self.display_q = None
+        self.forward_calls, self.forward_s = 0, 0.0
+
+    def propose(self, tokens, k, temperature, top_p, rng):  # generator (no forwards) -> (drafts, q)
+        k = min(k, self.head.num_heads)
+        rows = self.head.logits(self.features.rows[len(tokens) - 2])[:k]          # [k, Vs]
+        drafts, qs, shown = [], [], []
+        for row in rows:
+            x, q, full = draft_from(row, self.head, temperature, top_p, rng)
+            drafts.append(x)
+            shown.append(full)
+            if q is not None:
+                qs.append(q)
+        self.forward_calls += k
+        self.display_q = np.array(shown)
+        return drafts, np.array(qs) if qs else point_masses(drafts, self.head.vocab_size)
+        yield  # a generator like the other proposers
+
+    def rollback(self, num_valid: int) -> None:
+        pass
+
+    def free(self) -> None:
+        pass
+
+
+def available_heads(target_name: str, heads_dir: Path = HEADS_DIR) -> list[str]:
+    return [m for m in METHODS if (Path(heads_dir) / target_name / f"{m}.safetensors").is_file()]
+
+
+def load_heads(target_name: str, target_cfg: ModelConfig, embed, checkpoint_dir, heads_dir: Path = HEADS_DIR) -> dict:
+    """{'eagle': EagleHead, 'medusa': MedusaHead} for the heads shipped for this target (maybe none).
+    embed: the target's input embedding [V, C] (float32); the final norm's weight is read from its checkpoint."""
+    with safe_open(str(Path(checkpoint_dir) / "model.safetensors"), "numpy") as f:
+        norm_w = f.get_tensor("model.norm.weight").astype(np.float32)
+        head = f.get_tensor("lm_head.weight") if "lm_head.weight" in f.keys() else None
+    target_weights = {"embed": embed, "head": embed if head is None else head.astype(np.float32), "norm": norm_w}
+    out = {}
+    folder = Path(heads_dir) / target_name
+    for method, cls in (("eagle", EagleHead), ("medusa", MedusaHead)):
+        f = folder / f"{method}.safetensors"
+        if f.is_file():
+            out[method] = cls(target_name, target_cfg, target_weights, load_file(str(f)))
+    return out

@@ -1,0 +1,79 @@
+"""The shoot-out: one prompt, every method a target supports, run one after another on the engine.
+
+Each run is a whole session (engine/teaching.py's `trace`); plain decoding runs first and sets t(1), the mean
+one-token forward of that run, which every method's c and t(γ+1)/t(1) divide by. Per method:
+- mean acceptance length L (tokens per target call) and acceptance per draft position;
+- c: drafting time per draft token / t(1); v: the method's mean (γ+1)-token forward / t(1);
+- predicted speed-up L / (γ c + v), and the measured one: plain engine time per token / the method's;
+- whether it wrote exactly the plain text; Spec-Bench's published figure beside it; for draft heads, the
+  same acceptance projected on an H100 with the Cost model's roofline (engine/theory.py).
+"""
+from __future__ import annotations
+
+from .registry import InferenceEngine
+from .settings import GenerationSettings
+from .teaching import trace
+from .theory import ACCELERATORS, projected_speedup
+
+# Spec-Bench (Xia et al. 2024), Vicuna-7B, greedy, A100: mean accepted tokens per round (prompt lookup = ngram)
+SPEC_BENCH = {"eagle": 3.57, "medusa": 2.32, "draft_model": 2.29, "ngram": 1.74}
+LABELS = {"none": "plain decoding", "ngram": "n-gram lookup", "draft_model": "draft model", "medusa": "Medusa",
+          "eagle": "EAGLE"}
+
+
+def methods_for(engine: InferenceEngine, target) -> list[str]:
+    heads = engine.registry.heads_for(target)
+    return (["ngram"] + (["draft_model"] if engine.registry.draft_for(target) is not None else [])
+            + [m for m in ("medusa", "eagle") if m in heads])
+
+
+def mean_forward_ms(summary_times: dict, n: int) -> float | None:
+    v = summary_times.get(n) or []
+    return sum(v) / len(v) if v else None
+
+
+def h100_speedup(engine: InferenceEngine, target, method: str, alpha: float, gamma: int, context: int) -> float | None:
+    """A draft head's measured acceptance on an H100's roofline (parameters in bf16, KV of one layer for EAGLE)."""
+    head = engine.registry.heads_for(target).get(method)
+    if head is None:
+        return None
+    cfg = target.cfg
+    kv_layer = 2 * cfg.num_key_value_heads * cfg.head_dim * 2
+    return projected_speedup(ACCELERATORS["H100-SXM"], min(alpha, 0.999), gamma, target.model.num_parameters,
+                             head.num_parameters + len(head.subset) * cfg.hidden_size,
+                             kv_layer * cfg.num_hidden_layers, kv_layer if method == "eagle" else 0,
+                             context)["speedup"]
+
+
+def shootout(engine: InferenceEngine, prompt: str, settings: dict) -> dict:
+    s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
+    target = engine.registry.get(s["model"])
+    gamma = s["num_speculative_tokens"]
+    runs = {"none": trace(engine, prompt, {**s, "method": "none"}, with_times=True)}
+    for m in methods_for(engine, target):
+        runs[m] = trace(engine, prompt, {**s, "method": m}, with_times=True)
+    plain = runs["none"]
+    t1 = mean_forward_ms(plain["forward_ms"], 1)
+    rows = []
+    for m, r in runs.items():
+        sm = r["summary"] or {}
+        row = {"method": m, "label": LABELS[m], "error": r["error"], "spec_bench": SPEC_BENCH.get(m),
+               "identical": r["emitted_ids"] == plain["emitted_ids"],
+               "measured": (plain["elapsed_ms"] / plain["num_output_tokens"]) / (r["elapsed_ms"] / r["num_output_tokens"])
+               if r["num_output_tokens"] and plain["num_output_tokens"] and r["elapsed_ms"] else None}
+        drafts = sm.get("num_drafts") or 0
+        if m != "none" and drafts and t1:
+            k = max(len(sm["accepted_per_position"]), 1)
+            L = sm["mean_acceptance_length"]
+            c = sm["draft_time_s"] * 1e3 / sm["num_draft_tokens"] / t1           # per draft token
+            verify = mean_forward_ms(r["forward_ms"], gamma + 1) or mean_forward_ms(r["forward_ms"], k + 1)
+            v = verify / t1 if verify else None
+            rejected = drafts - sum(1 for t in sm["tokens"] if t["status"] == "bonus")
+            acc = sm["num_accepted_tokens"]
+            alpha = acc / (acc + rejected) if acc + rejected else 0.0
+            row.update(mean_acceptance_length=L, per_position=[a / drafts for a in sm["accepted_per_position"]],
+                       c=c, verify_ratio=v, alpha=alpha, predicted=L / (gamma * c + v) if v else None,
+                       h100=h100_speedup(engine, target, m, alpha, gamma, len(r["emitted_ids"]) + 64))
+        rows.append(row)
+    return {"settings": s, "model": target.name, "gamma": gamma, "t1_ms": t1, "rows": rows,
+            "text": plain["summary"]["text"] if plain["summary"] else ""}

@@ -1,0 +1,99 @@
+"""`decoding-playground train-heads TARGET {data,train,export}`: EAGLE and Medusa heads for a target.
+
+    data    the target's own answers to chat prompts with its hidden states (a chat model such as
+            smollm2-135m), or windows of the training corpus (our character models); resumable
+    train   both heads on that data, resumable from the state folder (run it in the background)
+    export  float16 safetensors into models/heads/TARGET/ (what the engine loads); the model card
+            (README.md there) is written by `decoding-playground bench heads --card`, which measures it
+
+Data and training state live outside the repository: $DECODING_PLAYGROUND_CACHE/heads/TARGET/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+
+def heads_cache(target: str) -> Path:
+    from ..fetched import cache_dir
+    return cache_dir() / "heads" / target
+
+
+def corpus_data(folder: Path, lm, windows: int = 384, length: int = 256, log=print) -> None:
+    """A character model's hidden states over fixed windows of its training corpus (teacher forcing)."""
+    from ..model import forward
+    from .corpus import load_corpus
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "feats").mkdir(exist_ok=True)
+    if (folder / "conversations.jsonl").is_file():
+        log("data exists")
+        return
+    train, _, _, _ = load_corpus()
+    starts = np.random.default_rng(0).integers(0, len(train) - length, windows)
+    lines = []
+    for i, s in enumerate(starts):
+        ids = train[s:s + length].astype(np.int64)
+        _, hidden = forward(lm.model, ids[:-1], 0, None, with_hidden=True)
+        np.save(folder / "feats" / f"{i:05d}.npy", hidden.astype(np.float16))
+        lines.append(json.dumps({"index": i, "prompt": f"corpus[{s}:{s + length}]", "kind": "corpus",
+                                 "ids": ids.tolist(), "n_prompt": 1}))
+    (folder / "conversations.jsonl").write_text("\n".join(lines) + "\n")
+    log(f"{windows} windows of {length} characters")
+
+
+def _trainer(args, log):
+    from ..checkpoint import load_checkpoint
+    from ..registry import ModelRegistry
+    from .head_train import HeadTrainConfig, HeadTrainer
+    lm = ModelRegistry.from_dir().models[args.target]
+    cfg, w, _ = load_checkpoint(lm.path, with_tokenizer=False)
+    out_embed = w["model.embed_tokens.weight"] if cfg.tie_word_embeddings else w["lm_head.weight"]
+    known = {f.name for f in fields(HeadTrainConfig)}
+    tc = HeadTrainConfig(**{k: v for k, v in json.loads(args.config or "{}").items() if k in known})
+    folder = Path(args.folder or heads_cache(args.target))
+    return HeadTrainer(tc, cfg, w["model.embed_tokens.weight"], out_embed, w["model.norm.weight"], folder / "data",
+                       folder / "state", log=log)
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.time()
+
+    def log(msg):
+        print(f"[{time.time() - t0:7.0f}s] {msg}", flush=True)
+    folder = Path(args.folder or heads_cache(args.target))
+    if args.stage == "data":
+        from ..registry import ModelRegistry
+        lm = ModelRegistry.from_dir().get(args.target)
+        if lm.tokenizer.chat_template is not None:
+            from .head_data import build
+            build(folder / "data", lm, log=log)
+        else:
+            corpus_data(folder / "data", lm, log=log)
+    elif args.stage == "train":
+        _trainer(args, log).run()
+    else:
+        from ..heads import HEADS_DIR
+        trainer = _trainer(args, log)
+        out = Path(args.out or HEADS_DIR / args.target)
+        info = trainer.export(out, args.vocab_subset)
+        (out / "training.json").write_text(json.dumps({**info, "history": trainer.history[-20:]}, indent=1))
+        log(f"wrote {out}: {info}")
+    return 0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("train-heads", help="train EAGLE and Medusa draft heads for a target (numpy)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", help="a target model name (decoding-playground models)")
+    p.add_argument("stage", choices=("data", "train", "export"))
+    p.add_argument("--folder", help="data and state folder (default: the cache's heads/TARGET)")
+    p.add_argument("--config", help='training settings as JSON, e.g. \'{"steps": 3000, "vocab_subset": 8192}\'')
+    p.add_argument("--out", help="export folder (default models/heads/TARGET)")
+    p.add_argument("--vocab-subset", type=int, help="export: the size of the heads' vocabulary subset (FR-Spec)")
+    p.set_defaults(func=run)
+    return p

@@ -1,0 +1,95 @@
+"""Self-distillation data for draft heads: a target's own greedy answers to chat prompts, with the
+target's last hidden state at every position, written resumably to a folder outside the repository.
+
+    folder/conversations.jsonl   one line per conversation: prompt, kind, ids (prompt + answer), n_prompt
+    folder/feats/NNNNN.npy       float16 [len(ids) - 1, C]: hidden state (engine.model.forward's
+                                 with_hidden, x / |x|) after each token but the last
+
+Answers are generated in batches of sequences decoding together (engine.model.forward_batch), the
+hidden states taken from the same forwards. A batch is written when it is complete; a rerun skips the
+prompts already answered.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..kv_cache import KVCacheManager
+from ..model import forward, forward_batch
+from .head_prompts import summary_prompt, train_prompts
+
+
+def answered(folder: Path) -> list[dict]:
+    f = folder / "conversations.jsonl"
+    return [json.loads(line) for line in f.read_text().splitlines()] if f.is_file() else []
+
+
+def generate_batch(lm, prompts: list[str], max_new: int, block_size: int = 16):
+    """Greedy answers for `prompts` decoded together -> [(ids, n_prompt, hidden [len(ids) - 1, C])]."""
+    model, tok, cfg = lm.model, lm.tokenizer, lm.cfg
+    eos = cfg.eos_token_id
+    ids = [tok.encode(tok.chat_template.prompt(p)) for p in prompts]
+    blocks = sum(-(-(len(x) + max_new + 1) // block_size) for x in ids) + len(ids)
+    mgr = KVCacheManager(cfg, blocks, block_size, enable_prefix_caching=False, name="head-data")
+    seqs = [mgr.new_sequence() for _ in ids]
+    hidden = []
+    for x, seq in zip(ids, seqs):
+        logits, h = forward(model, np.asarray(x), 0, mgr.append_slots(seq, x), last_only=True, with_hidden=True)
+        hidden.append([h])
+        x.append(int(np.argmax(logits[-1])))
+    n_prompt = [len(x) - 1 for x in ids]
+    active = [i for i in range(len(ids)) if ids[i][-1] != eos]
+    while active:
+        reqs = [([ids[i][-1]], len(ids[i]) - 1, mgr.append_slots(seqs[i], [ids[i][-1]])) for i in active]
+        out = forward_batch(model, reqs, with_hidden=True)
+        still = []
+        for i, (logits, h) in zip(active, out):
+            hidden[i].append(h)
+            ids[i].append(int(np.argmax(logits[-1])))
+            if ids[i][-1] != eos and len(ids[i]) - n_prompt[i] < max_new:
+                still.append(i)
+        active = still
+    return [(x, n, np.concatenate(h).astype(np.float16)) for x, n, h in zip(ids, n_prompt, hidden)]
+
+
+def write_conversations(folder: Path, prompts: list[str], kind: str, lm, max_new: int, batch: int, log) -> None:
+    done = {c["prompt"] for c in answered(folder)}
+    todo = [p for p in prompts if p not in done]
+    (folder / "feats").mkdir(parents=True, exist_ok=True)
+    n_done = len(done)
+    for b in range(0, len(todo), batch):
+        t = time.time()
+        results = generate_batch(lm, todo[b:b + batch], max_new)
+        lines = []
+        for p, (ids, n_prompt, h) in zip(todo[b:b + batch], results):
+            np.save(folder / "feats" / f"{n_done:05d}.npy", h)
+            lines.append(json.dumps({"index": n_done, "prompt": p, "kind": kind, "ids": ids, "n_prompt": n_prompt}))
+            n_done += 1
+        with open(folder / "conversations.jsonl", "a") as f:
+            f.write("\n".join(lines) + "\n")
+        n_tok = sum(len(r[0]) - r[1] for r in results)
+        log(f"{kind}: {min(b + batch, len(todo))}/{len(todo)} prompts, {n_tok} answer tokens in {time.time() - t:.1f} s")
+
+
+def summary_prompts(conversations: list[dict], tokenizer, n: int) -> list[str]:
+    """Summaries of the model's own longer answers (paragraphs and explanations)."""
+    texts = [tokenizer.decode(c["ids"][c["n_prompt"] + 1:]).replace("<|im_end|>", "")
+             for c in conversations if c["kind"] == "open" and len(c["ids"]) - c["n_prompt"] > 80
+             and not c["prompt"].startswith("Write a Python")]
+    return [summary_prompt(t) for t in texts[:n]]
+
+
+def build(folder: str | Path, lm, batch: int = 32, max_new: int = 160, n_open: int = 576, n_summaries: int = 192,
+          log=print) -> None:
+    """`n_open` of the training prompts (a fixed shuffle, so every kind is in), then `n_summaries` summaries."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    prompts = train_prompts()
+    prompts = [prompts[i] for i in np.random.default_rng(0).permutation(len(prompts))[:n_open]]
+    write_conversations(folder, prompts, "open", lm, max_new, batch, log)
+    convs = answered(folder)
+    write_conversations(folder, summary_prompts(convs, lm.tokenizer, n_summaries), "summary", lm, 96, batch, log)
+    log("done")

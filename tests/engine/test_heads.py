@@ -1,0 +1,186 @@
+"""Draft heads (eagle, medusa): greedy output equals plain greedy, sampled output keeps p with a head whose q
+covers only a subset of the vocabulary, and the head's pool leaks no blocks. Heads here have random
+weights (they propose poorly, so every status occurs); the shipped heads are tested in tests/smollm2."""
+import numpy as np
+import pytest
+
+from engine.heads import EagleHead, FeatureLog, MedusaHead, draft_from
+from engine.model import forward
+from engine.sampling import probs_from_logits, sample
+from engine.session import GenerationSession
+from engine.settings import SettingsError
+from engine.speculative import first_token_distribution, verify
+from engine.training import heads as head_math
+
+PROMPTS = ["def add(a, b):\n    return a", "class point:\n    def ", "x = (a, b)\nfor i in x:\n    "]
+
+
+def random_heads(lm, subset_size=20, seed=0):
+    rng = np.random.default_rng(seed)
+    cfg, c = lm.cfg, lm.cfg.hidden_size
+    subset = np.sort(rng.choice(cfg.vocab_size, subset_size, replace=False))
+    eagle_cfg = head_math.eagle_config(cfg, subset_size)
+    eagle = head_math.init_eagle(eagle_cfg, rng)
+    eagle["fc.weight"] = rng.standard_normal((c, 2 * c)).astype(np.float32) / np.sqrt(c)
+    medusa = {k: rng.standard_normal((c, c)).astype(np.float32) for k in head_math.init_medusa(c, 3)}
+    norm_w = np.abs(rng.standard_normal(c)).astype(np.float32) + 0.5
+    target = {"embed": lm.model.embed, "head": lm.model.embed, "norm": norm_w}
+    return {"eagle": EagleHead(lm.name, cfg, target, {**eagle, "vocab_subset": subset}),
+            "medusa": MedusaHead(lm.name, cfg, target, {**medusa, "vocab_subset": subset})}
+
+
+@pytest.fixture
+def engine(family):
+    eng = family()
+    lm = eng.registry.get("t-mha")
+    eng.registry.set_heads("t-mha", random_heads(lm))
+    return eng
+
+
+def run(engine, prompt=PROMPTS[0], **settings):
+    s = GenerationSession(engine, prompt, {"model": "t-mha", **settings})
+    events = list(s.events())
+    assert events[-1].type == "done", events[-1]
+    return events, events[-1].summary
+
+
+def no_blocks_used(engine):
+    return all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
+
+
+@pytest.mark.parametrize("method,gamma", [("eagle", 1), ("eagle", 3), ("eagle", 6), ("medusa", 2), ("medusa", 3)])
+def test_greedy_with_a_head_equals_plain_greedy(engine, method, gamma):
+    for prompt in PROMPTS:
+        _, plain = run(engine, prompt, method="none", max_tokens=60)
+        events, spec = run(engine, prompt, method=method, num_speculative_tokens=gamma, max_tokens=60)
+        assert spec["text"] == plain["text"]
+        assert spec["num_drafts"] > 0
+        statuses = {e.status for e in events if e.type == "token"}
+        assert {"rejected", "resampled"} <= statuses
+    assert no_blocks_used(engine)
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_gamma_and_method_changed_mid_run_keep_greedy_output(engine, method):
+    _, plain = run(engine, method="none", max_tokens=80)
+    s = GenerationSession(engine, PROMPTS[0], {"model": "t-mha", "method": "none", "max_tokens": 80})
+    rounds, sizes = 0, []
+    for e in s.events():
+        if e.type == "round":
+            rounds += 1
+            sizes.append(e.num_draft_tokens)
+            if rounds == 3:     # the head starts mid-run, on the features recorded since the prompt
+                s.update_settings({"method": method, "num_speculative_tokens": 1})
+            if rounds == 8:
+                s.update_settings({"num_speculative_tokens": 3})
+        if e.type == "done":
+            summary = e.summary
+    assert summary["text"] == plain["text"]
+    assert sizes[:3] == [0, 0, 0] and 1 in sizes and 3 in sizes
+
+
+def test_medusa_drafts_at_most_one_token_per_head(engine):
+    events, _ = run(engine, method="medusa", num_speculative_tokens=8, max_tokens=30)
+    assert max(e.num_draft_tokens for e in events if e.type == "round") == 3
+
+
+def test_eagle_pool_is_its_own_and_is_rolled_back(engine):
+    s = GenerationSession(engine, PROMPTS[1], {"model": "t-mha", "method": "eagle", "num_speculative_tokens": 4,
+                                               "max_tokens": 40})
+    for e in s.events():
+        if e.type == "kv_blocks":
+            roles = {p["role"]: p for p in e.pools}
+            assert roles["eagle"]["name"] == "eagle:t-mha-eagle"
+            # after a round the head holds one entry per position with a real feature: tokens - 1
+            assert s.proposer.runner.num_tokens == len(s.tokens) - 1 - s.proposer.start
+    assert no_blocks_used(engine)
+
+
+def test_no_leaked_blocks_after_rejections_stops_errors_and_disconnects(family):
+    eng = family(eos_token_id=3)
+    eng.registry.set_heads("t-mha", random_heads(eng.registry.get("t-mha")))
+    run(eng, method="eagle", temperature=1.0, max_tokens=200)                  # stops at EOS or length
+    s = GenerationSession(eng, PROMPTS[0], {"model": "t-mha", "method": "eagle", "temperature": 1.0,
+                                            "max_tokens": 200})
+    gen = s.events()
+    for _ in range(9):
+        next(gen)
+    assert not no_blocks_used(eng)
+    gen.close()                                                                 # the client went away
+    assert no_blocks_used(eng)
+    small = family(blocks_per_pool=3)
+    small.registry.set_heads("t-mha", random_heads(small.registry.get("t-mha")))
+    events = list(GenerationSession(small, PROMPTS[0] * 4, {"model": "t-mha", "method": "eagle"}).events())
+    assert events[-1].type == "error" and "exhausted" in events[-1].message
+    assert no_blocks_used(small)
+
+
+def test_a_model_without_heads_refuses_them_clearly(engine):
+    with pytest.raises(SettingsError, match="t-gqa has no eagle head"):
+        GenerationSession(engine, "x", {"model": "t-gqa", "method": "eagle"})
+
+
+def head_q_and_p(engine, temperature=1.0):
+    """The target's p and a head's q (zero outside its subset) for the same position of a real context."""
+    lm = engine.registry.get("t-mha")
+    head = engine.registry.heads_for(lm)["medusa"]
+    ids = np.array(lm.tokenizer.encode(PROMPTS[2]))
+    logits, hidden = forward(lm.model, ids, 0, None, with_hidden=True)
+    p = probs_from_logits(logits[-1].astype(np.float64), temperature, 1.0)
+    _, q, _ = draft_from(head.logits(hidden[-2])[0], head, temperature, 1.0, np.random.default_rng(0))
+    return p, q.astype(np.float64), head.subset
+
+
+def test_exact_distribution_with_a_subset_head_equals_p(engine):
+    p, q, subset = head_q_and_p(engine)
+    outside = np.setdiff1d(np.arange(len(p)), subset)
+    assert q[outside].max() == 0 and p[outside].sum() > 0.05           # the residual must cover these tokens
+    assert np.abs(first_token_distribution(p, q) - p).max() <= 1e-12
+
+
+def test_rejection_sampler_with_a_subset_head_200k_samples_matches_p(engine):
+    """Tolerance: the TVD of the verified samples from p may be at most 3x that of 200,000 direct samples
+    from p (or 0.003), with the same seed; the acceptance rate must match sum(min(p, q)) to +-0.005."""
+    p, q, _ = head_q_and_p(engine)
+    rng = np.random.default_rng(42)
+    n, counts, accepted = 200_000, np.zeros(len(p)), 0
+    p2 = np.stack([p, p])
+    for _ in range(n):
+        x = sample(q, rng)
+        verdicts, _ = verify([x], q[None], p2, rng)
+        counts[verdicts[0].token_id if verdicts[0].status == "accepted" else verdicts[1].token_id] += 1
+        accepted += verdicts[0].status == "accepted"
+    tvd = 0.5 * np.abs(counts / n - p).sum()
+    direct = np.bincount([sample(p, rng) for _ in range(n)], minlength=len(p)) / n
+    assert tvd <= 3 * max(0.5 * np.abs(direct - p).sum(), 0.003)
+    assert abs(accepted / n - np.minimum(p, q).sum()) <= 0.005
+
+
+def test_sampled_generation_with_a_head_is_reproducible(engine):
+    a = run(engine, method="eagle", temperature=0.8, seed=7, max_tokens=40)[1]["text"]
+    b = run(engine, method="eagle", temperature=0.8, seed=7, max_tokens=40)[1]["text"]
+    assert a == b
+
+
+def test_feature_log_grows_and_keeps_rows():
+    log = FeatureLog(4)
+
+    class R:
+        hidden_p0, hidden = 250, np.ones((10, 4), np.float32)
+    log.record(R)
+    assert len(log.rows) >= 260 and log.start == 250 and log.rows[259].sum() == 4
+
+
+def test_top_rows_of_a_subset_head_match_a_full_sort_and_stay_cheap():
+    """A head's q is 0 outside its subset; its top-5 (the inspector's) must equal a full sort's, rows of p too."""
+    from engine.sampling import softmax, top_k_rows
+    rng = np.random.default_rng(3)
+    logits = np.full((3, 5000), -np.inf)
+    logits[:, rng.choice(5000, 300, replace=False)] = rng.standard_normal((3, 300))
+    rows = softmax(np.concatenate([rng.standard_normal((2, 5000)), logits]))
+    for row, top in zip(rows, top_k_rows(rows)):
+        assert [t for t, _ in top] == np.argsort(-row, kind="stable")[:5].tolist()
+        assert [p for _, p in top] == row[np.argsort(-row, kind="stable")[:5]].tolist()
+    few = np.zeros((1, 5000))
+    few[0, [7, 9]] = [0.4, 0.6]                      # fewer nonzero entries than k: zeros fill the rest
+    assert [t for t, _ in top_k_rows(few)[0][:2]] == [9, 7]

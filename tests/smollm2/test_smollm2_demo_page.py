@@ -1,0 +1,25 @@
+"""With SmolLM2 fetched (and its heads shipped), the page opens on SmolLM2 + chat template + EAGLE."""
+import re
+
+from fastapi.testclient import TestClient
+
+from app.config import AppConfig
+from app.main import create_app
+
+
+def selected(html: str, select_id: str) -> str:
+    body = re.search(rf'<select id="{select_id}"[^>]*>(.*?)</select>', html, re.S).group(1)
+    return re.search(r'<option value="([^"]*)" selected', body).group(1)
+
+
+def test_the_page_opens_on_smollm2_with_eagle_and_offers_heads_where_they_exist(smollm2_dir, models_dir):
+    with TestClient(create_app(AppConfig(models_dir=models_dir))) as client:
+        html = client.get("/").text
+        assert selected(html, "f-model") == "smollm2-135m" and selected(html, "f-method") == "eagle"
+        assert re.search(r'id="f-chat"[^>]*checked', html)
+        method = re.search(r'<select id="f-method".*?</select>', html, re.S).group(0)
+        assert '<option value="medusa"' in method and 'value="draft_model" disabled' in method   # no draft model
+        html = client.get("/?model=target-gqa").text            # no heads trained for the GQA variant
+        assert 'value="eagle" disabled' in html
+    with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character"))) as client:
+        assert selected(client.get("/").text, "f-method") == "draft_model"
