@@ -23,7 +23,7 @@ from typing import AsyncIterator
 import httpx
 
 from .events import Done, Error, Event, Metrics, Prefill, RoundDone, SettingsApplied, Started, TokenResult
-from .settings import GenerationSettings
+from .settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
 
 # Our settings that describe our engine's internals; a server has them fixed at its start-up.
 SERVER_SETTINGS = ("method", "num_speculative_tokens", "num_speculative_tokens_schedule", "prompt_lookup_min",
@@ -62,6 +62,16 @@ class ExternalEngine:
 
 class EngineFault(Exception):
     """The server's answer cannot be used (HTTP error, not SSE, malformed event, too large, too slow)."""
+
+
+def validated(prompt: str | None, settings: dict) -> GenerationSettings:
+    """The settings of a generation on an external engine (its name in "model" is the caller's business);
+    the same bounds as our own generations (SettingsError)."""
+    if not prompt:
+        raise SettingsError("prompt", "must not be empty")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise SettingsError("prompt", f"at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
+    return GenerationSettings.parse({k: v for k, v in settings.items() if k != "model"})
 
 
 def chat_request(engine: ExternalEngine, prompt: str, s: GenerationSettings) -> dict:
@@ -154,7 +164,7 @@ async def stream_chat(engine: ExternalEngine, prompt: str, settings: dict,
     """One chat generation on `engine`, as our events: Started, a SettingsApplied note for settings that
     cannot apply, per received chunk its tokens (status "target"), a RoundDone and Metrics, then Done or
     Error. Errors of the server or the network are an `Error` event, never an exception."""
-    s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "model"})
+    s = validated(prompt, settings)
     limits = engine.limits
     session_id = uuid.uuid4().hex[:12]
     yield Started(session_id, {**s.model_dump(), "model": engine.name}, engine.describe(), None, [])
