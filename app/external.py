@@ -133,7 +133,7 @@ async def run_external(session: ExternalSession, link: ExternalLink, deliver) ->
     finish_reason "cancelled", with the figures of what was delivered."""
     pending: list = []
     texts: list[str] = []
-    figures: dict = {}
+    figures: dict = {"num_output_tokens": 0, "elapsed_s": 0.0}
     last_round_at = -1e9
     with session.scope:
         async with aclosing(stream_chat(session.engine, session.prompt, session.settings)) as events:

@@ -324,6 +324,9 @@ class HtmlView:
         elif item.type == "settings_queued":
             text = ", ".join(setting_text(k, v) for k, v in d["changes"].items())
             frame.append("notes", m.note("settings_queued", f"{text}: queued, applies at the next round"))
+        elif item.type == "model_options" and d["model"] in self.playground.external:
+            frame.append("notes", m.note("model", f"{d['model']}: an external engine; KV cache dtype, KV heads, "
+                                                  "block size and drafter are set by the server at start-up"))
         elif item.type == "model_options":
             opts = model_options(self.playground.registry, d["model"])
             value = d["num_kv_heads"] if d["num_kv_heads"] in {v["value"] for v in opts["variants"]} else ""
@@ -382,8 +385,13 @@ class HtmlView:
         frame.replace["error"] = m.error(None)
         frame.metrics = {}
         md = e.model
-        info = (f"{md['name']}: {layers(md)} × width {md['hidden_size']}, "
-                f"{md['num_attention_heads']} query heads, {md['num_key_value_heads']} KV heads ({md['attention']})")
+        if md.get("external"):                # a server the operator configured (app/external.py)
+            threads = f", {md['threads']} thread(s)" if md.get("threads") else ""
+            info = (f"{md['name']}: an external engine ({md['engine']}{threads}); its KV cache dtype, KV heads, "
+                    "block map and drafter are set by the server at start-up")
+        else:
+            info = (f"{md['name']}: {layers(md)} × width {md['hidden_size']}, {md['num_attention_heads']} query "
+                    f"heads, {md['num_key_value_heads']} KV heads ({md['attention']})")
         if e.draft_model and e.settings["method"] == "draft_model":
             dm = e.draft_model
             info += f" · draft model ({dm['name']}): {layers(dm)} × width {dm['hidden_size']}"
@@ -448,6 +456,10 @@ class HtmlView:
     def _on_settings_applied(self, e, frame: Frame, run_id: int) -> None:
         m = macros()
         round_ = self.status["round"] + 1
+        if not e.changes:                     # settings an external engine cannot take: one line each
+            for note in e.notes:
+                frame.append("notes", m.note("settings_applied", note, round_))
+            return
         text = ", ".join(setting_text(k, v) for k, v in e.changes.items())
         if "method" in e.changes:
             self.status["gamma"] = None if e.changes["method"] == "none" else self.status["gamma"]
@@ -466,7 +478,10 @@ class HtmlView:
         if s.get("acceptance_rate") is not None:
             parts.append(f"acceptance rate {s['acceptance_rate']:.2f}, mean acceptance length "
                          f"{s['mean_acceptance_length']:.2f}")
-        parts.append(f"{s['target_forward_calls']} target forwards")
+        if s.get("target_forward_calls") is not None:
+            parts.append(f"{s['target_forward_calls']} target forwards")
+        if s.get("engine_tokens_per_s"):
+            parts.append(f"{s['engine_tokens_per_s']:.0f} tokens/s by the engine's own clock")
         title = {"length": "Done: max tokens.", "stop": "Done: end of text.", "cancelled": "Stopped.",
                  "context": "Done: context full."}.get(s.get("finish_reason"), "Done.")
         frame.replace["summary"] = macros().summary({"title": title, "text": " · ".join(parts)})

@@ -86,8 +86,9 @@ def chat_request(engine: ExternalEngine, prompt: str, s: GenerationSettings) -> 
 
 
 def inapplicable_notes(engine: ExternalEngine, sent: dict) -> list[str]:
-    """One line for every setting the client sent that this server cannot take per request."""
-    return [f"{k}: set by the server at start-up ({engine.name}); not applied" for k in sent if k in SERVER_SETTINGS]
+    """One line naming the settings the client sent that this server cannot take per request."""
+    names = [k for k in sent if k in SERVER_SETTINGS]
+    return [f"set by the server at start-up ({engine.name}), not applied: {', '.join(names)}"] if names else []
 
 
 async def sse_events(response: httpx.Response, limits: StreamLimits, deadline: float) -> AsyncIterator[str]:

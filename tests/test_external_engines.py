@@ -3,13 +3,15 @@ SmolLM2 GGUF), hostile OpenAI-compatible servers on loopback (tests/hostile_engi
 client message makes the server connect to a URL the operator did not configure."""
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import time
 import urllib.request
 
 import pytest
 from hostile_engine import HostileEngine
-from test_ws_api import connect, get_json, run
+from test_ws_api import connect, get_json, run, ws_url
 
 from engine.llamacpp_server import LABEL, gguf_path, unavailable_reason
 
@@ -81,8 +83,7 @@ def test_settings_an_external_engine_cannot_take_are_named(server):
             await c.send(type="start", prompt="Hi",
                          settings={"model": "hostile ok", "num_kv_heads": 1, "method": "ngram"})
             note = await c.until("settings_applied", timeout=10)
-            assert note["notes"] == ["num_kv_heads: set by the server at start-up (hostile ok); not applied",
-                                     "method: set by the server at start-up (hostile ok); not applied"]
+            assert note["notes"] == ["set by the server at start-up (hostile ok), not applied: num_kv_heads, method"]
             await c.until("done", timeout=10)
     run(scenario())
 
@@ -160,3 +161,25 @@ def test_stop_closes_an_external_stream_at_once(server):
             assert done["summary"]["text"] == "Hi"
             assert time.monotonic() - t0 < 1.0            # well before the engine's 3 s total timeout
     run(scenario())
+
+
+def test_the_page_view_streams_an_external_engine_and_names_what_it_cannot_apply(server):
+    import websockets
+    from test_ws_html import Fragments, form
+
+    async def scenario():
+        texts = []
+        async with websockets.connect(ws_url(server, "/ws"), open_timeout=10) as ws:
+            await asyncio.wait_for(ws.recv(), 10)
+            await ws.send(json.dumps(form(action="toggle", model="hostile ok", max_tokens="8")))
+            while "Done: end of text." not in "".join(texts[-2:]):
+                texts.append(await asyncio.wait_for(ws.recv(), 10))
+                await ws.send(json.dumps({"ack": len(texts) + 1}))
+        return texts
+    texts = run(scenario())
+    html = "".join(texts)
+    statuses = {a["data-token-status"] for t in texts for _, a in Fragments(t).all if "data-token-status" in a}
+    assert statuses == {"target"}
+    assert "hostile ok: an external engine (openai)" in html
+    assert "set by the server at start-up (hostile ok), not applied: method, num_speculative_tokens" in html
+    assert ">Hello<" in html
