@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import anyio
 
 from engine.events import Done
-from engine.llamacpp_server import EmbeddedLlamaCpp, gguf_path, unavailable_reason
+from engine.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
 from engine.openai_stream import ExternalEngine, StreamLimits, stream_chat, validated
 
 logger = logging.getLogger(__name__)
@@ -46,20 +46,25 @@ def configured_engines(specs: tuple[dict, ...], env=None) -> list[ExternalEngine
     return engines
 
 
-def start_embedded_llamacpp(threads: int) -> EmbeddedLlamaCpp | None:
+def start_embedded_llamacpp(threads: int) -> list[EmbeddedLlamaCpp]:
+    """llama.cpp on the fetched GGUF, plain and with its n-gram speculation (two servers, `threads` each);
+    none, with the reason logged, where the wheel or the file is missing or it fails to start."""
     path = gguf_path()
     reason = unavailable_reason(path)
     if reason:
         logger.warning("llama.cpp not offered: %s", reason)
-        return None
-    try:
-        server = EmbeddedLlamaCpp.start(path, threads=threads)
-    except Exception as e:  # noqa: BLE001 - the rest of the playground serves without it
-        logger.error("llama.cpp could not start on %s: %s: %s", path, type(e).__name__, e)
-        return None
-    logger.warning("llama.cpp serving %s on %s with %d thread(s) (loopback only, API key per process)",
-                   path.name, server.engine.base_url, threads)
-    return server
+        return []
+    servers = []
+    for ngram in (None, NGRAM):
+        try:
+            server = EmbeddedLlamaCpp.start(path, threads=threads, ngram=ngram)
+        except Exception as e:  # noqa: BLE001 - the rest of the playground serves without it
+            logger.error("llama.cpp could not start on %s: %s: %s", path, type(e).__name__, e)
+            continue
+        logger.warning("%s: %s on %s with %d thread(s) (loopback only, API key per process)",
+                       server.engine.name, path.name, server.engine.base_url, threads)
+        servers.append(server)
+    return servers
 
 
 @dataclass

@@ -476,8 +476,9 @@ class HtmlView:
         if s.get("tokens_per_s"):
             parts.append(f"{s['tokens_per_s']:.0f} tokens/s")
         if s.get("acceptance_rate") is not None:
-            parts.append(f"acceptance rate {s['acceptance_rate']:.2f}, mean acceptance length "
-                         f"{s['mean_acceptance_length']:.2f}")
+            parts.append(f"acceptance rate {s['acceptance_rate']:.2f}" + (
+                f", mean acceptance length {s['mean_acceptance_length']:.2f}"
+                if s.get("mean_acceptance_length") is not None else ""))
         if s.get("target_forward_calls") is not None:
             parts.append(f"{s['target_forward_calls']} target forwards")
         if s.get("engine_tokens_per_s"):

@@ -38,7 +38,7 @@ class Playground:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     rooms: Rooms | None = None
     external: dict = field(default_factory=dict)   # name -> ExternalEngine (app/external.py)
-    llamacpp: object = None                        # the embedded llama.cpp server, if it runs
+    llamacpp: list = field(default_factory=list)   # the embedded llama.cpp servers that run
 
     def __post_init__(self):
         if self.admission is None:
@@ -62,8 +62,7 @@ class Playground:
             if self.config.embedded_llamacpp:
                 self.llamacpp = await asyncio.get_running_loop().run_in_executor(
                     None, start_embedded_llamacpp, self.config.llamacpp_threads)
-                if self.llamacpp is not None:
-                    engines.insert(0, self.llamacpp.engine)
+                engines[:0] = [server.engine for server in self.llamacpp]
             self.external = {e.name: e for e in engines}
         if self.engine is not None and self.engine_thread is None:
             self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics)
@@ -74,9 +73,9 @@ class Playground:
     async def stop(self) -> None:
         if self.engine_thread is not None:
             await self.engine_thread.stop()
-        if self.llamacpp is not None:
-            self.llamacpp.close()
-            self.llamacpp = None
+        for server in self.llamacpp:
+            server.close()
+        self.llamacpp = []
 
     @property
     def sessions(self) -> int:

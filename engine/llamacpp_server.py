@@ -17,6 +17,8 @@ from pathlib import Path
 from .openai_stream import ExternalEngine
 
 LABEL = "llama.cpp · SmolLM2-135M Q4_1"
+NGRAM = (3, 4)          # llama.cpp's n-gram speculation: match the last 3 tokens, draft up to 4
+NGRAM_LABEL = f"{LABEL} · n-gram speculation ({NGRAM[0]}-gram, {NGRAM[1]} draft tokens)"
 
 
 def gguf_path(cache_dir: str | Path | None = None) -> Path:
@@ -44,7 +46,9 @@ class EmbeddedLlamaCpp:
 
     @classmethod
     def start(cls, path: Path, threads: int = 1, ctx_size: int = 4096, parallel: int = 2,
-              name: str = LABEL) -> "EmbeddedLlamaCpp":
+              ngram: tuple[int, int] | None = None) -> "EmbeddedLlamaCpp":
+        """llama.cpp on `path`; with `ngram` = (n, k) it speculates with its own n-gram lookup (ngram_simple):
+        the last n tokens are looked up earlier in the sequence and up to k following tokens drafted."""
         import xllamacpp as xl
 
         p = xl.CommonParams()
@@ -59,13 +63,19 @@ class EmbeddedLlamaCpp:
         key = secrets.token_urlsafe(24)
         p.api_keys = [key]
         p.ui = False
+        speculation = {}
+        if ngram is not None:
+            p.speculative.types = [xl.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
+            p.speculative.ngram_simple.size_n, p.speculative.ngram_simple.size_m = ngram
+            speculation = {"speculation": f"n-gram lookup: {ngram[0]}-gram, up to {ngram[1]} draft tokens"}
         server = xl.Server(p)
         address = server.listening_address       # http://127.0.0.1:PORT
         if not address.startswith("http://127.0.0.1:"):
             raise RuntimeError(f"llama.cpp listens on {address!r}, not on loopback")
-        engine = ExternalEngine(name, address + "/v1", None, address + "/metrics", key, "llamacpp",
+        engine = ExternalEngine(LABEL if ngram is None else NGRAM_LABEL, address + "/v1", None, address + "/metrics", key, "llamacpp",
                                 {"threads": threads, "file": path.name, "quantization": "Q4_1",
-                                 "bytes": path.stat().st_size, "parallel": parallel, "n_ctx": ctx_size})
+                                 "bytes": path.stat().st_size, "parallel": parallel, "n_ctx": ctx_size,
+                                 **speculation})
         return cls(server, engine)
 
     def close(self) -> None:

@@ -215,7 +215,7 @@ class _Received:
         self.timings: dict = {}
         self.usage: dict = {}
         self.engine_metrics: dict = {}
-        self.drafts = [0, 0, 0]          # rounds with a draft, draft tokens, accepted draft tokens
+        self.drafts = [0, 0]             # draft tokens, accepted draft tokens (llama.cpp's cumulative counts)
         self.prefill_sent = False
 
     def take(self, obj: dict) -> list[Event]:
@@ -248,7 +248,7 @@ class _Received:
                 texts.append(content)
             if isinstance(choice.get("finish_reason"), str):
                 self.finish_reason = choice["finish_reason"]
-        if not texts:
+        if not texts and drafted <= 0:        # a draft verified in a chunk without text still makes a round
             return events
         self.round += 1
         for i, text in enumerate(texts, 1):
@@ -257,9 +257,8 @@ class _Received:
         gap_ms = (now - (self.arrivals[-1] if self.arrivals else self.t0)) * 1e3
         self.arrivals += [now] * len(texts)
         if drafted > 0:
-            self.drafts[0] += 1
-            self.drafts[1] += int(drafted)
-            self.drafts[2] += int(accepted)
+            self.drafts[0] += int(drafted)
+            self.drafts[1] += int(accepted)
         events.append(RoundDone(self.round, int(max(drafted, 0)), int(max(accepted, 0)), len(texts),
                                 1 + int(max(drafted, 0)), 0.0, 0.0, gap_ms))
         events.append(Metrics(self.figures()))
@@ -270,15 +269,16 @@ class _Received:
         elapsed = (self.arrivals[-1] - self.t0) if n else 0.0
         ttft = (self.arrivals[0] - self.t0) if n else None
         itl = (self.arrivals[-1] - self.arrivals[0]) / (n - 1) * 1e3 if n > 1 else None
-        num_drafts, num_draft_tokens, num_accepted = self.drafts
+        num_draft_tokens, num_accepted = self.drafts
         t = self.timings
         return {
             "num_output_tokens": n, "elapsed_s": elapsed, "ttft_s": ttft,
             "ttft_ms": ttft * 1e3 if ttft is not None else None, "itl_ms": itl,
             "tokens_per_s": n / elapsed if elapsed else None,
-            "num_drafts": num_drafts, "num_draft_tokens": num_draft_tokens, "num_accepted_tokens": num_accepted,
+            # llama.cpp's counts arrive with the chunks; a chunk may cover more than one draft, so the number
+            # of drafts (and the mean acceptance length) is on its /metrics only
+            "num_draft_tokens": num_draft_tokens, "num_accepted_tokens": num_accepted,
             "acceptance_rate": num_accepted / num_draft_tokens if num_draft_tokens else None,
-            "mean_acceptance_length": 1 + num_accepted / num_drafts if num_drafts else None,
             # the engine's own clock, beside ours
             "engine_ttft_ms": _number(t, "prompt_ms"),
             "engine_itl_ms": _number(t, "predicted_per_token_ms"),

@@ -183,3 +183,23 @@ def test_the_page_view_streams_an_external_engine_and_names_what_it_cannot_apply
     assert "hostile ok: an external engine (openai)" in html
     assert "set by the server at start-up (hostile ok), not applied: method, num_speculative_tokens" in html
     assert ">Hello<" in html
+
+
+def test_llamacpp_ngram_speculation_reports_accepted_drafts_per_round(app, server, llamacpp):
+    from engine.llamacpp_server import NGRAM_LABEL
+    if NGRAM_LABEL not in app.state.playground.external:
+        pytest.fail(f"the app started llama.cpp but not its n-gram variant: {sorted(app.state.playground.external)}")
+    prompt = "Repeat exactly: the cat sat on the mat. the cat sat on the mat. the cat sat on the mat."
+
+    async def scenario():
+        async with connect(server) as c:
+            await c.send(type="start", prompt=prompt, settings={"model": NGRAM_LABEL, "max_tokens": 24})
+            done = await c.until("done", timeout=120)
+            return done, [m for m in c.seen if m["type"] == "round"]
+    done, rounds = run(scenario(), timeout=150)
+    s = done["summary"]
+    t = s["engine_timings"]
+    assert t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"], t
+    assert sum(r["num_draft_tokens"] for r in rounds) == t["draft_n"] == s["num_draft_tokens"]
+    assert sum(r["num_accepted"] for r in rounds) == t["draft_n_accepted"] == s["num_accepted_tokens"]
+    assert s["acceptance_rate"] == pytest.approx(t["draft_n_accepted"] / t["draft_n"])
