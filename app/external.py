@@ -15,14 +15,17 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 import anyio
+import httpx
 
 from engine.events import Done
 from engine.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
 from engine.openai_stream import ExternalEngine, StreamLimits, stream_chat, validated
+from engine.server_metrics import fetch_server_metrics
 
 logger = logging.getLogger(__name__)
 
 HOLD_POLL_S = 0.02                  # how often a held external run re-checks its gate
+METRICS_POLL_S = 1.0                # how often a running external run reads its engine's /metrics
 API_KEY_ENV = "DECODING_PLAYGROUND_OPENAI_API_KEY"
 
 
@@ -134,29 +137,51 @@ class ExternalLink:
 
 async def run_external(session: ExternalSession, link: ExternalLink, deliver) -> None:
     """Stream the generation; deliver each chunk's events (ending with metrics, done or error) as one batch.
+    While it runs, the engine's /metrics (if configured) are polled every METRICS_POLL_S and go with each
+    metrics event as `server_metrics`; `done` adds how much its counters moved during the run.
     A stop closes the HTTP stream at once (the server stops generating) and ends the run with `done`,
     finish_reason "cancelled", with the figures of what was delivered."""
+    engine = session.engine
     pending: list = []
     texts: list[str] = []
     figures: dict = {"num_output_tokens": 0, "elapsed_s": 0.0}
+    server: dict = {}
     last_round_at = -1e9
-    with session.scope:
-        async with aclosing(stream_chat(session.engine, session.prompt, session.settings)) as events:
-            async for event in events:
-                pending.append(event)
-                if event.type not in ("started", "metrics", "done", "error"):
-                    continue
-                if event.type == "metrics":
-                    await link.gate(deliver, last_round_at)
-                    last_round_at = anyio.current_time()
-                    figures = event.values
-                texts += [e.text for e in pending if e.type == "token"]
-                batch, pending = pending, []
-                link.rounds_sent += 1
-                deliver(batch)
+    async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as client:
+        before = await fetch_server_metrics(engine, client)
+
+        async def poll() -> None:
+            while True:
+                await anyio.sleep(METRICS_POLL_S)
+                server.update(await fetch_server_metrics(engine, client))
+
+        with session.scope:
+            async with anyio.create_task_group() as tg, aclosing(stream_chat(engine, session.prompt,
+                                                                             session.settings)) as events:
+                if before:
+                    tg.start_soon(poll)
+                async for event in events:
+                    pending.append(event)
+                    if event.type not in ("started", "metrics", "done", "error"):
+                        continue
+                    if event.type == "metrics":
+                        await link.gate(deliver, last_round_at)
+                        last_round_at = anyio.current_time()
+                        figures = event.values
+                        if server:
+                            event.values["server_metrics"] = dict(server)
+                    if event.type == "done" and before:
+                        after = await fetch_server_metrics(engine, client)
+                        event.summary["server_metrics"] = after
+                        event.summary["server_metrics_moved"] = {k: v - before[k] for k, v in after.items()
+                                                                 if k.endswith("_total") and k in before}
+                    texts += [e.text for e in pending if e.type == "token"]
+                    batch, pending = pending, []
+                    link.rounds_sent += 1
+                    deliver(batch)
+                tg.cancel_scope.cancel()
     if session.scope.cancel_called:
-        deliver([Done({**figures, "finish_reason": "cancelled", "text": "".join(texts),
-                       "model": session.engine.describe()})])
+        deliver([Done({**figures, "finish_reason": "cancelled", "text": "".join(texts), "model": engine.describe()})])
 
 
 async def start_external(conn, engine: ExternalEngine, prompt: str | None, settings: dict, paused: bool) -> None:

@@ -486,6 +486,9 @@ class HtmlView:
         title = {"length": "Done: max tokens.", "stop": "Done: end of text.", "cancelled": "Stopped.",
                  "context": "Done: context full."}.get(s.get("finish_reason"), "Done.")
         frame.replace["summary"] = macros().summary({"title": title, "text": " · ".join(parts)})
+        if s.get("server_metrics_moved"):      # an external engine's own /metrics, before and after this run
+            moved = ", ".join(f"{k} +{v:g}" for k, v in s["server_metrics_moved"].items() if v)
+            frame.append("notes", macros().note("server_metrics", f"the engine's /metrics during this run: {moved}"))
         frame.replace["run-recording"] = ""   # filled in once the recording is complete (render)
         frame.kv_snapshot = True          # the session's blocks are freed now: show it
 

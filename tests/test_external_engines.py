@@ -147,6 +147,7 @@ def test_llamacpp_chat_reaches_done_through_api_ws_and_its_metrics_move(app, ser
     assert "".join(t["text"] for t in tokens) == s["text"] and all(t["status"] == "target" for t in tokens)
     assert s["ttft_ms"] > 0 and s["tokens_per_s"] > 0 and s["engine_tokens_per_s"] > 0
     assert _predicted_total(engine) - before == 10
+    assert s["server_metrics_moved"]["llamacpp:tokens_predicted_total"] == 10     # as the page reports it
 
 
 def test_stop_closes_an_external_stream_at_once(server):

@@ -105,3 +105,21 @@ def test_llamacpp_streams_a_chat_and_its_metrics_move_by_the_tokens(llamacpp):
 def test_llamacpp_refuses_a_request_without_its_key(llamacpp):
     r = httpx.post(llamacpp.engine.base_url + "/chat/completions", json={"messages": []}, timeout=10)
     assert r.status_code == 401
+
+
+def test_server_metrics_of_vllm_and_llamacpp_are_read_and_summed_over_labels():
+    from engine.server_metrics import parse_prometheus
+    text = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.25
+vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-8B"} 96.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 30.0
+vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 12.0
+vllm:request_success_total{finished_reason="stop"} 3.0
+llamacpp:tokens_predicted_total 8
+llamacpp:requests_processing NaN
+not a metric line
+"""
+    assert parse_prometheus(text) == {"vllm:kv_cache_usage_perc": 0.25, "vllm:prefix_cache_hits_total": 96.0,
+                                      "vllm:spec_decode_num_accepted_tokens_total": 42.0,
+                                      "llamacpp:tokens_predicted_total": 8.0}
