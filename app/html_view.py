@@ -186,6 +186,7 @@ class HtmlView:
         self.status = {"state": "idle", "round": 0, "tokens": 0, "gamma": None, "finish": None}
         self.lane: dict | None = None
         self.run_id: int | None = None
+        self.external = False           # the run is on an external engine (app/external.py)
         self.recording = None           # the current run's events, kept for export, the inspector, replay
         self._recording_owner = False
         self._snapshotting = False
@@ -385,7 +386,8 @@ class HtmlView:
         frame.replace["error"] = m.error(None)
         frame.metrics = {}
         md = e.model
-        if md.get("external"):                # a server the operator configured (app/external.py)
+        self.external = bool(md.get("external"))
+        if self.external:                # a server the operator configured (app/external.py)
             threads = f", {md['threads']} thread(s)" if md.get("threads") else ""
             info = (f"{md['name']}: an external engine ({md['engine']}{threads}); its KV cache dtype, KV heads, "
                     "block map and drafter are set by the server at start-up")
@@ -472,7 +474,8 @@ class HtmlView:
     def _on_done(self, e, frame: Frame, run_id: int) -> None:
         s = e.summary
         self.status.update(state="done", finish=s.get("finish_reason"), tokens=s["num_output_tokens"])
-        parts = [f"{s['num_output_tokens']} tokens in {s['elapsed_s'] * 1e3:.0f} ms of engine time"]
+        clock = "as received from the engine" if self.external else "of engine time"
+        parts = [f"{s['num_output_tokens']} tokens in {s['elapsed_s'] * 1e3:.0f} ms {clock}"]
         if s.get("tokens_per_s"):
             parts.append(f"{s['tokens_per_s']:.0f} tokens/s")
         if s.get("acceptance_rate") is not None:
@@ -545,9 +548,9 @@ class HtmlView:
             pool = pools.get(role)
             if pool is None:
                 if role in self.kv or not self.kv:
-                    frame.replace[f"kv-{role}-grid"] = m.kv_unused(role, f"No {role} KV cache in use"
-                                                                  + (" (method: no draft model)" if role == "draft" else
-                                                                     " (KV cache off: recomputing)"))
+                    why = (" (an external engine: its KV cache is the server's own, not shown here)" if self.external
+                           else " (method: no draft model)" if role == "draft" else " (KV cache off: recomputing)")
+                    frame.replace[f"kv-{role}-grid"] = m.kv_unused(role, f"No {role} KV cache in use" + why)
                     frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, None)
                     self.kv.pop(role, None)
                 continue
