@@ -1,6 +1,7 @@
 """engine/openai_stream.py against a hostile server on loopback (tests/hostile_engine.py) and against a real
 llama.cpp server (xllamacpp, the SmolLM2 GGUF)."""
 import asyncio
+import concurrent.futures
 import re
 import time
 
@@ -15,9 +16,12 @@ LIMITS = StreamLimits(connect_s=2.0, stall_s=1.0, total_s=3.0, max_line_bytes=64
 
 
 def run(engine: ExternalEngine, prompt: str = "Hi", settings: dict | None = None) -> list:
+    """The events of one generation, on a fresh event loop in its own thread (Playwright's sync API, used by
+    the browser tests of the same session, keeps a loop running in the main thread)."""
     async def collect():
         return [e async for e in stream_chat(engine, prompt, settings or {"max_tokens": 8})]
-    return asyncio.run(collect())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, collect()).result()
 
 
 @pytest.fixture(scope="module")
