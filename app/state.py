@@ -63,7 +63,12 @@ class Playground:
                 self.llamacpp = await asyncio.get_running_loop().run_in_executor(
                     None, start_embedded_llamacpp, self.config.llamacpp_threads)
                 engines[:0] = [server.engine for server in self.llamacpp]
-            self.external = {e.name: e for e in engines}
+            ours = set(self.registry.models) if self.registry is not None else set()
+            for e in engines:
+                if e.name in ours or e.name in self.external:
+                    logger.error("external engine %r not offered: the name is taken", e.name)
+                else:
+                    self.external[e.name] = e
         if self.engine is not None and self.engine_thread is None:
             self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics)
             self.engine_thread.start()

@@ -204,3 +204,26 @@ def test_llamacpp_ngram_speculation_reports_accepted_drafts_per_round(app, serve
     assert sum(r["num_draft_tokens"] for r in rounds) == t["draft_n"] == s["num_draft_tokens"]
     assert sum(r["num_accepted"] for r in rounds) == t["draft_n_accepted"] == s["num_accepted_tokens"]
     assert s["acceptance_rate"] == pytest.approx(t["draft_n_accepted"] / t["draft_n"])
+
+
+def test_an_external_engine_cannot_take_the_name_of_one_of_our_models(models_dir):
+    from app.config import AppConfig
+    from app.state import Playground
+
+    playground = Playground.load(AppConfig(models_dir=models_dir))
+    ours = next(iter(playground.registry.models))
+    playground.config = AppConfig(models_dir=models_dir, openai_engines=(
+        {"url": "http://127.0.0.1:9/v1", "name": ours}, {"url": "http://127.0.0.1:9/v1", "name": "free"}))
+
+    async def scenario():
+        await playground.start()
+        await playground.stop()
+    run(scenario())
+    assert list(playground.external) == ["free"]
+    assert sum(m["name"] == ours for m in playground.models()) == 1
+
+
+def test_only_http_urls_are_accepted_from_the_operator(models_dir):
+    from app.config import AppConfig
+    with pytest.raises(ValueError, match="http:// or https://"):
+        AppConfig(models_dir=models_dir, openai_engines=({"url": "file:///etc/passwd"},))
