@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from engine.fetched import fetched_models, is_fetched
-from engine.llamacpp_server import EmbeddedLlamaCpp, gguf_path, unavailable_reason
+from engine.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
 from engine.openai_stream import stream_chat
 from engine.registry import InferenceEngine, ModelRegistry
 from engine.session import GenerationSession
@@ -29,6 +29,9 @@ from engine.session import GenerationSession
 NAME = "smollm2-135m"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 MAX_TOKENS = 64
+# where speculation by n-gram lookup can pay: an answer that copies its prompt
+COPY_PROMPT = ("Repeat this list exactly, one item a line: apples, bread, butter, cheese, eggs, flour, "
+               "honey, milk, oats, pasta, rice, salt, sugar, tea, tomatoes, yoghurt.")
 
 
 def streaming_bandwidth(repeats: int = 5) -> float:
@@ -43,10 +46,12 @@ def streaming_bandwidth(repeats: int = 5) -> float:
     return a.nbytes / statistics.median(times)
 
 
-def ours(engine: InferenceEngine, max_tokens: int) -> dict:
-    session = GenerationSession(engine, PROMPT, {"model": NAME, "chat": True, "method": "none",
-                                                  "max_tokens": max_tokens, "temperature": 0.0,
-                                                  "enable_prefix_caching": False})
+def ours(engine: InferenceEngine, max_tokens: int, prompt: str = PROMPT, ngram: bool = False) -> dict:
+    speculation = ({"method": "ngram", "num_speculative_tokens": NGRAM[1], "prompt_lookup_min": NGRAM[0],
+                    "prompt_lookup_max": NGRAM[0]} if ngram else {"method": "none"})
+    session = GenerationSession(engine, prompt, {"model": NAME, "chat": True, "max_tokens": max_tokens,
+                                                  "temperature": 0.0, "enable_prefix_caching": False,
+                                                  **speculation})
     done = None
     for event in session.events():
         if event.type == "done":
@@ -56,9 +61,9 @@ def ours(engine: InferenceEngine, max_tokens: int) -> dict:
     return {"tokens": done["num_output_tokens"], "tokens_per_s": 1.0 / done["tpot_s"], "ttft_ms": done["ttft_ms"]}
 
 
-def llamacpp(server: EmbeddedLlamaCpp, max_tokens: int) -> dict:
+def llamacpp(server: EmbeddedLlamaCpp, max_tokens: int, prompt: str = PROMPT) -> dict:
     async def run():
-        return [e async for e in stream_chat(server.engine, PROMPT, {"max_tokens": max_tokens, "temperature": 0.0})]
+        return [e async for e in stream_chat(server.engine, prompt, {"max_tokens": max_tokens, "temperature": 0.0})]
     events = asyncio.run(run())
     if events[-1].type != "done":
         raise RuntimeError(events[-1].message)
@@ -78,15 +83,23 @@ def run_engines(repeats: int, max_tokens: int = MAX_TOKENS) -> dict:
     engine = InferenceEngine(registry, max_sessions=1)
     lm = registry.get(NAME)
     server = EmbeddedLlamaCpp.start(gguf_path(), threads=1, parallel=1)
+    ngram_server = EmbeddedLlamaCpp.start(gguf_path(), threads=1, parallel=1, ngram=NGRAM)
     results: dict[str, list] = {"ours": [], "llamacpp": []}
+    speculation: dict[str, list] = {"ours plain": [], "ours n-gram": [], "llama.cpp plain": [],
+                                    "llama.cpp n-gram": []}
     try:
-        ours(engine, 8), llamacpp(server, 8)                 # warm-up: caches, first-call costs
+        ours(engine, 8), llamacpp(server, 8), llamacpp(ngram_server, 8)    # warm-up: first-call costs
         for _ in range(repeats):
             results["ours"].append(ours(engine, max_tokens))
             results["llamacpp"].append(llamacpp(server, max_tokens))
+            speculation["ours plain"].append(ours(engine, max_tokens, COPY_PROMPT))
+            speculation["ours n-gram"].append(ours(engine, max_tokens, COPY_PROMPT, ngram=True))
+            speculation["llama.cpp plain"].append(llamacpp(server, max_tokens, COPY_PROMPT))
+            speculation["llama.cpp n-gram"].append(llamacpp(ngram_server, max_tokens, COPY_PROMPT))
         bandwidth = streaming_bandwidth()
     finally:
         server.close()
+        ngram_server.close()
     bytes_per_token = {"ours": lm.model.num_parameters * 4, "llamacpp": gguf_path().stat().st_size}
     r = {"date": dt.date.today().isoformat(), "repeats": repeats, "max_tokens": max_tokens, "threads": 1,
          "bandwidth_bytes_per_s": bandwidth, "engines": {}}
@@ -99,6 +112,7 @@ def run_engines(repeats: int, max_tokens: int = MAX_TOKENS) -> dict:
                               "tokens": [x["tokens"] for x in runs], "runs_tokens_per_s": [x["tokens_per_s"] for x in runs]}
     r["engines"]["llamacpp"]["engine_tokens_per_s"] = statistics.median(
         x["engine_tokens_per_s"] for x in results["llamacpp"])
+    r["speculation"] = {name: statistics.median(x["tokens_per_s"] for x in runs) for name, runs in speculation.items()}
     e = r["engines"]
     r["predicted_ratio"] = e["ours"]["bytes_per_token"] / e["llamacpp"]["bytes_per_token"]
     r["measured_ratio"] = e["llamacpp"]["tokens_per_s"] / e["ours"]["tokens_per_s"]
@@ -118,7 +132,14 @@ def markdown(r: dict) -> str:
                      f"{d['bytes_per_token'] / 1e6:.0f} MB | {d['bytes_per_s'] / 1e9:.2f} | {d['bytes_per_s'] / bw:.0%} |")
     lines += ["", f"Bytes predict llama.cpp {r['predicted_ratio']:.1f}x faster; measured "
                   f"{r['measured_ratio']:.1f}x. llama.cpp's own clock: "
-                  f"{r['engines']['llamacpp']['engine_tokens_per_s']:.1f} tokens/s."]
+                  f"{r['engines']['llamacpp']['engine_tokens_per_s']:.1f} tokens/s.", "",
+              f"Plain decoding against n-gram speculation ({NGRAM[0]}-gram lookup, up to {NGRAM[1]} draft tokens, "
+              "ours and llama.cpp's ngram_simple) on a prompt whose answer copies it, tokens/s (medians):", "",
+              "| engine | plain | n-gram | speedup |", "|---|---|---|---|"]
+    sp = r["speculation"]
+    for name in ("ours", "llama.cpp"):
+        plain, ngram = sp[f"{name} plain"], sp[f"{name} n-gram"]
+        lines.append(f"| {name} | {plain:.1f} | {ngram:.1f} | {ngram / plain:.2f}x |")
     return "\n".join(lines)
 
 
