@@ -146,12 +146,12 @@ def _number(d: dict, key: str) -> float | None:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-async def _check_answer(response: httpx.Response, limits: StreamLimits) -> None:
+async def _check_answer(response: httpx.Response, limits: StreamLimits, deadline: float) -> None:
     if response.status_code != 200:
         body = b""
         async for chunk in response.aiter_bytes():
             body += chunk
-            if len(body) >= limits.max_error_bytes:
+            if len(body) >= limits.max_error_bytes or time.monotonic() > deadline:
                 break
         text = body[:limits.max_error_bytes].decode("utf-8", "replace").strip()
         raise EngineFault(f"HTTP {response.status_code}: {text[:300] or response.reason_phrase}")
@@ -182,7 +182,7 @@ async def stream_chat(engine: ExternalEngine, prompt: str, settings: dict,
     try:
         async with client.stream("POST", engine.base_url.rstrip("/") + "/chat/completions",
                                  json=chat_request(engine, prompt, s), headers=engine.headers()) as response:
-            await _check_answer(response, limits)
+            await _check_answer(response, limits, deadline)
             async for text in sse_events(response, limits, deadline):
                 for event in stats.take(_chunk(text)):
                     yield event
