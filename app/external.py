@@ -20,7 +20,7 @@ import httpx
 from engine.events import Done
 from engine.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
 from engine.openai_stream import ExternalEngine, StreamLimits, stream_chat, validated
-from engine.server_metrics import fetch_server_metrics
+from engine.server_metrics import fetch_server_config, fetch_server_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,17 @@ def start_embedded_llamacpp(threads: int) -> list[EmbeddedLlamaCpp]:
                        server.engine.name, path.name, server.engine.base_url, threads)
         servers.append(server)
     return servers
+
+
+async def publish_server_config(engines: list[ExternalEngine]) -> None:
+    """What each server publishes about itself (/v1/models, llama.cpp's /props) goes into its description
+    (the model list), read once at start-up; an engine that is down is offered anyway, and says so."""
+    async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as client:
+        configs = [await fetch_server_config(e, client) for e in engines]
+    for engine, config in zip(engines, configs):
+        engine.description["published"] = config
+        if not config.get("models"):
+            logger.warning("%s: no answer from its /v1/models at start-up (down?)", engine.name)
 
 
 @dataclass

@@ -389,8 +389,11 @@ class HtmlView:
         self.external = bool(md.get("external"))
         if self.external:                # a server the operator configured (app/external.py)
             threads = f", {md['threads']} thread(s)" if md.get("threads") else ""
+            pub = md.get("published") or {}
+            says = ", ".join(f"{k} {pub[k]}" for k in ("model_ftype", "n_ctx", "total_slots") if pub.get(k))
             info = (f"{md['name']}: an external engine ({md['engine']}{threads}); its KV cache dtype, KV heads, "
-                    "block map and drafter are set by the server at start-up")
+                    "block map and drafter are set by the server at start-up"
+                    + (f" · the server says: {says}" if says else ""))
         else:
             info = (f"{md['name']}: {layers(md)} × width {md['hidden_size']}, {md['num_attention_heads']} query "
                     f"heads, {md['num_key_value_heads']} KV heads ({md['attention']})")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from app.admission import Admission
 from app.config import AppConfig
 from app.engine_thread import EngineThread
-from app.external import configured_engines, start_embedded_llamacpp
+from app.external import configured_engines, publish_server_config, start_embedded_llamacpp
 from app.metrics import ServerMetrics
 from app.rooms import Rooms
 from engine.checkpoint import CheckpointError
@@ -63,6 +63,7 @@ class Playground:
                 self.llamacpp = await asyncio.get_running_loop().run_in_executor(
                     None, start_embedded_llamacpp, self.config.llamacpp_threads)
                 engines[:0] = [server.engine for server in self.llamacpp]
+            await publish_server_config(engines)
             ours = set(self.registry.models) if self.registry is not None else set()
             for e in engines:
                 if e.name in ours or e.name in self.external:

@@ -63,6 +63,7 @@ class EmbeddedLlamaCpp:
         key = secrets.token_urlsafe(24)
         p.api_keys = [key]
         p.ui = False
+        p.model_alias = {path.stem}              # what /v1/models names (not the cache's full path)
         speculation = {}
         if ngram is not None:
             p.speculative.types = [xl.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]

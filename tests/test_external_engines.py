@@ -131,6 +131,8 @@ def _predicted_total(server_app_engine) -> float:
 def test_llamacpp_chat_reaches_done_through_api_ws_and_its_metrics_move(app, server, llamacpp):
     engine = app.state.playground.external[LABEL]
     assert llamacpp["threads"] == 1 and llamacpp["engine"] == "llamacpp"
+    published = llamacpp["published"]                 # what llama.cpp says about itself (/props, /v1/models)
+    assert published["model_ftype"] == "Q4_1" and published["n_ctx"] > 0 and published["models"] == ["SmolLM2-135M-Instruct.Q4_1"]
     before = _predicted_total(engine)
 
     async def scenario():

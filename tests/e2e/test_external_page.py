@@ -34,7 +34,8 @@ def test_a_chat_on_llamacpp_reaches_done_in_the_page(llamacpp_server, page, arti
     page.screenshot(path=str(artifacts_dir / "playground-llamacpp-done.png"))
     statuses = set(page.eval_on_selector_all("#stream [data-token-status]", "els => els.map(e => e.dataset.tokenStatus)"))
     assert statuses == {"target"}
-    assert "an external engine (llamacpp, 1 thread(s))" in page.inner_text("#model-info")
+    info = page.inner_text("#model-info")
+    assert "an external engine (llamacpp, 1 thread(s))" in info and "the server says: model_ftype Q4_1" in info
     assert "tokens/s by the engine's own clock" in page.inner_text("#summary")
     assert "its KV cache is the server's own" in page.inner_text("#kv-target-grid")
     assert page.recorder.errors == []
