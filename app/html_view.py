@@ -14,6 +14,7 @@ block size) is sent whole.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from markupsafe import Markup, escape
@@ -68,6 +69,19 @@ def layers(model: dict) -> str:
     return f"{n} layer{'s' if n != 1 else ''}"
 
 
+def model_line(info: str, model: dict, step_ms: float | None) -> str:
+    """The model line, with a model's measured floor beside its measured decode step when it has one (a model
+    whose weights do not fit in the caches: its step streams them all, engine/layout.py)."""
+    floor = model.get("weights_stream_ms")
+    if floor is None:
+        return info
+    if step_ms is None:
+        gb_s = model["weight_bytes"] / floor / 1e6
+        return f"{info} · its {model['weight_bytes'] / 1e6:.0f} MB of weights stream in {floor:.1f} ms here ({gb_s:.0f} GB/s)"
+    return (f"{info} · decode {step_ms:.1f} ms, weights stream in {floor:.1f} ms: {floor / step_ms:.0%} of "
+            "this machine's memory bandwidth")
+
+
 def token_html(t) -> str:
     """One streamed token. Built here rather than by a template macro: it is the hot path at full speed
     (several macro calls per token); every value that is not a fixed string is escaped."""
@@ -82,7 +96,31 @@ def token_html(t) -> str:
             f'data-pos="{int(t.position)}" title="{escape(title)}">{piece(t.text)}</span>')
 
 
+ROLE_RE = re.compile(r"<\|im_start\|>(\w+)")
+
+
+def prompt_parts(prompt_tokens: list[dict]) -> dict:
+    """The prompt as the stream shows it: `head`, its lines up to the last line break (a block, compacted),
+    and `tail`, the line the answer continues. Each is a list of runs {"template", "texts", "label"}: a chat
+    template's runs collapse to their label (the roles they open) until clicked."""
+    cut = max((i + 1 for i, t in enumerate(prompt_tokens) if "\n" in t["text"]), default=0)
+    out = {}
+    for name, tokens in (("head", prompt_tokens[:cut]), ("tail", prompt_tokens[cut:])):
+        runs = []
+        for t in tokens:
+            template = bool(t.get("template"))
+            if not runs or runs[-1]["template"] != template:
+                runs.append({"template": template, "texts": []})
+            runs[-1]["texts"].append(t["text"])
+        for run in runs:
+            roles = ", ".join(ROLE_RE.findall("".join(run["texts"]))) or "end of turn"
+            run["label"] = f"chat template: {roles} · {len(run['texts'])} tokens"
+        out[name] = runs
+    return out
+
+
 templates.env.globals["piece"] = piece        # for templates/_fragments.html
+templates.env.globals["prompt_parts"] = prompt_parts
 templates.env.filters["shown"] = shown
 
 
@@ -185,6 +223,7 @@ class HtmlView:
         self.gauges: dict[str, str] = {}
         self.status = {"state": "idle", "round": 0, "tokens": 0, "gamma": None, "finish": None}
         self.lane: dict | None = None
+        self.run_model_line: tuple[str, dict] | None = None     # the run's model line, and its model's figures
         self.run_id: int | None = None
         self.external = False           # the run is on an external engine (app/external.py)
         self.recording = None           # the current run's events, kept for export, the inspector, replay
@@ -400,7 +439,8 @@ class HtmlView:
         if e.draft_model and e.settings["method"] == "draft_model":
             dm = e.draft_model
             info += f" · draft model ({dm['name']}): {layers(dm)} × width {dm['hidden_size']}"
-        frame.replace["model-info"] = m.model_info(info)
+        self.run_model_line = (info, md)
+        frame.replace["model-info"] = m.model_info(model_line(info, md, None))
         frame.append("notes", m.note("started", f"new run: {len(e.prompt_tokens)} prompt tokens, "
                                                 f"{e.settings['method'].replace('_', ' ')}, seed {e.settings['seed']}"))
         if e.unknown_characters:
@@ -452,6 +492,10 @@ class HtmlView:
 
     def _on_metrics(self, e, frame: Frame, run_id: int) -> None:
         frame.metrics = e.values
+        steps = e.values.get("verify_ms_by_tokens") or {}
+        step = steps.get(1, steps.get("1"))
+        if step and self.run_model_line is not None and "weights_stream_ms" in self.run_model_line[1]:
+            frame.replace["model-info"] = macros().model_info(model_line(*self.run_model_line, step))
         self.status["tokens"] = e.values.get("num_output_tokens", self.status["tokens"])
         if self.status["gamma"] is not None or e.values.get("num_drafts"):
             self.status["gamma"] = e.values.get("num_speculative_tokens")

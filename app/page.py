@@ -1,4 +1,5 @@
-"""The page's state from its URL: every setting, the prompt, `autoplay`, `speed`, `theme`, `hide`, `presenter`, `view`.
+"""The page's state from its URL: every setting, the prompt, `autoplay`, `speed`, `theme`, `hide`, `presenter`, `view`,
+`layout` (what a slide shows) and the race (`race`, `race_a`, `race_b`).
 
 A URL reproduces a demo: the server renders the form with the URL's values (validated by the engine's
 own settings model), and static/playground.js keeps the URL in step when the controls change. Values
@@ -12,6 +13,7 @@ from urllib.parse import urlencode
 from app.presets import DEFAULT_PROMPT, PRESETS
 from app.state import Playground
 from engine.kv_dtypes import KV_CACHE_DTYPES
+from engine.race import RACE_SETTINGS, default_values, form_text, race_choices
 from engine.settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
 from engine.theory import worked_table
 
@@ -30,8 +32,19 @@ VIEWS = [("inspector", "Inspector"), ("theory", "Theory"), ("distribution", "Dis
 VIEW_NAMES = tuple(name for name, _ in VIEWS)
 # Parts of the page that `hide` can name (TensorFlow Playground's `_hide`): "views" is the teaching views'
 # whole strip, "tabs" only its tabs (a view opened by the URL stays), and each view by its name.
-HIDEABLE = ("header", "prompt", "presets", "controls", "settings", "legend", "stream", "draft", "kv", "gauges",
-            "chart", "notes", "footer", "views", "tabs", *VIEW_NAMES)
+# "sidebar" is the whole settings column (prompt, presets, controls, settings), "status" the run's status line.
+HIDEABLE = ("header", "sidebar", "prompt", "presets", "controls", "settings", "status", "legend", "stream", "draft",
+            "kv", "gauges", "chart", "notes", "footer", "views", "tabs", *VIEW_NAMES)
+SIDEBAR_PARTS = ("prompt", "controls", "settings")
+SIDE_COL_PARTS = ("gauges", "chart", "legend", "notes")
+# Layouts for slides (`layout=`): what a 1280x720 frame shows, without scrolling (static/app.css). "" is the
+# whole page; "view:NAME" one teaching view, full size.
+LAYOUTS = [("", "whole page"), ("stream", "slide: stream, draft lane, key gauges"), ("kv", "slide: stream and KV map"),
+           ("gauges", "slide: stream, gauges and chart"),
+           *((f"view:{n}", f"slide: {label} view") for n, label in VIEWS)]
+LAYOUT_NAMES = tuple(name for name, _ in LAYOUTS)
+RACE_LABELS = {"method": "method", "kv_cache": "KV cache on / off", "num_kv_heads": "MHA / GQA / MQA",
+               "kv_cache_dtype": "cache dtype", "num_speculative_tokens": "γ (draft tokens)"}
 
 
 # The gauges: (metric, label, unit). Each value element carries data-metric; its text is the current value.
@@ -78,10 +91,24 @@ class PageState:
     presenter: bool = False
     hide: list[str] = field(default_factory=list)
     view: str | None = None                # the open teaching view
+    layout: str = ""                       # one of LAYOUT_NAMES
+    race: dict = field(default_factory=dict)   # {"setting", "a", "b"}: form values of the race's two sides
     warnings: list[str] = field(default_factory=list)
 
     def hidden(self, part: str) -> bool:
+        if part in SIDEBAR_PARTS and "sidebar" in self.hide:
+            return True
         return part in self.hide
+
+    @property
+    def layout_classes(self) -> str:
+        """The grid's shape when a whole column is hidden (its track collapses)."""
+        out = []
+        if all(self.hidden(p) for p in SIDEBAR_PARTS):
+            out.append("no-sidebar")
+        if all(self.hidden(p) for p in SIDE_COL_PARTS):
+            out.append("no-side-col")
+        return " ".join(out)
 
 
 def defaults() -> dict[str, str]:
@@ -149,13 +176,46 @@ def page_state(query, playground: Playground) -> PageState:
     if unknown:
         state.warnings.append(f"ignored hide={','.join(unknown)} from the URL: parts are {', '.join(HIDEABLE)}")
     state.hide = [h for h in HIDEABLE if h in hide]
+    layout = query.get("layout")
+    if layout:
+        if layout not in LAYOUT_NAMES:
+            state.warnings.append(f"ignored layout={layout!r} from the URL: one of {', '.join(LAYOUT_NAMES[1:])}")
+        else:
+            state.layout = layout
     view = query.get("view")
+    if state.layout.startswith("view:"):
+        view = state.layout[len("view:"):]
     if view:
         if view not in VIEW_NAMES:
             state.warnings.append(f"ignored view={view!r} from the URL: one of {', '.join(VIEW_NAMES)}")
         elif not (state.hidden(view) or state.hidden("views")):
             state.view = view
+    if registry is not None:
+        state.race = race_state(query, registry, target_of(registry, valid.get("model")), state.warnings)
     return state
+
+
+def race_state(query, registry, target, warnings: list[str]) -> dict:
+    """The race's setting and its two values from the URL, each checked against what the target offers."""
+    setting = query.get("race") or "method"
+    if setting not in RACE_SETTINGS:
+        warnings.append(f"ignored race={setting!r} from the URL: one of {', '.join(RACE_SETTINGS)}")
+        setting = "method"
+    offered = [v for v, _ in race_choices(registry, target)[setting]]
+    default = [form_text(v) for v in default_values(registry, target, setting)]
+    pair = list(default)
+    for i, name in enumerate(("race_a", "race_b")):
+        value = query.get(name)
+        if value is None:
+            continue
+        if value in offered:
+            pair[i] = value
+        else:
+            warnings.append(f"ignored {name}={value!r} from the URL: for race={setting}, one of {', '.join(offered)}")
+    if pair[0] == pair[1] and pair != default:
+        warnings.append("ignored race_a and race_b from the URL: the two sides must differ")
+        pair = default
+    return {"setting": setting, "a": pair[0], "b": pair[1]}
 
 
 def view_links(query) -> dict[str, str]:
@@ -186,10 +246,14 @@ def model_options(registry, name: str | None) -> dict:
 def page_context(query, playground: Playground, embed: bool) -> dict:
     registry = playground.registry
     state = page_state(query, playground)
-    targets, options = [], {"variants": [], "draft": None, "chat": False}
+    targets, options, races = [], {"variants": [], "draft": None, "chat": False}, {}
     if registry is not None:
         targets = [{"name": m.name, "label": f"{m.name} ({m.cfg.attention_kind})"} for m in registry.targets]
         options = model_options(registry, state.values["model"] or None)
+        target = target_of(registry, state.values["model"] or None)
+        races = {name: {"label": RACE_LABELS[name], "choices": choices,
+                        "default": [form_text(v) for v in default_values(registry, target, name)]}
+                 for name, choices in race_choices(registry, target).items()}
     targets += [{"name": name, "label": name} for name in playground.external]   # app/external.py
     return {
         "state": state, "embed": embed, "presets": PRESETS, "speeds": SPEEDS,
@@ -197,4 +261,5 @@ def page_context(query, playground: Playground, embed: bool) -> dict:
         "kv_cache_dtypes": list(KV_CACHE_DTYPES), "load_error": playground.load_error,
         "hideable": HIDEABLE, "max_prompt_chars": MAX_PROMPT_CHARS, "gauge_rows": gauge_rows(),
         "views": VIEWS, "view_links": view_links(query), "worked_table": worked_table(),
+        "layouts": LAYOUTS, "races": races,
     }

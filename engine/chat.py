@@ -58,6 +58,13 @@ class ChatTemplate:
         messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
         return self.render(messages + [{"role": "user", "content": user_text}])
 
+    def user_span(self, user_text: str, system_prompt: str | None = None) -> tuple[int, int]:
+        """Where `user_text` sits in `prompt(user_text, system_prompt)`: [start, end) in characters; the rest
+        of the prompt is the template's (control tokens, role names, the system prompt)."""
+        marker = "\x00"                        # not in any format's own text
+        start = self.prompt(marker, system_prompt).index(marker)
+        return start, start + len(user_text)
+
     def to_config(self) -> dict:
         return {"chat_format": self.chat_format, "default_system_prompt": self.default_system_prompt}
 

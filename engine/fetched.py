@@ -25,7 +25,7 @@ from pathlib import Path
 from .checkpoint import load_checkpoint, load_config
 from .config import ModelConfig
 from .model import Model
-from .panels import use_panels
+from .layout import stream_ms, use_fastest_layout
 from .tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
@@ -123,7 +123,11 @@ class LazyModel:
         with self._lock:
             if self._model is None:
                 cfg, weights, _ = load_checkpoint(self.path, with_tokenizer=False)
-                self._model = use_panels(Model(cfg, weights))    # memory-bound: see engine/panels.py
+                model = Model(cfg, weights)
+                del weights                                        # before the layouts' copies: a lower peak
+                model = use_fastest_layout(model)                  # memory-bound: see engine/layout.py
+                model.weights_stream_ms = stream_ms(model)        # the floor of a decode step, for the page
+                self._model = model
         return self._model
 
     def __getattr__(self, name):   # only for attributes not set in __init__

@@ -80,10 +80,12 @@ class Model:
         self.num_parameters = sum(int(w.size) for w in weights.values())
         # row counts (3..16: verification) whose products run faster in 4-row pieces for these shapes
         self.split_rows = measure_split_rows(self.layers[0].w_gate_up)
-        # x @ w for 2-D arrays: np.dot is the same product with ~0.35 us less overhead per call than @ (a
-        # ufunc in numpy 2), 5% of a decode step here; weights that are not arrays (engine/panels.py) set @
-        self.dot = np.dot
-        self.vector_decode = True    # one-token steps run as `decode`, on 1-D vectors (panels need 2-D rows)
+        # x @ w for 2-D rows (`dot`) and 1-D vectors (`vec_dot`): np.dot is the same product with ~0.35 us
+        # less overhead per call than @ (a ufunc in numpy 2), 5% of a decode step here; weights stored
+        # otherwise (engine/layout.py) bring their own products
+        self.dot = self.vec_dot = np.dot
+        self.layout = "arrays"       # [in, out] arrays; engine/layout.py's names otherwise
+        self.vector_decode = True    # one-token steps run as `decode`, on 1-D vectors
 
 
 def rope_rotation(head_dim: int, max_pos: int, theta: float):  # -> [max_pos, hd/2] complex64
@@ -129,7 +131,7 @@ def measure_split_rows(w, sizes=range(3, 17), repeats: int = 9) -> frozenset:
 
 def rms_norm(x, c_eps):  # [n, C] -> [n, C] times 1/sqrt(C): the weight g and sqrt(C) live in the next matmul
     # x / sqrt(mean(x^2) + eps) == sqrt(C) * x / sqrt(sum(x^2) + C eps)
-    if len(x) == 1:  # one row (panel weights' decode, a batch of one): see rms_norm_vector
+    if len(x) == 1:  # one row (a batch of one): see rms_norm_vector
         return rms_norm_vector(x[0], c_eps)[None]
     return x / np.sqrt(np.vecdot(x, x)[:, None] + c_eps)
 
@@ -253,7 +255,7 @@ def decode(model: Model, token: int, p: int, kv):  # -> logits [1, V] for one ne
     (`SequenceKV.direct`). A decode step of models this small is mostly numpy's per-call overhead: measured
     2026-11-29 in one process, interleaved, 100-token context, general path -> decode: draft 43.0 -> 35.4 us,
     target-mha 452 -> 369 us, target-gqa 416 -> 341 us, target-mqa 392 -> 322 us."""
-    cfg, dot = model.cfg, np.dot
+    cfg, dot = model.cfg, model.vec_dot
     nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q_dim, i_dim, c_eps = model.q_dim, cfg.intermediate_size, model.c_eps
     rotation = model.rotation[p]                                                   # [hd/2]

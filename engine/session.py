@@ -71,6 +71,8 @@ class GenerationSession:
         # chat: the prompt becomes the user's turn in the model's chat template (engine/chat.py)
         text = self.tokenizer.chat_template.prompt(prompt) if settings.chat else prompt
         self.prompt_ids = self.tokenizer.encode(text)
+        self._prompt_text = text
+        self._user_span = self.tokenizer.chat_template.user_span(prompt) if settings.chat else (0, len(text))
         ctx = self.target_lm.cfg.max_position_embeddings
         if len(self.prompt_ids) >= ctx:
             raise SettingsError("prompt", f"{len(self.prompt_ids)} tokens; the model's context is {ctx}")
@@ -196,10 +198,23 @@ class GenerationSession:
     # --- steps -------------------------------------------------------------------------------------
     def _started(self) -> Started:
         return Started(self.id, self.settings.model_dump(), self.target_lm.describe(),
-                       self.draft_lm.describe() if self.draft_lm else None,
-                       [{"id": t, "text": text} for t, text in
-                        zip(self.prompt_ids, self.tokenizer.stream_texts(self.prompt_ids))],
+                       self.draft_lm.describe() if self.draft_lm else None, self._prompt_tokens(),
                        self.unknown_characters)
+
+    def _prompt_tokens(self) -> list[dict]:
+        """The prompt's tokens; those of the chat template (outside the user's text) carry "template": True."""
+        texts = self.tokenizer.stream_texts(self.prompt_ids)
+        tokens = [{"id": t, "text": text} for t, text in zip(self.prompt_ids, texts)]
+        start, end = self._user_span
+        if "".join(texts) != self._prompt_text or (start, end) == (0, len(self._prompt_text)):
+            return tokens                       # no template, or text that does not decode back to itself
+        at = 0
+        for tok in tokens:
+            n = len(tok["text"])
+            if not (at < end and at + n > start) and n:
+                tok["template"] = True
+            at += n
+        return tokens
 
     def _ensure_pools(self, s: GenerationSettings) -> None:
         """Make the KV pools these settings use before anything is timed: a pool is made on first use, and

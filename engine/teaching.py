@@ -1,4 +1,4 @@
-"""Experiments the teaching views show: a faulty run beside a correct one, and plain against speculative.
+"""Experiments the teaching views show: a faulty run beside a correct one (and the runs of a race).
 
 Each experiment runs whole sessions with `GenerationSession.events()`, one after the other, so that neither
 slows the other down: every figure is the session's own engine time (see engine/session.py).
@@ -6,7 +6,8 @@ slows the other down: every figure is the session's own engine time (see engine/
     trace(engine, prompt, settings)                   -> what one run emitted, with engine-time stamps
     fault_comparison(engine, prompt, settings, fault) -> a correct reference and the faulty run, and the
                                                          first emitted token where they part
-    race(engine, prompt, settings)                    -> plain decoding and speculative decoding, same prompt
+
+A race of any two settings is engine/race.py.
 """
 from __future__ import annotations
 
@@ -80,20 +81,3 @@ def fault_comparison(engine: InferenceEngine, prompt: str, settings: dict, fault
     return {"fault": fault, "settings": s, "reference": reference, "faulty": faulty,
             "divergence": first_divergence(reference["emitted_ids"], faulty["emitted_ids"])}
 
-
-def race(engine: InferenceEngine, prompt: str, settings: dict) -> dict:
-    """Plain decoding and speculative decoding of the same prompt with the same settings and seed.
-
-    Each runs alone; `speedup` is plain engine time per output token over speculative engine time per token.
-    Greedy speculative decoding writes exactly the plain text; sampled, the same distribution."""
-    s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
-    if s["method"] == "none":
-        target = engine.registry.get(s["model"])
-        s["method"] = "draft_model" if engine.registry.draft_for(target) is not None else "ngram"
-    plain = trace(engine, prompt, {**s, "method": "none"})
-    speculative = trace(engine, prompt, s)
-    per_token = [r["elapsed_ms"] / r["num_output_tokens"] if r["num_output_tokens"] and r["elapsed_ms"] else None
-                 for r in (plain, speculative)]
-    return {"settings": s, "plain": plain, "speculative": speculative,
-            "speedup": per_token[0] / per_token[1] if None not in per_token else None,
-            "same_text": plain["emitted_ids"] == speculative["emitted_ids"]}

@@ -1,5 +1,6 @@
 /* Decoding Playground — the JavaScript HTML cannot do: keyboard shortcuts, presets, the URL kept in step
-   with the controls, the latency chart, keeping the DOM bounded on long runs, and the figures that
+   with the controls, the latency chart, keeping the DOM bounded on long runs, the stream following its newest
+   token, the layouts for slides (the KV map's cells sized to fill one), and the figures that
    `decoding-playground bench page` reads (window.playgroundStats). htmx and its websocket extension do
    everything else: the form is sent with ws-send, the server's fragments are swapped by id. */
 (function () {
@@ -34,7 +35,7 @@
         var added = mutations[i].addedNodes
         for (var j = 0; j < added.length; j++) {
           var node = added[j]
-          if (node.id === 'stream') { resetStats(node.dataset.run); continue }
+          if (node.id === 'stream') { resetStats(node.dataset.run); setFollow(true); continue }
           if (!node.classList || !node.classList.contains('chunk')) continue
           var toks = node.children
           for (var k = 0; k < toks.length; k++) {
@@ -95,7 +96,10 @@
     if (theme && theme.value !== 'light') params.set('theme', theme.value)
     var presenter = $('f-presenter')
     if (presenter && presenter.checked) params.set('presenter', '1')
-    ;['autoplay', 'hide', 'token'].forEach(function (name) {   // not controls on the page: kept as the link had them
+    var layout = $('f-layout')
+    if (layout && layout.value) params.set('layout', layout.value)
+    // not controls of this form: kept as the link (or the teaching views' script) has them
+    ;['autoplay', 'hide', 'token', 'view', 'race', 'race_a', 'race_b'].forEach(function (name) {
       if (current.has(name)) params.set(name, current.get(name))
     })
     var query = params.toString()
@@ -162,8 +166,13 @@
 
   function measureChart(canvas) {
     var width = Math.round(canvas.clientWidth)
-    chart.size = { width: width, height: Math.round(width * 0.45) }
+    var height = Math.round(width * 0.45)
+    // a slide's chart fills the height its layout leaves it (the box's height does not depend on the canvas)
+    if (document.body.dataset.layout && canvas.parentElement.clientHeight > 40) height = canvas.parentElement.clientHeight
     var css = getComputedStyle(document.documentElement)
+    // its type follows the page's (a slide's is larger)
+    var font = Math.round(parseFloat(css.fontSize) * (document.body.dataset.layout ? 0.85 : 0.69))
+    chart.size = { width: width, height: height, font: font }
     chart.colors = {}
     ;['--muted', '--chart-grid', '--chart-draft', '--chart-target', '--chart-line'].forEach(function (name) {
       chart.colors[name] = css.getPropertyValue(name).trim()
@@ -202,7 +211,8 @@
     var colors = chart.colors
     var color = function (name) { return colors[name] }
     ctx.clearRect(0, 0, W, H)
-    var left = 40, right = 6, top = 8, bottom = 18
+    var font = chart.size.font
+    var left = Math.round(font * 3.6), right = 6, top = 8, bottom = Math.round(font * 1.6)
     var pts = chart.points
     // the scale follows the typical round (95th percentile): one slow outlier (a busy machine) would
     // otherwise flatten every other bar; taller bars are clipped and marked
@@ -210,7 +220,7 @@
     var typical = totals.length ? totals[Math.min(totals.length - 1, Math.floor(totals.length * 0.95))] : 0
     var max = niceMax(typical * 1.25)
     var plotH = H - top - bottom, plotW = W - left - right
-    ctx.font = '11px system-ui, sans-serif'
+    ctx.font = font + 'px system-ui, sans-serif'
     ctx.fillStyle = color('--muted')
     ctx.strokeStyle = color('--chart-grid')
     ctx.lineWidth = 1
@@ -218,7 +228,7 @@
       var y = top + plotH - plotH * g / 4
       ctx.beginPath(); ctx.moveTo(left, y + 0.5); ctx.lineTo(W - right, y + 0.5); ctx.stroke()
       var label = max * g / 4
-      ctx.fillText((label >= 10 ? label.toFixed(0) : label.toPrecision(2)) + (g === 4 ? ' ms' : ''), 2, y + 4)
+      ctx.fillText((label >= 10 ? label.toFixed(0) : label.toPrecision(2)) + (g === 4 ? ' ms' : ''), 2, y + font * 0.35)
     }
     if (!pts.length) {
       ctx.fillText('Rounds appear here as they run.', left + 8, top + plotH / 2)
@@ -274,8 +284,63 @@
     while (notes && notes.childElementCount > limits.notes) notes.firstElementChild.remove()
   }
 
-  // Once per frame, not per message. The stream and the notes stay scrolled to their end by CSS
-  // (flex-direction: column-reverse), so nothing here reads layout.
+  // --- the stream follows its newest token, until the reader scrolls up ---------------------------------------
+  // Once per frame the box is scrolled to its end (one layout read, in the frame the browser lays out anyway);
+  // a scroll up by the reader stops it and shows "latest ↓"; scrolling back to the end, or the button, resumes.
+  var follow = { on: true, lastTop: 0 }
+
+  function setFollow(on) {
+    follow.on = on
+    var button = $('stream-latest')
+    if (button) button.hidden = on
+    var wrap = $('stream-wrap')
+    if (wrap) wrap.dataset.following = on ? '1' : '0'
+  }
+
+  function keepLatest() {
+    var wrap = $('stream-wrap')
+    if (!wrap || !follow.on) return
+    var end = wrap.scrollHeight - wrap.clientHeight
+    if (wrap.scrollTop < end) wrap.scrollTop = end
+    follow.lastTop = wrap.scrollTop
+  }
+
+  function watchScroll(wrap) {
+    wrap.addEventListener('scroll', function () {
+      var atEnd = wrap.scrollHeight - wrap.clientHeight - wrap.scrollTop <= 4
+      if (atEnd) { if (!follow.on) setFollow(true) }
+      else if (wrap.scrollTop < follow.lastTop - 1 && follow.on) setFollow(false)
+      follow.lastTop = wrap.scrollTop
+    }, { passive: true })
+  }
+
+  // --- layouts for slides: the body's data-layout (static/app.css), chosen by the URL or #f-layout -------------------
+  function applyLayout(value) {
+    if (value) document.body.dataset.layout = value
+    else delete document.body.dataset.layout
+    if (value.indexOf('view:') === 0 && window.teach && window.teach.openView) window.teach.openView(value.slice(5))
+    fitKv(true)
+    redrawChart()
+    keepLatest()
+  }
+
+  // In the kv layout the map's cells grow to fill the panel: the largest size at which every block still fits.
+  // Measured when a pool is drawn whole (a new grid element) or the frame changes, not per message.
+  function fitKv(force) {
+    var big = document.body.dataset.layout === 'kv'
+    document.querySelectorAll('.kv-pool').forEach(function (pool) {
+      var grid = pool.querySelector('.kv-grid')
+      if (!grid || (!force && pool.sizedGrid === grid)) return
+      pool.sizedGrid = grid
+      var n = grid.getElementsByClassName('kv').length
+      if (!big || !n) { pool.style.removeProperty('--kv-cell'); return }
+      var gap = 2, w = grid.clientWidth, h = grid.clientHeight, size = 48
+      while (size > 6 && Math.floor((w + gap) / (size + gap)) * Math.floor((h + gap) / (size + gap)) < n) size--
+      pool.style.setProperty('--kv-cell', size + 'px')
+    })
+  }
+
+  // Once per frame, not per message: the chart, the bounded DOM, the stream kept at its newest token.
   // After the frame that shows them, the page tells the server how many messages it has rendered: at full
   // speed the server sends the next one only then, coalescing what the engine wrote meanwhile, so the page
   // is never behind and does less work per token the busier the machine is.
@@ -286,6 +351,8 @@
     frameScheduled = false
     drainChart()
     trim()
+    keepLatest()
+    if (document.body.dataset.layout === 'kv') fitKv(false)
     if (socket && stats.messages > acked) {
       acked = stats.messages
       socket.send(JSON.stringify({ ack: acked }))
@@ -319,6 +386,7 @@
     var playground = $('playground')
     if (autoplayed || !playground || playground.dataset.autoplay !== '1') return
     autoplayed = true
+    if (document.body.dataset.layout === 'view:race') return    // the race starts itself (static/teach.js)
     $('btn-toggle').click()
   }
   document.addEventListener('htmx:wsOpen', function () {
@@ -331,8 +399,24 @@
   document.addEventListener('DOMContentLoaded', function () {
     var form = $('controls')
     var wrap = $('stream-wrap')
-    if (wrap) watchStream(wrap)
-    window.addEventListener('resize', redrawChart)
+    if (wrap) { watchStream(wrap); watchScroll(wrap) }
+    window.addEventListener('resize', function () { redrawChart(); fitKv(true); keepLatest() })
+    var layout = $('f-layout')
+    if (layout) layout.addEventListener('change', function () { applyLayout(layout.value); syncUrl() })
+    document.addEventListener('click', function (ev) {
+      var el = ev.target.closest && ev.target.closest('#stream-latest, .tpl-toggle, [data-press]')
+      if (!el) return
+      if (el.id === 'stream-latest') { setFollow(true); keepLatest() }
+      else if (el.dataset.press) { var button = $(el.dataset.press); if (button && !button.disabled) button.click() }
+      else {                                   // a chat template's runs open and close together
+        var stream = $('stream')
+        var open = stream.classList.toggle('tpl-open')
+        stream.querySelectorAll('.tpl-toggle').forEach(function (t) { t.setAttribute('aria-expanded', open ? 'true' : 'false') })
+        // the reader is looking at the template: the box stays there, and says where the newest token went
+        var wrap = $('stream-wrap')
+        if (wrap.scrollHeight - wrap.clientHeight - wrap.scrollTop > 4) setFollow(false)
+      }
+    })
     if (form) {
       form.addEventListener('change', function (ev) {
         if (ev.target && ev.target.id === 'preset') {

@@ -14,7 +14,7 @@
     if (alpha >= 1) return gamma + 1
     return (1 - Math.pow(alpha, gamma + 1)) / (1 - alpha)
   }
-  window.teach = { expectedTokens: expectedTokens }
+  window.teach = { expectedTokens: expectedTokens, openView: function (name) { openView(name) } }
 
   // --- workshop mode: the server's token (in the page's address) goes with every request of the views --------------
   var token = new URLSearchParams(location.search).get('token')
@@ -89,12 +89,6 @@
     var name = tab.dataset.viewTab
     openView(openName() === name ? '' : name)
   })
-
-  // static/playground.js rewrites the URL from the controls on every change (keeping autoplay and hide): the open
-  // view is put back after it (this listener runs after the form's)
-  function keepView() { if (openName()) setUrlView(openName()) }
-  document.addEventListener('change', keepView)
-  document.addEventListener('input', keepView)
 
   // --- token inspector ---------------------------------------------------------------------------------------------
   var inspector = { pinned: null, hoverTimer: null, shown: '' }
@@ -577,7 +571,9 @@
       var running = false
       lanes.forEach(function (l) {
         var shown = Math.min(clock, l.total)
+        var before = l.next
         while (l.next < l.toks.length && parseFloat(l.toks[l.next].dataset.t) <= clock) l.toks[l.next++].classList.add('shown')
+        if (l.next > before) followLane(l)
         l.clock.textContent = shown.toFixed(1) + ' ms'
         l.count.textContent = l.next
         l.fill.setAttribute('width', (shown / finish * 1000).toFixed(1))
@@ -585,8 +581,9 @@
           l.done = true
           while (l.next < l.toks.length) l.toks[l.next++].classList.add('shown')
           l.count.textContent = l.next
+          followLane(l)
           l.el.classList.add('finished')
-          l.el.querySelector('[data-final]').hidden = false
+          l.el.querySelectorAll('[data-final]').forEach(function (el) { el.hidden = false })
         }
         if (!l.done) running = true
       })
@@ -595,6 +592,36 @@
     }
     requestAnimationFrame(frame)
   }
+
+  // each lane's stream keeps its newest shown token in view (the box scrolls; the page does not)
+  function followLane(l) {
+    var box = l.el.querySelector('.race-stream')
+    var last = l.toks[l.next - 1]
+    if (box && last) box.scrollTop = Math.max(0, last.offsetTop + last.offsetHeight - box.clientHeight)
+  }
+
+  // The race's setting picks which values its two sides offer; the pair goes into the page's URL.
+  function raceChoices(changed) {
+    var setting = $('race-setting')
+    if (!setting) return
+    var option = setting.selectedOptions[0]
+    ;[['race-a', option.dataset.a], ['race-b', option.dataset.b]].forEach(function (pair) {
+      var select = $(pair[0])
+      Array.prototype.forEach.call(select.options, function (o) {
+        var mine = o.dataset.setting === setting.value
+        o.hidden = !mine
+        o.disabled = !mine
+      })
+      if (changed || !select.selectedOptions.length || select.selectedOptions[0].disabled) select.value = pair[1]
+    })
+    var params = new URLSearchParams(location.search)
+    params.set('race', setting.value); params.set('race_a', $('race-a').value); params.set('race_b', $('race-b').value)
+    history.replaceState(null, '', location.pathname + '?' + params.toString())
+  }
+  document.addEventListener('change', function (ev) {
+    var id = ev.target && ev.target.id
+    if (id === 'race-setting' || id === 'race-a' || id === 'race-b') raceChoices(id === 'race-setting')
+  })
 
   document.addEventListener('htmx:afterSwap', function (evt) {
     var target = evt.detail && evt.detail.target
@@ -617,5 +644,11 @@
       }
     })
     if (t && t.dataset.open) setTimeout(function () { onOpen(t.dataset.open) }, 0)
+    // a slide of one race (layout=view:race&autoplay=1) starts it; static/playground.js then leaves play alone
+    var playground = $('playground')
+    if (document.body.dataset.layout === 'view:race' && playground && playground.dataset.autoplay === '1') {
+      var start = $('race-start')
+      if (start) setTimeout(function () { start.click() }, 0)
+    }
   })
 })()

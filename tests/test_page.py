@@ -99,6 +99,9 @@ def test_url_settings_are_rendered_into_the_form(app_client):
     ("speed=warp", "speed"),
     ("theme=sepia", "theme"),
     ("hide=everything", "hide"),
+    ("layout=poster", "layout"),
+    ("race=top_p", "race"),
+    ("race=num_kv_heads&race_a=6&race_b=5", "race_b"),
     ("prompt_lookup_min=5&prompt_lookup_max=2", "prompt_lookup"),
 ])
 def test_a_bad_url_value_is_ignored_with_a_visible_warning(app_client, query, needle):
@@ -119,6 +122,30 @@ def test_hide_presenter_and_autoplay(app_client):
     # hidden parts stay in the page: the websocket's fragments still find their targets
     for target in ["notes", "stream", "run-status", "draft-lane", "kv-target-grid", "m-kv_bytes_per_token"]:
         assert form.by_id(target) is not None, target
+
+
+def test_hide_can_take_a_whole_column_away(app_client):
+    form = Form(app_client.get("/embed?hide=sidebar,gauges,chart,legend,notes,status").text)
+    assert form.by_id("controls")["data-part"] == "sidebar" and "hidden" in form.by_id("controls")
+    assert set(form.by_id("playground")["class"].split()) == {"playground", "no-sidebar", "no-side-col"}
+    run_head = next(a for _, a in form.elements if a.get("data-part") == "status")
+    assert "hidden" in run_head
+    # the settings column's parts one by one collapse it too (a watcher's page)
+    assert "no-sidebar" in Form(app_client.get("/?hide=prompt,controls,settings").text).by_id("playground")["class"]
+    assert "no-sidebar" not in Form(app_client.get("/?hide=prompt,controls").text).by_id("playground")["class"]
+
+
+def test_layouts_and_races_come_from_the_url(app_client):
+    form = Form(app_client.get("/embed?layout=view:race&race=num_kv_heads&race_a=6&race_b=1").text)
+    body = next(a for t, a in form.elements if t == "body")
+    assert body["data-layout"] == "view:race"
+    assert "hidden" not in form.by_id("view-race") and form.by_id("teach")["data-open"] == "race"
+    assert form.values["race"] == "num_kv_heads" and (form.values["race_a"], form.values["race_b"]) == ("6", "1")
+    assert form.by_id("f-layout") is not None
+    form = Form(app_client.get("/?layout=kv&model=target-mha").text)
+    assert next(a for t, a in form.elements if t == "body")["data-layout"] == "kv"
+    assert form.values["race"] == "method" and (form.values["race_a"], form.values["race_b"]) == ("none", "draft_model")
+    assert "data-layout" not in next(a for t, a in Form(app_client.get("/").text).elements if t == "body")
 
 
 def test_page_fragment_targets_exist_in_both_views(app_client):
@@ -222,6 +249,32 @@ def test_streamed_tokens_are_escaped_and_whitespace_made_visible():
     assert 'title="accepted · p=0.500 · q=0.250 · min(1, p/q)=1.000"' in html
     assert piece("\n").endswith("\n") and "↵" in piece("\n")
     assert "end of text" in piece("<|endoftext|>")
+
+
+def test_a_chat_template_collapses_and_the_prompt_last_line_runs_into_the_answer():
+    from app.html_view import macros
+
+    tokens = [{"id": 1, "text": "<|im_start|>", "template": True}, {"id": 2, "text": "user", "template": True},
+              {"id": 3, "text": "\n", "template": True}, {"id": 4, "text": "Hi"}, {"id": 5, "text": " <b>"},
+              {"id": 6, "text": "<|im_end|>", "template": True}, {"id": 7, "text": "\n", "template": True}]
+    html = str(macros().stream(tokens, 1))
+    head = html.split('class="prompt prompt-head"')[1]
+    assert "prompt-tail" not in html                      # the template's last line break ends the prompt
+    assert head.count('class="tpl-toggle"') == 2 and "chat template: user · 3 tokens" in head
+    assert "chat template: end of turn · 2 tokens" in head and "Hi &lt;b&gt;" in head
+    html = str(macros().stream([{"id": 1, "text": "def f():"}, {"id": 2, "text": "\n"}, {"id": 3, "text": "    "}], 2))
+    assert 'prompt-head' in html and '<span class="prompt prompt-tail" title="the prompt">    </span>' in html
+    assert "tpl-toggle" not in html
+
+
+def test_a_chat_template_knows_where_the_user_text_sits():
+    from engine.chat import ChatTemplate
+
+    chat = ChatTemplate("chatml", "You are an assistant")
+    for user in ("assistant", "", "<|im_end|>user"):
+        text = chat.prompt(user)
+        start, end = chat.user_span(user)
+        assert text[start:end] == user and text[:start].endswith("<|im_start|>user\n")
 
 
 def test_a_draft_lane_chip_of_spaces_is_not_blank():

@@ -283,14 +283,39 @@ def test_faults_beside_a_correct_run_with_the_divergence_marked(client):
 
 
 def test_the_race_runs_plain_and_speculative_on_their_engine_clocks(client):
-    html = client.post("/teach/race", data=FORM).text
+    html = client.post("/teach/race", data=FORM).text                  # no pair named: plain against the draft
     lanes = dict(re.findall(r'data-lane="(\w+)" data-total-ms="([\d.]+)"', html))
-    assert set(lanes) == {"plain", "speculative"} and all(float(v) > 0 for v in lanes.values())
+    assert set(lanes) == {"a", "b"} and all(float(v) > 0 for v in lanes.values())
+    assert re.findall(r'<h3>(.*?)</h3>', html) == ["plain decoding", "draft model"]
     stamps = {role: [float(t) for t in re.findall(r'data-t="([\d.]+)"', body)]
               for role, body in re.findall(r'data-lane="(\w+)".*?<div class="stream race-stream">(.*?)</div>', html, re.S)}
     assert all(s == sorted(s) and s[-1] == pytest.approx(float(lanes[r]), abs=0.01) for r, s in stamps.items())
-    assert len(stamps["plain"]) == len(stamps["speculative"]) == 40
+    assert len(stamps["a"]) == len(stamps["b"]) == 40
     assert "exactly the same text" in html                               # greedy: speculative == plain
+
+
+def test_a_race_of_any_two_settings_names_its_pair_and_quotes_the_engine(client):
+    from app.config import AppConfig
+    from engine.checkpoint import load_config
+    from engine.kv_dtypes import kv_bytes_per_token
+
+    models = AppConfig.from_env().models_dir                          # the client's models (configs only)
+    cfg = {c.num_key_value_heads: c for c in (load_config(models / name) for name in ("target-mha", "target-mqa"))}
+    mha = max(cfg)
+    form = {**FORM, "model": "target-mha", "race": "num_kv_heads", "race_a": str(mha), "race_b": "1"}
+    html = client.post("/teach/race", data=form).text
+    assert re.findall(r'<h3>(.*?)</h3>', html) == [f"MHA ({mha} KV heads)", "MQA (1 KV head)"]
+    kv = [int(x) for x in re.findall(r'data-figure="kv_bytes_per_token">(\d+)<', html)]
+    assert kv == [kv_bytes_per_token(cfg[mha], "auto"), kv_bytes_per_token(cfg[1], "auto")]
+    assert f"MQA (1 KV head): {kv[0] / kv[1]:.1f}× fewer KV bytes/token" in html
+    html = client.post("/teach/race", data={**FORM, "race": "kv_cache_dtype", "race_a": "auto", "race_b": "fp8_e4m3"}).text
+    assert "fp8 (e4m3) cache: 4.0× fewer KV bytes/token" in html
+    html = client.post("/teach/race", data={**FORM, "race": "kv_cache", "race_a": "true", "race_b": "false"}).text
+    assert "KV cache off: no KV cache held" in html and "exactly the same text" in html
+    for bad, message in (({"race": "top_p"}, "race: one of"), ({"race": "num_kv_heads", "race_a": "1", "race_b": "1"},
+                                                               "two different values"),
+                         ({"race": "num_kv_heads", "race_a": "1", "race_b": "5"}, "num_kv_heads")):
+        assert message in client.post("/teach/race", data={**FORM, **bad}).text
 
 
 def test_the_distribution_check_runs_in_the_background(client):

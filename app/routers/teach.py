@@ -12,7 +12,7 @@ JSON the views' scripts read (static/teach.js).
 | `GET /teach/paging`, `GET /teach/paging/live` | paging waste on the seed's request mix, and in the live pools |
 | `GET /teach/cost` | measured verify cost here beside a roofline projection for an accelerator |
 | `POST /teach/faults` | a teaching fault beside a correct run, with the point of divergence |
-| `POST /teach/race` | plain and speculative decoding of the same prompt, with their engine clocks |
+| `POST /teach/race` | the same prompt with one setting apart (`race`, `race_a`, `race_b`), on their engine clocks |
 
 The routes translate: every figure comes from the engine (engine/theory.py, engine/kv_memory.py,
 engine/teaching.py, cli/generate.py's `check_distribution`, cli/bench_spec.py's `verify_curve`). Errors are
@@ -49,9 +49,11 @@ from cli.bench_spec import curve_at, verify_curve
 from cli.generate import check_distribution
 from engine.kv_dtypes import KV_CACHE_DTYPES, kv_bytes_per_token
 from engine.kv_memory import ELEMENT_BYTES, PUBLIC_CONFIGS, calculator, paging_waste, seed_request_mix
+from engine.layout import stream_ms, weight_bytes
 from engine.registry import SEQUENCE_TOKENS_BUDGET
 from engine.settings import FAULTS, GenerationSettings, SettingsError
-from engine.teaching import fault_comparison, race
+from engine.race import RACE_SETTINGS, race
+from engine.teaching import fault_comparison
 from engine.theory import (ACCELERATORS, expected_tokens_per_round, projected_speedup, projected_verify_curve,
                            speedup_from_curve)
 
@@ -228,9 +230,13 @@ def measured_curve(engine, model_name: str | None) -> dict:
         curve = verify_curve(lm, ns=ns, repeats=repeats, summary=min)
         draft = engine.registry.draft_for(lm)
         draft_ms = verify_curve(draft, ns=(1,), repeats=repeats, summary=min)[1] if draft is not None else None
+        # a model whose weights do not fit in the caches: one pass over its weight bytes, the floor of t(1)
+        streamed = hasattr(lm.model, "weights_stream_ms")
         result = {"model": lm.name, "draft": draft.name if draft else None, "context": 100,
                   "target_ms": {n: curve_at(curve, n) for n in CURVE_NS}, "measured_at": list(ns),
                   "draft_ms": draft_ms, "c": draft_ms / curve[1] if draft_ms else None,
+                  "floor_ms": stream_ms(lm.model) if streamed else None,
+                  "weight_bytes": weight_bytes(lm.model) if streamed else None,
                   "seconds": time.perf_counter() - t}
         _curves[lm.name] = result
         return result
@@ -595,15 +601,19 @@ async def faults(request: Request, playground: PlaygroundDep) -> HTMLResponse:
 
 @router.post("/race", response_class=HTMLResponse)
 async def race_view(request: Request, playground: PlaygroundDep) -> HTMLResponse:
+    """`race` names the setting the two sides differ in, `race_a` and `race_b` its values (engine/race.py)."""
     if playground.engine is None:
         return error_fragment(request, playground.load_error or "no models loaded")
     try:
-        prompt, settings, _ = await _settings_from(request)
+        prompt, settings, fields = await _settings_from(request)
+        setting = fields.get("race") or "method"
+        if setting not in RACE_SETTINGS:
+            raise SettingsError("race", f"one of {', '.join(RACE_SETTINGS)}")
+        values = (fields["race_a"], fields["race_b"]) if fields.get("race_a") and fields.get("race_b") else None
         settings["max_tokens"] = min(GenerationSettings.parse(settings).max_tokens, RACE_MAX_TOKENS)
-        r = await anyio.to_thread.run_sync(_teaching_run, race, playground.engine, prompt, settings)
+        r = await anyio.to_thread.run_sync(_teaching_run, race, playground.engine, prompt, settings, setting, values)
     except (SettingsError, ValueError) as e:
         return error_fragment(request, str(e))
     except BusyError:
         return error_fragment(request, "Another comparison or race is running: try again in a moment.")
-    finish = max(r["plain"]["elapsed_ms"], r["speculative"]["elapsed_ms"])
-    return fragment(request, "race", r=r, finish_ms=finish, prompt=prompt)
+    return fragment(request, "race", r=r, prompt=prompt)

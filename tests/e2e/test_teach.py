@@ -182,13 +182,13 @@ def test_race_plain_against_speculative_with_their_clocks(live_server, page, art
     page.click("#race-start")
     page.wait_for_selector("#race-result .race[data-state='running']", timeout=30_000)
     page.wait_for_selector("#race-result .race[data-state='done']", timeout=30_000)
-    for lane in ("plain", "speculative"):
+    for lane in ("a", "b"):                                           # plain, then the draft model
         sel = f"#race-result .race-lane[data-lane={lane}]"
         total = float(page.get_attribute(sel, "data-total-ms"))
         clock = page.inner_text(f"{sel} [data-clock]")                   # its own engine clock, to 0.1 ms:
         assert clock.endswith(" ms") and abs(float(clock[:-3]) - total) <= 0.05 + 1e-9   # JS rounds 29.25 up
         assert page.locator(f"{sel} .tok.shown").count() == page.locator(f"{sel} .tok").count() == 60
-    texts = [page.inner_text(f"#race-result .race-lane[data-lane={lane}] .race-stream") for lane in ("plain", "speculative")]
+    texts = [page.inner_text(f"#race-result .race-lane[data-lane={lane}] .race-stream") for lane in ("a", "b")]
     assert texts[0] == texts[1]                                       # greedy: the same text both ways
     assert page.is_visible("#race-result [data-verdict]")
     page.screenshot(path=str(artifacts_dir / "teach-race.png"))

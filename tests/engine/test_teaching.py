@@ -6,7 +6,7 @@ import pytest
 from engine.events import EVENT_TYPES, event_from_dict
 from engine.session import GenerationSession
 from engine.settings import SettingsError
-from engine.teaching import fault_comparison, first_divergence, race, trace
+from engine.teaching import fault_comparison, first_divergence, trace
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 
@@ -72,15 +72,4 @@ def test_fault_comparison_finds_where_the_faulty_run_parts(family):
     assert r["divergence"] == r["faulty"]["num_output_tokens"]   # where the failing round would have delivered
     with pytest.raises(SettingsError, match="fault"):
         fault_comparison(engine, PROMPT, {}, "none")
-    assert no_blocks_used(engine)
-
-
-def test_race_greedy_writes_the_same_text_both_ways(family):
-    engine = family(draft="twin")
-    r = race(engine, PROMPT, {"method": "draft_model", "num_speculative_tokens": 4, "max_tokens": 40})
-    assert r["same_text"] and r["plain"]["num_output_tokens"] == r["speculative"]["num_output_tokens"] == 40
-    assert r["plain"]["rounds"] == 39                         # one token per round after the prefill's
-    assert r["speculative"]["rounds"] < 39                    # the twin draft is always accepted: 5 per round
-    assert r["speedup"] == pytest.approx((r["plain"]["elapsed_ms"] / 40) / (r["speculative"]["elapsed_ms"] / 40))
-    assert {t["status"] for t in r["plain"]["tokens"]} == {"target"}
     assert no_blocks_used(engine)

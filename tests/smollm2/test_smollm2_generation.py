@@ -5,7 +5,7 @@ import pytest
 from engine.checkpoint import load_checkpoint
 from engine.kv_cache import KVCacheManager
 from engine.model import Model, forward, forward_no_cache
-from engine.panels import PanelWeight
+from engine.layout import LAYOUTS
 from engine.settings import SettingsError
 
 SUMMARY_PROMPT = (
@@ -40,23 +40,10 @@ def test_cached_logits_equal_uncached_logits(smollm2, tokenizer):
     assert (paged.argmax(-1) == full.argmax(-1)).all()
 
 
-def test_panel_layout_computes_the_same_products():
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((96, 320)).astype(np.float32)
-    p = PanelWeight(w)
-    assert np.array_equal(p.to_array(), w)
-    for n in (1, 2, 5, 40):
-        x = rng.standard_normal((n, 96)).astype(np.float32)
-        np.testing.assert_allclose(x @ p, x @ w, rtol=1e-5, atol=1e-4)
-        assert (x @ p).shape == (n, 320)
-
-
-def test_panel_model_equals_the_whole_matrix_model(smollm2, tokenizer):
-    cfg, weights, _ = load_checkpoint(smollm2.path, with_tokenizer=False)
-    whole = Model(cfg, weights)
-    assert isinstance(smollm2.model.lm_head, PanelWeight)
-    ids = tokenizer.encode("The Eiffel Tower is in")
-    np.testing.assert_allclose(forward_no_cache(smollm2.model, ids), forward_no_cache(whole, ids), rtol=1e-4, atol=1e-3)
+def test_the_loaded_model_uses_the_layout_measured_faster(smollm2):
+    model = smollm2.model
+    assert model.layout == min(model.layout_ms, key=model.layout_ms.get)
+    assert isinstance(model.lm_head, LAYOUTS[model.layout])
 
 
 def test_ngram_greedy_equals_plain_greedy_and_saves_target_calls(run_session):
@@ -95,3 +82,18 @@ def test_streamed_text_is_whole_characters(run_session):
     assert "北京" in summary["text"] and "".join(pieces) == summary["text"]
     assert "" in pieces and "\ufffd" not in summary["text"]
     assert "北" in pieces and not any("\\x" in p for p in pieces)
+
+
+def test_the_chat_template_s_own_prompt_tokens_are_marked(smollm2_engine):
+    """The page collapses the template (system prompt, control tokens): the rest of the prompt is the user's text."""
+    from engine.session import GenerationSession
+
+    question = "What is the capital of France?"
+    events = list(GenerationSession(smollm2_engine, question, {"model": "smollm2-135m", "chat": True,
+                                                               "method": "none", "max_tokens": 1}).events())
+    tokens = events[0].prompt_tokens
+    assert "".join(t["text"] for t in tokens if not t.get("template")) == question
+    assert "".join(t["text"] for t in tokens if t.get("template")).startswith("<|im_start|>system\n")
+    plain = list(GenerationSession(smollm2_engine, question, {"model": "smollm2-135m", "method": "none",
+                                                              "max_tokens": 1}).events())
+    assert not any(t.get("template") for t in plain[0].prompt_tokens)

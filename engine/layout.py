@@ -1,0 +1,195 @@
+"""Weight layouts for models whose weights do not fit in the CPU cache, chosen by measurement at load.
+
+A decode step of SmolLM2-135M reads all 538 MB of its float32 weights from memory: it is memory-bound,
+like a GPU, and its speed is how fast numpy streams those bytes. Which call pattern streams them fastest
+depends on the CPU and on the kernels OpenBLAS picks for it, and on this machine's hosts it has gone both
+ways (docs/benchmarks.md, `bench smollm2`):
+
+- `OutInWeight`: W stored [out, in] (Hugging Face's own order), one row as `W @ x`, a GEMV. One session
+  measured it at the machine's bandwidth (17 ms for the model's weights); another (SkylakeX kernels) at half
+  of it, while a plain streaming read of the same bytes ran at full speed.
+- `PanelWeight`: W [in, out] as contiguous 64-column panels [P, C, 64], one row as a two-row product
+  `x @ panel` (the row and a copy of it), which OpenBLAS's small-matrix GEMM streams panel by panel. On
+  SkylakeX kernels it runs within 5-15% of the streaming read; without that small kernel OpenBLAS packs
+  every panel and it runs 1.5-2.4x the GEMV's time.
+
+`use_fastest_layout(model)` times one row through both layouts of the model's LM head (113 MB, larger than
+every cache) and stores all matrices in the faster one: one copy of the weights.
+
+A forward over a few rows (speculative verification) must read every weight once for all rows, not once
+per row. OpenBLAS's GEMM on a whole large matrix packs all of it first, so each layout multiplies few rows
+piece by piece, each piece reused from the cache for every row; the pattern is chosen per call from the
+number of rows n:
+
+    layout     n = 1                 2 <= n <= 9                          n > 9 (prefill)
+    panels     [x; x] @ panel        X @ panel, panel by panel            the same
+    out_in     W @ x (GEMV)          block @ x_j for each row, blocks     X @ W.T (one GEMM)
+                                     of 256 rows still in cache
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+PANEL_COLUMNS = 64
+BLOCK_ROWS = 256
+FEW_ROWS = 9
+
+
+class PanelWeight:
+    """A [C, D] weight of `x @ W` as D/b contiguous column panels [D/b, C, b]."""
+
+    def __init__(self, w, columns: int = PANEL_COLUMNS):  # w [C, D]
+        c, d = w.shape
+        b = columns if d % columns == 0 else d          # a width that does not divide: one panel
+        self.shape, self.dtype = (c, d), w.dtype
+        self.panels = np.ascontiguousarray(w.reshape(c, d // b, b).transpose(1, 0, 2))   # [P, C, b]
+
+    @property
+    def data(self):  # the stored array
+        return self.panels
+
+    @property
+    def nbytes(self) -> int:
+        return self.panels.nbytes
+
+    def vec(self, x):  # [C] -> [D]: as two rows, which OpenBLAS's small GEMM streams faster than its GEMV
+        rows = np.empty((2, x.shape[0]), x.dtype)
+        rows[:] = x
+        return self.rows(rows)[0]
+
+    def rows(self, x):  # [n, C] -> [n, D], each panel's product written straight into its columns
+        n, num_panels = x.shape[0], self.panels.shape[0]
+        out = np.empty((n, self.shape[1]), np.result_type(x, self.panels))
+        np.matmul(x, self.panels, out=out.reshape(n, num_panels, -1).transpose(1, 0, 2))    # [P, n, b] view
+        return out
+
+    def to_array(self):  # -> [C, D]
+        return self.panels.transpose(1, 0, 2).reshape(self.shape)
+
+
+class OutInWeight:
+    """A [C, D] weight of `x @ W`, stored as W.T [D, C]; a few rows are multiplied block by block of rows."""
+
+    def __init__(self, w, block_rows: int = BLOCK_ROWS):  # w [C, D]
+        c, d = w.shape
+        self.shape, self.dtype = (c, d), w.dtype
+        self.t = np.ascontiguousarray(w.T)                                        # [D, C]
+        self.block_rows = min(block_rows, d)
+
+    @property
+    def data(self):  # the stored array
+        return self.t
+
+    @property
+    def nbytes(self) -> int:
+        return self.t.nbytes
+
+    def vec(self, x):  # [C] -> [D]
+        return np.dot(self.t, x)
+
+    def rows(self, x):  # [n, C] -> [n, D]
+        n = x.shape[0]
+        if n == 1:
+            return np.dot(self.t, x[0])[None]
+        if n > FEW_ROWS:
+            return np.dot(x, self.t.T)
+        out = np.empty((n, self.shape[1]), np.result_type(x, self.t))
+        r = self.block_rows
+        for a in range(0, self.shape[1], r):         # a block's GEMVs for every row while it is in cache
+            block = self.t[a:a + r]
+            for j in range(n):
+                np.dot(block, x[j], out=out[j, a:a + len(block)])
+        return out
+
+    def to_array(self):  # -> [C, D]
+        return self.t.T
+
+
+LAYOUTS = {"panels": PanelWeight, "out_in": OutInWeight}
+MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")      # the matrices of an engine.model.LayerWeights
+
+
+def weight_rows(x, w):  # [n, C] @ a layout's weight -> [n, D]: `Model.dot` of a model with these weights
+    return w.rows(x)
+
+
+def weight_vec(x, w):  # [C] @ a layout's weight -> [D]: `Model.vec_dot`
+    return w.vec(x)
+
+
+def one_row_ms(w, repeats: int = 5) -> dict[str, float]:
+    """Fastest ms of one row through each layout of the [C, D] weight w, the layouts taking turns (on a
+    shared machine interference only adds time)."""
+    weights = {name: layout(w) for name, layout in LAYOUTS.items()}
+    x = np.random.default_rng(0).standard_normal(w.shape[0]).astype(w.dtype)
+    times = {name: [] for name in weights}
+    for _ in range(repeats):
+        for name, lw in weights.items():
+            t = time.perf_counter()
+            lw.vec(x)
+            times[name].append((time.perf_counter() - t) * 1e3)
+    return {name: min(v) for name, v in times.items()}
+
+
+def weights_of(model) -> list:
+    """Every matrix a forward of `model` multiplies by, in order: the bytes a decode step reads."""
+    return [getattr(lw, a) for lw in model.layers for a in MATRICES] + [model.lm_head]
+
+
+def weight_bytes(model) -> int:
+    return sum(w.nbytes for w in weights_of(model))
+
+
+class WeightStream:
+    """One pass over exactly a model's weight bytes, the floor of a decode step, two ways:
+    `read`, a BLAS dot of each stored array with itself (every byte loaded once, one multiply-add each), and
+    `gemv`, one matrix-vector product per matrix stored [out, in] (only for a model in that layout)."""
+
+    def __init__(self, model):
+        weights = weights_of(model)
+        self.flat = [w.data.reshape(-1) if hasattr(w, "data") else w.reshape(-1) for w in weights]
+        self.nbytes = sum(v.nbytes for v in self.flat)
+        rng = np.random.default_rng(0)
+        self.products = [(w.t, rng.standard_normal(w.shape[0]).astype(w.dtype))
+                         for w in weights if isinstance(w, OutInWeight)]
+
+    def read(self) -> None:
+        for v in self.flat:
+            np.dot(v, v)
+
+    def gemv(self) -> None:
+        for t, x in self.products:
+            np.dot(t, x)
+
+
+def stream_ms(model, repeats: int = 5) -> float:
+    """The fastest of `repeats` passes of `WeightStream.read` over the model's weights, in ms."""
+    stream, times = WeightStream(model), []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        stream.read()
+        times.append((time.perf_counter() - t) * 1e3)
+    return min(times)
+
+
+def use_layout(model, name: str):
+    """Store every matrix of `model` (an engine.model.Model) in layout `name`, in place; returns the model."""
+    layout = LAYOUTS[name]
+    for lw in model.layers:
+        for attr in MATRICES:
+            setattr(lw, attr, layout(getattr(lw, attr)))
+    model.lm_head = layout(model.lm_head)
+    model.layout = name
+    model.split_rows = frozenset()     # the weights choose their own call pattern per row count
+    model.dot, model.vec_dot = weight_rows, weight_vec
+    return model
+
+
+def use_fastest_layout(model):
+    """`use_layout` with the layout whose one-row product over the LM head is faster here."""
+    ms = one_row_ms(model.lm_head)
+    use_layout(model, min(ms, key=ms.get))
+    model.layout_ms = ms
+    return model

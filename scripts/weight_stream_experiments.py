@@ -1,0 +1,173 @@
+"""Issue 17's side measurements: how fast numpy streams SmolLM2-135M's 538 MB of weights, several ways.
+
+    .venv/bin/python scripts/weight_stream_experiments.py layouts [--repeats 15]
+    .venv/bin/python scripts/weight_stream_experiments.py bytes [--repeats 9]
+    .venv/bin/python scripts/weight_stream_experiments.py threads [--rounds 3]
+
+- layouts: one pass of products over matrices of SmolLM2's shapes (random float32: timing does not depend
+  on the values) for 1, 2, 3, 5 and 9 rows, per layout and call pattern, against a bare read of the bytes.
+- bytes: the same one-row pass with weights stored in fewer bytes (float16, bfloat16, int8 with per-column
+  scales), each 1 MB piece converted to float32 just before its product, against float32.
+- threads: decode steps, a 5-row verification and a prefill of the draft, target-mha and SmolLM2 (the layout
+  engine/layout.py chooses) in processes with OPENBLAS_NUM_THREADS=1 and 2, alternated.
+Figures are per-thread CPU time (time.thread_time) for `layouts` and `bytes` (min / median ms), which leaves
+out the time other processes hold the core but not their use of the memory bus; wall time for `threads`.
+Quoted in docs/benchmarks.md (`bench smollm2` section).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import engine  # noqa: E402,F401  (BLAS threads pinned unless set)
+import numpy as np  # noqa: E402
+
+from engine.layout import FEW_ROWS, OutInWeight, PanelWeight  # noqa: E402
+
+SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)] * 30 + [(576, 49152)]   # [in, out], as x @ W
+
+
+def timed(fns: dict, repeats: int) -> None:
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.thread_time()
+            fn()
+            times[k].append((time.thread_time() - t) * 1e3)
+    for k, v in times.items():
+        print(f"{k:44s} {min(v):7.1f} / {statistics.median(v):7.1f} ms")
+
+
+def layouts(repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    w = [rng.standard_normal(s, dtype=np.float32) for s in SHAPES]
+    panels, out_in = [PanelWeight(a) for a in w], [OutInWeight(a) for a in w]
+    x = {n: [rng.standard_normal((n, s[0]), dtype=np.float32) for s in SHAPES] for n in (1, 2, 3, 5, FEW_ROWS)}
+
+    def run(weights, n, how):
+        return lambda: [how(lw, xi) for lw, xi in zip(weights, x[n])]
+
+    fns = {"bare read (BLAS dot of each array with itself)": lambda: [np.dot(v, v) for v in
+                                                                       (p.data.reshape(-1) for p in panels)],
+           "1 row: [out, in] W @ x (GEMV)": run(out_in, 1, lambda lw, xi: lw.vec(xi[0])),
+           "1 row: [in, out] x @ W (GEMV)": run(w, 1, lambda a, xi: np.dot(xi[0], a)),
+           "1 row: panels, one row (GEMV per panel)": run(panels, 1, lambda lw, xi: np.matmul(xi[0], lw.panels)),
+           "1 row: panels, as two rows (small GEMM)": run(panels, 1, lambda lw, xi: lw.vec(xi[0]))}
+    for n in (2, 3, 5, FEW_ROWS):
+        fns[f"{n} rows: panels"] = run(panels, n, lambda lw, xi: lw.rows(xi))
+        fns[f"{n} rows: [out, in] blocks, a GEMV per row"] = run(out_in, n, lambda lw, xi: lw.rows(xi))
+        fns[f"{n} rows: [out, in] whole, X @ W.T (GEMM)"] = run(out_in, n, lambda lw, xi: np.dot(xi, lw.t.T))
+    timed(fns, repeats)
+
+
+def fewer_bytes(repeats: int) -> None:
+    rng = np.random.default_rng(0)
+
+    def pieces(a):  # 64-column panels in pieces of <= 1 MB
+        c, d = a.shape
+        p = a.reshape(c, d // 64, 64).transpose(1, 0, 2).copy()
+        per = max(1, (1 << 20) // (c * 64 * 4))
+        return [p[i:i + per] for i in range(0, len(p), per)]
+
+    f32 = [pieces(rng.standard_normal(s, dtype=np.float32)) for s in SHAPES]
+    f16 = [[p.astype(np.float16) for p in w] for w in f32]
+    bf16 = [[(p.view(np.uint32) >> 16).astype(np.uint16) for p in w] for w in f32]
+    i8 = [[np.clip(np.round(p * 40), -127, 127).astype(np.int8) for p in w] for w in f32]
+    scale = np.float32(1 / 40)
+    x = [np.ascontiguousarray(np.broadcast_to(rng.standard_normal(s[0], dtype=np.float32), (2, s[0])))
+         for s in SHAPES]
+
+    def from_bf16(p):
+        u = p.astype(np.uint32)
+        u <<= 16
+        return u.view(np.float32)
+
+    def run(weights, widen, scaled=False):
+        def go():
+            for w, xi in zip(weights, x):
+                for p in w:
+                    out = np.matmul(xi, widen(p))
+                    if scaled:
+                        out *= scale
+        return go
+
+    timed({"bare read of the float32 bytes": lambda: [np.dot(v, v) for w in f32 for v in (p.reshape(-1) for p in w)],
+           "float32 panels, one row as two": run(f32, lambda p: p),
+           "float16, converted per piece": run(f16, lambda p: p.astype(np.float32)),
+           "bfloat16 (bit shift), converted per piece": run(bf16, from_bf16),
+           "int8 + per-column scale, converted per piece": run(i8, lambda p: p.astype(np.float32), scaled=True)},
+          repeats)
+
+
+def threads_child() -> None:
+    from engine.checkpoint import load_checkpoint, load_config
+    from engine.fetched import LazyModel, model_dir
+    from engine.kv_cache import KVCacheManager
+    from engine.model import Model, forward
+
+    out = {}
+    models = {name: (lambda n=name: Model(*load_checkpoint(ROOT / "models" / n)[:2])) for name in ("draft", "target-mha")}
+    path = model_dir("smollm2-135m")
+    models["smollm2-135m"] = lambda: LazyModel(path, load_config(path)).load()
+    for name, build in models.items():
+        model = build()
+        ctx, inner = (256, 1) if name.startswith("smollm2") else (100, 20)
+        tokens = np.random.default_rng(0).integers(2, model.cfg.vocab_size, ctx + 10)
+        mgr = KVCacheManager(model.cfg, num_blocks=2 * (ctx // 16 + 3), block_size=16, enable_prefix_caching=False)
+        seq = mgr.new_sequence()
+        forward(model, tokens[:ctx], 0, mgr.append_slots(seq, tokens[:ctx]))
+        r = {}
+        for n in (1, 5):
+            ts = []
+            for _ in range(9):
+                t = time.perf_counter()
+                for _ in range(inner):
+                    forward(model, tokens[ctx:ctx + n], ctx, mgr.append_slots(seq, tokens[ctx:ctx + n]))
+                    mgr.truncate(seq, ctx)
+                ts.append((time.perf_counter() - t) / inner * 1e3)
+            r[f"{n} row{'s' if n > 1 else ''}"] = statistics.median(ts)
+        t = time.perf_counter()
+        fresh = mgr.new_sequence()
+        forward(model, tokens[:ctx], 0, mgr.append_slots(fresh, tokens[:ctx]))
+        r[f"prefill {ctx}"] = (time.perf_counter() - t) * 1e3
+        out[name] = r
+    print(json.dumps(out))
+
+
+def threads(rounds: int) -> None:
+    runs = {1: [], 2: []}
+    for _ in range(rounds):
+        for n in runs:
+            env = {**os.environ, "OPENBLAS_NUM_THREADS": str(n), "OMP_NUM_THREADS": str(n)}
+            done = subprocess.run([sys.executable, __file__, "threads-child"], env=env, capture_output=True,
+                                  text=True, check=True)
+            runs[n].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for model in runs[1][0]:
+        for what in runs[1][0][model]:
+            one = [r[model][what] for r in runs[1]]
+            two = [r[model][what] for r in runs[2]]
+            print(f"{model:13s} {what:12s} 1 thread " + " ".join(f"{v:8.2f}" for v in one)
+                  + "   2 threads " + " ".join(f"{v:8.2f}" for v in two) + " ms")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["layouts", "bytes", "threads", "threads-child"])
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    {"layouts": lambda: layouts(a.repeats), "bytes": lambda: fewer_bytes(a.repeats),
+     "threads": lambda: threads(a.rounds), "threads-child": threads_child}[a.what]()
+
+
+if __name__ == "__main__":
+    main()

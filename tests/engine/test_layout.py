@@ -1,0 +1,58 @@
+"""Weight layouts for models beyond the caches (engine/layout.py): the same products and the same logits."""
+import numpy as np
+import pytest
+
+from engine.kv_cache import KVCacheManager
+from engine.layout import FEW_ROWS, LAYOUTS, stream_ms, use_fastest_layout, use_layout, weight_bytes
+from engine.model import forward
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_each_layout_computes_the_same_products(layout):
+    """Every row count takes its own call pattern: one row, a few rows, many rows; widths that do not divide
+    into panels or blocks (one panel; a short last block)."""
+    rng = np.random.default_rng(0)
+    for d in (640, 700):
+        w = rng.standard_normal((96, d)).astype(np.float32)
+        lw = LAYOUTS[layout](w)
+        assert np.array_equal(lw.to_array(), w) and lw.nbytes == w.nbytes
+        x = rng.standard_normal((40, 96)).astype(np.float32)
+        np.testing.assert_allclose(lw.vec(x[0]), x[0] @ w, rtol=1e-5, atol=1e-4)
+        for n in (1, 2, 3, 5, FEW_ROWS, FEW_ROWS + 1, 40):
+            np.testing.assert_allclose(lw.rows(x[:n]), x[:n] @ w, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_each_layout_gives_the_plain_model_s_logits(make_model, layout):
+    """Prefill, decode steps (`decode`, through the layout's one-row product), a verification of 4 rows and
+    one of 12, in either layout, against the same model with plain arrays."""
+    plain, weights = make_model("tiny", hidden_size=128, intermediate_size=320, vocab_size=704, seed=5)
+    stored = use_layout(type(plain)(plain.cfg, weights), layout)
+    tokens = np.random.default_rng(6).integers(0, plain.cfg.vocab_size, 40)
+    runs = []
+    for model in (plain, stored):
+        mgr = KVCacheManager(model.cfg, num_blocks=6, block_size=8)
+        seq = mgr.new_sequence()
+        out = [model_forward(model, tokens[:20], 0, mgr, seq)]
+        out += [model_forward(model, tokens[p:p + 1], p, mgr, seq) for p in (20, 21, 22, 23)]
+        out.append(model_forward(model, tokens[24:28], 24, mgr, seq))
+        out.append(model_forward(model, tokens[28:40], 28, mgr, seq))
+        runs.append(np.concatenate(out))
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-4, atol=1e-4)
+    assert (runs[1].argmax(-1) == runs[0].argmax(-1)).all()
+
+
+def model_forward(model, tokens, p0, mgr, seq):
+    return forward(model, tokens, p0, mgr.append_slots(seq, tokens))
+
+
+def test_the_faster_layout_is_chosen_and_the_floor_covers_every_weight_byte(make_model):
+    model, _ = make_model("tiny", hidden_size=128, intermediate_size=320, vocab_size=704)
+    use_fastest_layout(model)
+    assert model.layout == min(model.layout_ms, key=model.layout_ms.get)
+    c, v, i = 128, 704, 320
+    cfg = model.cfg
+    qkv = c * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    per_layer = qkv + cfg.num_attention_heads * cfg.head_dim * c + c * 2 * i + i * c
+    assert weight_bytes(model) == 4 * (cfg.num_hidden_layers * per_layer + c * v)
+    assert stream_ms(model, repeats=2) > 0

@@ -1,0 +1,68 @@
+"""A race of two settings (engine/race.py): each side's figures are the engine's, the verdict quotes them."""
+import pytest
+
+from engine.kv_dtypes import kv_bytes_per_token
+from engine.race import race, race_choices, verdict
+from engine.settings import SettingsError
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
+
+
+def test_plain_against_speculative_greedy_writes_the_same_text_both_ways(family):
+    engine = family(draft="twin")
+    r = race(engine, PROMPT, {"method": "draft_model", "num_speculative_tokens": 4, "max_tokens": 40})
+    a, b = r["lanes"]
+    assert (a["value"], b["value"]) == ("none", "draft_model") and r["same_text"]
+    assert a["run"]["num_output_tokens"] == b["run"]["num_output_tokens"] == 40
+    assert a["run"]["rounds"] == 39 and b["run"]["rounds"] < 39    # the twin draft is always accepted
+    assert {t["status"] for t in a["run"]["tokens"]} == {"target"}
+    assert r["verdict"]["speedup"] == pytest.approx(a["run"]["elapsed_ms"] / b["run"]["elapsed_ms"])
+    assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
+
+
+def test_mha_against_mqa_quotes_the_cache_formula(family):
+    engine = family()
+    target = engine.registry.default_target()
+    variants = engine.registry.variants(target)
+    r = race(engine, PROMPT, {"method": "none", "max_tokens": 12}, "num_kv_heads", None)   # the default pair
+    a, b = r["lanes"]
+    assert (a["value"], b["value"]) == (max(variants), 1)
+    assert a["label"].startswith("MHA") and b["label"] == "MQA (1 KV head)"
+    for lane in (a, b):
+        assert lane["figures"]["kv_bytes_per_token"] == kv_bytes_per_token(variants[lane["value"]].cfg, "auto")
+    ratio = a["figures"]["kv_bytes_per_token"] / b["figures"]["kv_bytes_per_token"]
+    assert r["verdict"]["kv_ratio"] == ratio and f"{ratio:.1f}× fewer KV bytes/token" in r["verdict"]["text"]
+    assert set(race_choices(engine.registry, target)) == {"method", "kv_cache", "num_kv_heads", "kv_cache_dtype",
+                                                          "num_speculative_tokens"}
+
+
+def test_kv_cache_off_holds_nothing_and_writes_the_same_greedy_text(family):
+    engine = family()
+    r = race(engine, PROMPT, {"method": "none", "max_tokens": 12}, "kv_cache", ("true", "false"))
+    a, b = r["lanes"]
+    assert b["figures"]["kv_bytes_per_token"] == 0 and a["figures"]["kv_bytes_per_token"] > 0
+    assert r["same_text"] and r["verdict"]["text"].startswith("KV cache off: no KV cache held")
+
+
+def test_a_gamma_race_proposes_even_when_the_form_says_none(family):
+    r = race(family(), PROMPT, {"method": "none", "max_tokens": 12}, "num_speculative_tokens", ("2", "6"))
+    assert r["settings"]["method"] == "draft_model" and [l["label"] for l in r["lanes"]] == ["γ = 2", "γ = 6"]
+    assert all(l["figures"]["acceptance_rate"] is not None for l in r["lanes"])
+
+
+def test_a_race_needs_two_different_values_of_a_race_setting(family):
+    engine = family()
+    with pytest.raises(SettingsError, match="race: one of"):
+        race(engine, PROMPT, {}, "top_p", ("0.5", "1"))
+    with pytest.raises(SettingsError, match="two different values"):
+        race(engine, PROMPT, {}, "kv_cache_dtype", ("fp32", "auto"))       # an alias of the same dtype
+    with pytest.raises(SettingsError, match="kv_cache_dtype"):
+        race(engine, PROMPT, {}, "kv_cache_dtype", ("auto", "float64"))
+
+
+def test_the_verdict_reads_ratios_both_ways():
+    fa = {"kv_bytes_per_token": 1000, "ms_per_token": 2.0, "acceptance_rate": None, "mean_acceptance_length": None}
+    fb = {"kv_bytes_per_token": 4000, "ms_per_token": 4.0, "acceptance_rate": None, "mean_acceptance_length": None}
+    v = verdict("B", fa, fb)
+    assert v["text"] == "B: 4.0× more KV bytes/token, 2.0× slower per token." and v["speedup"] == 0.5
+    assert verdict("A", fb, fa)["text"] == "A: 4.0× fewer KV bytes/token, 2.0× faster per token."

@@ -1,0 +1,26 @@
+"""SmolLM2's roofline figures: the measured floor (one pass over its weight bytes) beside its measured step."""
+from app.html_view import model_line
+from app.routers.teach import measured_curve
+from engine.layout import weights_of
+
+
+def test_the_loaded_model_describes_its_weight_bytes_and_their_measured_stream(smollm2):
+    d = smollm2.describe()
+    assert d["weight_bytes"] == sum(w.nbytes for w in weights_of(smollm2.model))
+    assert 530e6 < d["weight_bytes"] < 545e6              # 134.5 M float32 parameters with the LM head's copy
+    assert d["weights_stream_ms"] > 0 and d["layout"] == smollm2.model.layout
+
+
+def test_the_model_line_shows_the_floor_beside_the_step():
+    md = {"weights_stream_ms": 19.0, "weight_bytes": 538e6}
+    assert model_line("m", md, None) == "m · its 538 MB of weights stream in 19.0 ms here (28 GB/s)"
+    assert model_line("m", md, 21.1) == ("m · decode 21.1 ms, weights stream in 19.0 ms: 90% of this machine's "
+                                         "memory bandwidth")
+    assert model_line("m", {}, 21.1) == "m"                   # a model in the caches: no floor to show
+
+
+def test_the_cost_model_measures_the_floor_with_the_curve(smollm2_engine, smollm2):
+    here = measured_curve(smollm2_engine, smollm2.name)
+    assert here["weight_bytes"] == smollm2.describe()["weight_bytes"]
+    # a step reads every weight at least once: it cannot beat one bare pass by much (timing noise aside)
+    assert 0 < here["floor_ms"] < 2 * here["target_ms"][1]
