@@ -286,8 +286,13 @@ class _Received:
         }
 
     def summary(self, engine: ExternalEngine, s: GenerationSettings) -> dict:
+        """The fields of our own summary (contracts: `generate --json`); what a server does not tell is None."""
+        n, f = len(self.arrivals), self.figures()
         return {"text": "".join(self.texts), "finish_reason": self.finish_reason,
+                "num_drafts": None, "mean_acceptance_length": None, "accepted_per_position": [],
+                "target_forward_calls": None, "draft_forward_calls": None, "kv_cache": None,
+                "tpot_s": (f["elapsed_s"] - f["ttft_s"]) / (n - 1) if n > 1 else None,
                 "tokens": [{"id": -1, "text": x, "status": "target"} for x in self.texts],
-                **self.figures(), "engine_timings": self.timings, "engine_usage": self.usage,
+                **f, "engine_timings": self.timings, "engine_usage": self.usage,
                 "engine_metrics": self.engine_metrics, "model": engine.describe(), "draft_model": None,
                 "settings": {**s.model_dump(), "model": engine.name}}

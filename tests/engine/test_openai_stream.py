@@ -42,6 +42,10 @@ def test_a_well_formed_stream_gives_tokens_and_done(hostile):
     assert done.type == "done"
     assert done.summary["text"] == "Hello, world" and done.summary["finish_reason"] == "stop"
     assert done.summary["num_output_tokens"] == 3 and done.summary["ttft_ms"] > 0
+    contract = {"text", "num_output_tokens", "tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                "acceptance_rate", "mean_acceptance_length", "accepted_per_position", "target_forward_calls",
+                "draft_forward_calls", "elapsed_s", "ttft_s", "tpot_s", "kv_cache", "model", "settings"}
+    assert contract <= done.summary.keys()
 
 
 @pytest.mark.parametrize("scenario, message", [
