@@ -27,7 +27,7 @@ $(VENV)/.stamp: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "error: Python >= 3.11 needed, $(PYTHON) is $$($(PYTHON) --version 2>&1)" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(VENV_PYTHON) -m pip install --disable-pip-version-check -e '.[test]'
+	$(VENV_PYTHON) -m pip install --disable-pip-version-check -e '.[test,llamacpp]'
 	touch $@
 
 # Front-end packages (htmx and its websocket extension), exactly as pinned in package-lock.json.

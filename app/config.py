@@ -60,6 +60,10 @@ class AppConfig:
     messages_per_s: float = 100.0         # per-connection message rate (token bucket) ...
     message_burst: int = 200              # ... and burst
     demo: str = "auto"                    # what the page opens on (app/page.py's demo_defaults)
+    # external engines (app/external.py): only the operator names their URLs, at start-up
+    openai_engines: tuple[dict, ...] = ()  # [{url, model, metrics_url}] from serve --openai-url ...
+    embedded_llamacpp: bool = False       # start llama.cpp's server on the fetched SmolLM2 GGUF (serve: yes)
+    llamacpp_threads: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "models_dir", Path(self.models_dir))
@@ -71,6 +75,9 @@ class AppConfig:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.idle_timeout_s <= 0 or self.messages_per_s <= 0:
             raise ValueError("idle_timeout_s and messages_per_s must be > 0")
+        if self.openai_engines:
+            from app.external import configured_engines
+            configured_engines(self.openai_engines, env={})     # raises ValueError for a URL that is not http(s)
         if self.token is not None:
             token = self.token.strip()
             if len(token) < 8 or not token.isascii() or not token.isprintable() or " " in token:

@@ -42,6 +42,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from app.admission import Busy
 from app.config import MAX_MESSAGE_BYTES
 from app.engine_thread import PARKED, SessionLink
+from app.external import start_external
 from app.logs import log_event
 from app.security import TokenBucket
 from engine.session import GenerationSession
@@ -494,6 +495,9 @@ class Connection(Socket):
 
     async def start(self, prompt: str | None, settings: dict, paused: bool = False) -> None:
         pg = self.playground
+        external = pg.external.get(settings.get("model")) if isinstance(settings.get("model"), str) else None
+        if external is not None:               # a server the operator configured (app/external.py)
+            return await start_external(self, external, prompt, settings, paused)
         if pg.engine is None or pg.engine_thread is None:
             raise CommandError(pg.load_error or "no models loaded")
         if prompt is None:

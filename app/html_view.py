@@ -225,6 +225,7 @@ class HtmlView:
         self.lane: dict | None = None
         self.run_model_line: tuple[str, dict] | None = None     # the run's model line, and its model's figures
         self.run_id: int | None = None
+        self.external = False           # the run is on an external engine (app/external.py)
         self.recording = None           # the current run's events, kept for export, the inspector, replay
         self._recording_owner = False
         self._snapshotting = False
@@ -363,6 +364,9 @@ class HtmlView:
         elif item.type == "settings_queued":
             text = ", ".join(setting_text(k, v) for k, v in d["changes"].items())
             frame.append("notes", m.note("settings_queued", f"{text}: queued, applies at the next round"))
+        elif item.type == "model_options" and d["model"] in self.playground.external:
+            frame.append("notes", m.note("model", f"{d['model']}: an external engine; KV cache dtype, KV heads, "
+                                                  "block size and drafter are set by the server at start-up"))
         elif item.type == "model_options":
             opts = model_options(self.playground.registry, d["model"])
             value = d["num_kv_heads"] if d["num_kv_heads"] in {v["value"] for v in opts["variants"]} else ""
@@ -426,8 +430,17 @@ class HtmlView:
         frame.replace["error"] = m.error(None)
         frame.metrics = {}
         md = e.model
-        info = (f"{md['name']}: {layers(md)} × width {md['hidden_size']}, "
-                f"{md['num_attention_heads']} query heads, {md['num_key_value_heads']} KV heads ({md['attention']})")
+        self.external = bool(md.get("external"))
+        if self.external:                # a server the operator configured (app/external.py)
+            threads = f", {md['threads']} thread(s)" if md.get("threads") else ""
+            pub = md.get("published") or {}
+            says = ", ".join(f"{k} {pub[k]}" for k in ("model_ftype", "n_ctx", "total_slots") if pub.get(k))
+            info = (f"{md['name']}: an external engine ({md['engine']}{threads}); its KV cache dtype, KV heads, "
+                    "block map and drafter are set by the server at start-up"
+                    + (f" · the server says: {says}" if says else ""))
+        else:
+            info = (f"{md['name']}: {layers(md)} × width {md['hidden_size']}, {md['num_attention_heads']} query "
+                    f"heads, {md['num_key_value_heads']} KV heads ({md['attention']})")
         if e.draft_model and e.settings["method"] == "draft_model":
             dm = e.draft_model
             info += f" · draft model ({dm['name']}): {layers(dm)} × width {dm['hidden_size']}"
@@ -497,6 +510,10 @@ class HtmlView:
     def _on_settings_applied(self, e, frame: Frame, run_id: int) -> None:
         m = macros()
         round_ = self.status["round"] + 1
+        if not e.changes:                     # settings an external engine cannot take: one line each
+            for note in e.notes:
+                frame.append("notes", m.note("settings_applied", note, round_))
+            return
         text = ", ".join(setting_text(k, v) for k, v in e.changes.items())
         if "method" in e.changes:
             self.status["gamma"] = None if e.changes["method"] == "none" else self.status["gamma"]
@@ -509,16 +526,24 @@ class HtmlView:
     def _on_done(self, e, frame: Frame, run_id: int) -> None:
         s = e.summary
         self.status.update(state="done", finish=s.get("finish_reason"), tokens=s["num_output_tokens"])
-        parts = [f"{s['num_output_tokens']} tokens in {s['elapsed_s'] * 1e3:.0f} ms of engine time"]
+        clock = "as received from the engine" if self.external else "of engine time"
+        parts = [f"{s['num_output_tokens']} tokens in {s['elapsed_s'] * 1e3:.0f} ms {clock}"]
         if s.get("tokens_per_s"):
             parts.append(f"{s['tokens_per_s']:.0f} tokens/s")
         if s.get("acceptance_rate") is not None:
-            parts.append(f"acceptance rate {s['acceptance_rate']:.2f}, mean acceptance length "
-                         f"{s['mean_acceptance_length']:.2f}")
-        parts.append(f"{s['target_forward_calls']} target forwards")
+            parts.append(f"acceptance rate {s['acceptance_rate']:.2f}" + (
+                f", mean acceptance length {s['mean_acceptance_length']:.2f}"
+                if s.get("mean_acceptance_length") is not None else ""))
+        if s.get("target_forward_calls") is not None:
+            parts.append(f"{s['target_forward_calls']} target forwards")
+        if s.get("engine_tokens_per_s"):
+            parts.append(f"{s['engine_tokens_per_s']:.0f} tokens/s by the engine's own clock")
         title = {"length": "Done: max tokens.", "stop": "Done: end of text.", "cancelled": "Stopped.",
                  "context": "Done: context full."}.get(s.get("finish_reason"), "Done.")
         frame.replace["summary"] = macros().summary({"title": title, "text": " · ".join(parts)})
+        if s.get("server_metrics_moved"):      # an external engine's own /metrics, before and after this run
+            moved = ", ".join(f"{k} +{v:g}" for k, v in s["server_metrics_moved"].items() if v)
+            frame.append("notes", macros().note("server_metrics", f"the engine's /metrics during this run: {moved}"))
         frame.replace["run-recording"] = ""   # filled in once the recording is complete (render)
         frame.kv_snapshot = True          # the session's blocks are freed now: show it
 
@@ -576,9 +601,9 @@ class HtmlView:
             pool = pools.get(role)
             if pool is None:
                 if role in self.kv or not self.kv:
-                    frame.replace[f"kv-{role}-grid"] = m.kv_unused(role, f"No {role} KV cache in use"
-                                                                  + (" (method: no drafter with a cache)" if role == "draft" else
-                                                                     " (KV cache off: recomputing)"))
+                    why = (" (an external engine: its KV cache is the server's own, not shown here)" if self.external
+                           else " (method: no drafter with a cache)" if role == "draft" else " (KV cache off: recomputing)")
+                    frame.replace[f"kv-{role}-grid"] = m.kv_unused(role, f"No {role} KV cache in use" + why)
                     frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, None)
                     self.kv.pop(role, None)
                 continue

@@ -157,7 +157,8 @@ def page_state(query, playground: Playground) -> PageState:
         valid.pop(e.setting, None)
     registry = playground.registry
     if registry is not None:
-        if valid.get("model") is not None and valid["model"] not in {m.name for m in registry.targets}:
+        if valid.get("model") is not None and valid["model"] not in {m.name for m in registry.targets} \
+                and valid["model"] not in playground.external:
             state.warnings.append(f"ignored model={valid.pop('model')!r} from the URL: not a target model here")
         target = target_of(registry, valid.get("model"))
         if valid.get("num_kv_heads") is not None and valid["num_kv_heads"] not in registry.variants(target):
@@ -281,6 +282,7 @@ def page_context(query, playground: Playground, embed: bool) -> dict:
         races = {name: {"label": RACE_LABELS[name], "choices": choices,
                         "default": [form_text(v) for v in default_values(registry, target, name)]}
                  for name, choices in race_choices(registry, target).items()}
+    targets += [{"name": name, "label": name} for name in playground.external]   # app/external.py
     return {
         "state": state, "embed": embed, "presets": PRESETS, "speeds": SPEEDS,
         "targets": targets, "model_options": options,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from app.admission import Admission
 from app.config import AppConfig
 from app.engine_thread import EngineThread
+from app.external import configured_engines, publish_server_config, start_embedded_llamacpp
 from app.metrics import ServerMetrics
 from app.rooms import Rooms
 from engine.checkpoint import CheckpointError
@@ -36,6 +37,8 @@ class Playground:
     admission: Admission = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     rooms: Rooms | None = None
+    external: dict = field(default_factory=dict)   # name -> ExternalEngine (app/external.py)
+    llamacpp: list = field(default_factory=list)   # the embedded llama.cpp servers that run
 
     def __post_init__(self):
         if self.admission is None:
@@ -54,6 +57,19 @@ class Playground:
         return cls(config, InferenceEngine(registry, max_sessions=config.max_sessions))
 
     async def start(self) -> None:
+        if not self.external:
+            engines = configured_engines(self.config.openai_engines)
+            if self.config.embedded_llamacpp:
+                self.llamacpp = await asyncio.get_running_loop().run_in_executor(
+                    None, start_embedded_llamacpp, self.config.llamacpp_threads)
+                engines[:0] = [server.engine for server in self.llamacpp]
+            await publish_server_config(engines)
+            ours = set(self.registry.models) if self.registry is not None else set()
+            for e in engines:
+                if e.name in ours or e.name in self.external:
+                    logger.error("external engine %r not offered: the name is taken", e.name)
+                else:
+                    self.external[e.name] = e
         if self.engine is not None and self.engine_thread is None:
             self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics)
             self.engine_thread.start()
@@ -63,6 +79,9 @@ class Playground:
     async def stop(self) -> None:
         if self.engine_thread is not None:
             await self.engine_thread.stop()
+        for server in self.llamacpp:
+            server.close()
+        self.llamacpp = []
 
     @property
     def sessions(self) -> int:
@@ -97,14 +116,12 @@ class Playground:
                            "batched_requests": thread.scheduler.batched_requests if thread else 0}}
 
     def models(self) -> list[dict]:
-        if self.registry is None:
-            return []
         out = []
-        for m in self.registry.models.values():
+        for m in (self.registry.models.values() if self.registry is not None else ()):
             d = m.describe()
             if m.role == "target":
                 d["kv_head_variants"] = sorted(self.registry.variants(m))
                 draft = self.registry.draft_for(m)
                 d["draft_model"] = draft.name if draft else None
             out.append(d)
-        return out
+        return out + [e.describe() for e in self.external.values()]

@@ -7,6 +7,21 @@ import sys
 import engine  # noqa: F401  (pins BLAS to one thread before numpy is imported)
 
 
+class _OpenAIEngine(argparse.Action):
+    """--openai-url starts an engine; --openai-model and --openai-metrics-url describe the latest one."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        engines = list(getattr(namespace, self.dest) or [])
+        if option_string == "--openai-url":
+            engines.append({"url": value})
+        elif not engines:
+            parser.error(f"{option_string} needs an --openai-url before it")
+        else:
+            key = "model" if option_string == "--openai-model" else "metrics_url"
+            engines[-1] = {**engines[-1], key: value}
+        setattr(namespace, self.dest, engines)
+
+
 def cmd_serve(args) -> int:
     import logging
 
@@ -22,7 +37,9 @@ def cmd_serve(args) -> int:
     config = AppConfig.from_env().with_overrides(
         models_dir=args.models_dir, allowed_origins=tuple(args.allowed_origin) if args.allowed_origin else None,
         max_sessions=args.max_sessions, embed_frame_ancestors=args.frame_ancestors, max_queue=args.max_queue,
-        max_connections=args.max_connections, idle_timeout_s=args.idle_timeout, token=args.token)
+        max_connections=args.max_connections, idle_timeout_s=args.idle_timeout, token=args.token,
+        openai_engines=tuple(args.openai or ()), embedded_llamacpp=not args.no_llamacpp,
+        llamacpp_threads=args.llamacpp_threads)
     local = args.host in ("127.0.0.1", "localhost", "::1")
     exposure = "this machine only" if local else "REACHABLE FROM OTHER MACHINES"
     origins = ", ".join(config.allowed_origins) or "none"
@@ -75,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "DECODING_PLAYGROUND_TOKEN does the same without showing it in the process list")
     s.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="structured log lines as key=value pairs (default) or JSON; never prompts or tokens")
+    s.add_argument("--openai-url", action=_OpenAIEngine, dest="openai", metavar="URL",
+                   help="an OpenAI-compatible server to offer (vLLM, SGLang, llama-server), its base URL up to /v1; "
+                        "repeatable. Its API key: $DECODING_PLAYGROUND_OPENAI_API_KEY")
+    s.add_argument("--openai-model", action=_OpenAIEngine, dest="openai", metavar="NAME",
+                   help="the model name to request from the preceding --openai-url")
+    s.add_argument("--openai-metrics-url", action=_OpenAIEngine, dest="openai", metavar="URL",
+                   help="the preceding --openai-url's Prometheus /metrics")
+    s.add_argument("--no-llamacpp", action="store_true",
+                   help="do not start llama.cpp's server on the fetched SmolLM2 GGUF (default: start it if it is there)")
+    s.add_argument("--llamacpp-threads", type=int, default=1, metavar="N", help="llama.cpp's threads (default 1)")
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="measure the engine (results also go to docs/benchmarks.md)")
@@ -93,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_heads.add_parser(bsub)
     from cli import bench_serve
     bench_serve.add_parser(bsub)
+    from cli import bench_engines
+    bench_engines.add_parser(bsub)
 
     from cli import fetch, generate
     generate.add_parsers(sub)

@@ -1,0 +1,242 @@
+"""External engines (OpenAI-compatible servers) as the page and /api/ws see them.
+
+The operator configures them at start-up (`serve --openai-url ...`, and the embedded llama.cpp server that
+`serve` starts on the fetched GGUF); a client only names one. A generation on one is an asyncio task on
+the connection (it waits on the network, never on our engine thread) that reads `engine/openai_stream.py`'s
+events and delivers them as the engine thread would: one chunk's events at a time, through the same
+`Connection._deliver`, held between chunks while the client lags behind, while paused, or by its speed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import anyio
+import httpx
+
+from engine.events import Done
+from engine.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
+from engine.openai_stream import ExternalEngine, StreamLimits, stream_chat, validated
+from engine.server_metrics import fetch_server_config, fetch_server_metrics
+
+logger = logging.getLogger(__name__)
+
+HOLD_POLL_S = 0.02                  # how often a held external run re-checks its gate
+METRICS_POLL_S = 1.0                # how often a running external run reads its engine's /metrics
+API_KEY_ENV = "DECODING_PLAYGROUND_OPENAI_API_KEY"
+
+
+def configured_engines(specs: tuple[dict, ...], env=None) -> list[ExternalEngine]:
+    """ExternalEngines from `serve --openai-url URL [--openai-model NAME] [--openai-metrics-url URL]` (each a
+    dict: url, and optionally model, metrics_url, name, connect_s, stall_s, total_s). Only http(s) URLs; the
+    API key comes from the environment, never from the command line."""
+    env = os.environ if env is None else env
+    engines = []
+    for spec in specs:
+        url = spec["url"].rstrip("/")
+        for key in ("url", "metrics_url"):
+            value = spec.get(key)
+            if value is not None and not value.startswith(("http://", "https://")):
+                raise ValueError(f"--openai-{key.replace('_', '-')}: an http:// or https:// URL, got {value!r}")
+        name = spec.get("name") or f"{spec.get('model') or 'server'} · {url.split('://', 1)[1].split('/', 1)[0]}"
+        limits = StreamLimits(**{k: spec[k] for k in ("connect_s", "stall_s", "total_s") if k in spec})
+        engines.append(ExternalEngine(name, url, spec.get("model"), spec.get("metrics_url"),
+                                      env.get(API_KEY_ENV) or None, "openai", {"server": "OpenAI-compatible"},
+                                      limits))
+    return engines
+
+
+def start_embedded_llamacpp(threads: int) -> list[EmbeddedLlamaCpp]:
+    """llama.cpp on the fetched GGUF, plain and with its n-gram speculation (two servers, `threads` each);
+    none, with the reason logged, where the wheel or the file is missing or it fails to start."""
+    path = gguf_path()
+    reason = unavailable_reason(path)
+    if reason:
+        logger.warning("llama.cpp not offered: %s", reason)
+        return []
+    servers = []
+    for ngram in (None, NGRAM):
+        try:
+            server = EmbeddedLlamaCpp.start(path, threads=threads, ngram=ngram)
+        except Exception as e:  # noqa: BLE001 - the rest of the playground serves without it
+            logger.error("llama.cpp could not start on %s: %s: %s", path, type(e).__name__, e)
+            continue
+        logger.warning("%s: %s on %s with %d thread(s) (loopback only, API key per process)",
+                       server.engine.name, path.name, server.engine.base_url, threads)
+        servers.append(server)
+    return servers
+
+
+async def publish_server_config(engines: list[ExternalEngine]) -> None:
+    """What each server publishes about itself (/v1/models, llama.cpp's /props) goes into its description
+    (the model list), read once at start-up; an engine that is down is offered anyway, and says so."""
+    async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as client:
+        configs = [await fetch_server_config(e, client) for e in engines]
+    for engine, config in zip(engines, configs):
+        engine.description["published"] = config
+        if not config.get("models"):
+            logger.warning("%s: no answer from its /v1/models at start-up (down?)", engine.name)
+
+
+@dataclass
+class ExternalSession:
+    """What a `Run` holds for a generation on an external engine (the interface of GenerationSession it uses)."""
+    engine: ExternalEngine
+    prompt: str
+    settings: dict
+    id: str = ""
+
+    def __post_init__(self):
+        self.id = self.id or uuid.uuid4().hex[:12]
+        self.scope = anyio.CancelScope()
+
+    def cancel(self) -> None:
+        """Stop: the stream is closed now, wherever it waits."""
+        self.scope.cancel()
+
+    close = cancel
+
+    def update_settings(self, changes: dict) -> None:
+        from app.connection import CommandError
+        raise CommandError(f"settings: {self.engine.name} takes its settings once, at start; "
+                           "they apply to the next start", next(iter(changes), None))
+
+    def described(self) -> dict:
+        return {"model": self.engine.name, "engine": self.engine.kind, "max_tokens": self.settings.get("max_tokens")}
+
+
+class ExternalLink:
+    """The gate of an external run, as `SessionLink` is for the engine thread (same fields the connection reads)."""
+
+    def __init__(self, session: ExternalSession, pacing, max_backlog: int):
+        self.session, self.pacing, self.max_backlog = session, pacing, max_backlog
+        self.stopping = False
+        self.rounds_taken = 0
+        self.rounds_sent = 0
+        self.steps_used = pacing.steps_granted
+        self.held: str | None = None
+
+    @property
+    def backlog(self) -> int:
+        return self.rounds_sent - self.rounds_taken
+
+    async def gate(self, deliver, last_round_at: float) -> None:
+        """Wait until the next chunk may be delivered (client caught up, not paused or a step granted, speed)."""
+        while not self.stopping:
+            p = self.pacing
+            if self.backlog >= self.max_backlog:
+                why = "client"
+            elif p.paused and self.steps_used >= p.steps_granted:
+                why = "paused"
+            elif p.speed is not None and anyio.current_time() < last_round_at + 1.0 / p.speed:
+                why = "speed"
+            else:
+                if p.paused:
+                    self.steps_used += 1
+                self.held = None
+                return
+            if why != self.held:
+                self.held = why
+                if why == "paused":
+                    from app.engine_thread import PARKED
+                    deliver(PARKED)
+            await anyio.sleep(HOLD_POLL_S)
+
+
+async def run_external(session: ExternalSession, link: ExternalLink, deliver) -> None:
+    """Stream the generation; deliver each chunk's events (ending with metrics, done or error) as one batch.
+    While it runs, the engine's /metrics (if configured) are polled every METRICS_POLL_S and go with each
+    metrics event as `server_metrics`; `done` adds how much its counters moved during the run.
+    A stop closes the HTTP stream at once (the server stops generating) and ends the run with `done`,
+    finish_reason "cancelled", with the figures of what was delivered."""
+    engine = session.engine
+    pending: list = []
+    texts: list[str] = []
+    figures: dict = {"num_output_tokens": 0, "elapsed_s": 0.0}
+    server: dict = {}
+    last_round_at = -1e9
+    async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as client:
+        before = await fetch_server_metrics(engine, client)
+
+        async def poll() -> None:
+            while True:
+                await anyio.sleep(METRICS_POLL_S)
+                server.update(await fetch_server_metrics(engine, client))
+
+        with session.scope:
+            async with anyio.create_task_group() as tg, aclosing(stream_chat(engine, session.prompt,
+                                                                             session.settings)) as events:
+                if before:
+                    tg.start_soon(poll)
+                async for event in events:
+                    pending.append(event)
+                    if event.type not in ("started", "metrics", "done", "error"):
+                        continue
+                    if event.type == "metrics":
+                        await link.gate(deliver, last_round_at)
+                        last_round_at = anyio.current_time()
+                        figures = event.values
+                        if server:
+                            event.values["server_metrics"] = dict(server)
+                    if event.type == "done" and before:
+                        after = await fetch_server_metrics(engine, client)
+                        event.summary["server_metrics"] = after
+                        event.summary["server_metrics_moved"] = {k: v - before[k] for k, v in after.items()
+                                                                 if k.endswith("_total") and k in before}
+                    texts += [e.text for e in pending if e.type == "token"]
+                    batch, pending = pending, []
+                    link.rounds_sent += 1
+                    deliver(batch)
+                tg.cancel_scope.cancel()
+    if session.scope.cancel_called:
+        deliver([Done({**figures, "finish_reason": "cancelled", "text": "".join(texts), "model": engine.describe()})])
+
+
+async def start_external(conn, engine: ExternalEngine, prompt: str | None, settings: dict, paused: bool) -> None:
+    """`Connection.start` for a configured external engine: validate, then run it in the connection's task
+    group, with a slot of the same admission control as our own generations."""
+    from app.connection import OUTBOX_MAX_BATCHES, Run, _run_ids
+
+    validated(prompt, settings)                      # raises SettingsError: answered, nothing started
+    await conn.end_run()
+    session = ExternalSession(engine, prompt, dict(settings))
+    run = conn.run = Run(next(_run_ids), session, sent_settings=dict(settings))
+    conn.paused = paused
+    run.link = ExternalLink(session, conn, OUTBOX_MAX_BATCHES)
+    if conn.room is not None:
+        conn.room.run_started(run)
+    await conn._tg.start(_external_run_task, conn, run)
+
+
+async def _external_run_task(conn, run, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    from app.admission import Busy
+    from app.logs import log_event
+
+    pg = conn.playground
+    admitted = False
+    try:
+        with run.scope:
+            task_status.started()
+            try:
+                await pg.admission.acquire(lambda position: conn._queued(run, position))
+            except Busy as e:
+                conn.run = None
+                await conn.close(1013, str(e))
+                return
+            admitted = True
+            run.queued = False
+            run.last_progress_at = anyio.current_time()
+            if run.position:
+                conn._state_notice()
+            log_event(logger, "generation_started", session=run.session.id, **run.session.described())
+            await run_external(run.session, run.link, lambda item: conn._deliver(run, item))
+    finally:
+        with anyio.CancelScope(shield=True):
+            run.session.close()
+            if admitted:
+                pg.admission.release()
+            run.ended = True
+            run.finished.set()

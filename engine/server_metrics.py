@@ -1,0 +1,92 @@
+"""What an inference server publishes about itself: its Prometheus `/metrics`, read for the gauges (KV usage,
+requests, prefix-cache hits, speculative counts: vLLM's `vllm:*`, llama.cpp's `llamacpp:*`, SGLang's
+`sglang:*` names), and its configuration (`/v1/models`, llama.cpp's `/props`).
+
+    values = await fetch_server_metrics(engine, client)     # {"vllm:kv_cache_usage_perc": 0.12, ...} or {}
+    config = await fetch_server_config(engine, client)      # {"models": [...], "n_ctx": 4096, ...} or {}
+
+Bounded like the stream: a short timeout and a maximum body; a server without metrics gives {}.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import httpx
+
+from .openai_stream import ExternalEngine
+
+PREFIXES = ("vllm:", "llamacpp:", "sglang:")
+# the series the page shows; a labelled series is summed over its labels (e.g. vLLM's per-model series)
+WANTED = re.compile(r"^(vllm|sglang):(kv_cache_usage_perc|num_requests_running|num_requests_waiting|"
+                    r"prefix_cache_(hits|queries)(_total)?|spec_decode_num_(draft|accepted)_tokens(_total)?|"
+                    r"spec_decode_num_drafts(_total)?|generation_tokens(_total)?|token_usage|cache_hit_rate)$"
+                    r"|^llamacpp:(tokens_predicted_total|prompt_tokens_total|prompt_tokens_cached_total|"
+                    r"requests_processing|requests_deferred|n_decode_total|kv_cache_usage_ratio|"
+                    r"spec_decode_num_(draft_tokens|accepted_tokens|drafts)_total)$")
+MAX_BODY_BYTES = 1 << 20
+TIMEOUT_S = 2.0
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """The wanted series of a Prometheus text exposition, summed over their labels."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m or not WANTED.match(m.group(1)):
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    return out
+
+
+async def _get(client: httpx.AsyncClient, url: str, engine: ExternalEngine) -> str | None:
+    """The body of a GET (at most MAX_BODY_BYTES, TIMEOUT_S a read), or None."""
+    try:
+        async with client.stream("GET", url, headers=engine.headers(), timeout=TIMEOUT_S) as r:
+            if r.status_code != 200:
+                return None
+            body = b""
+            async for chunk in r.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    return None
+    except httpx.HTTPError:
+        return None
+    return body.decode("utf-8", "replace")
+
+
+async def fetch_server_metrics(engine: ExternalEngine, client: httpx.AsyncClient) -> dict[str, float]:
+    """The engine's wanted series now ({} if it has no metrics URL or they cannot be read)."""
+    text = await _get(client, engine.metrics_url, engine) if engine.metrics_url else None
+    return parse_prometheus(text) if text else {}
+
+
+async def fetch_server_config(engine: ExternalEngine, client: httpx.AsyncClient) -> dict:
+    """The models the server says it serves (/v1/models) and, from llama.cpp's /props, its context size
+    per slot, slots and weight type ({} where it publishes nothing readable)."""
+    out: dict = {}
+    text = await _get(client, engine.base_url.rstrip("/") + "/models", engine)
+    try:
+        data = json.loads(text) if text else {}
+        out["models"] = [str(m.get("id"))[:200] for m in data.get("data", [])[:20] if isinstance(m, dict)]
+    except (ValueError, AttributeError, TypeError):
+        pass
+    if engine.kind == "llamacpp":
+        text = await _get(client, engine.base_url.rstrip("/").removesuffix("/v1") + "/props", engine)
+        try:
+            props = json.loads(text) if text else {}
+            # (its per-request "speculative.types" says "none" even where the server speculates: left out)
+            out.update(n_ctx=props.get("default_generation_settings", {}).get("n_ctx"),
+                       total_slots=props.get("total_slots"), model_ftype=props.get("model_ftype"))
+        except (ValueError, AttributeError, TypeError):
+            pass
+    return out

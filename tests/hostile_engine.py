@@ -1,0 +1,120 @@
+"""A small OpenAI-compatible HTTP server on loopback that answers badly on purpose (a real socket).
+
+Each scenario is a path prefix: http://127.0.0.1:PORT/<scenario>/v1/chat/completions.
+Every request it receives is recorded in `requests` (method, path), so that a test can also prove what was
+*not* asked for.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def _chunk(text: str, finish: str | None = None) -> bytes:
+    obj = {"choices": [{"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish}]}
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):          # quiet
+        pass
+
+    def do_GET(self):
+        self.server.requests.append(("GET", self.path))
+        self._plain(404, b"not found")
+
+    def do_POST(self):
+        self.server.requests.append(("POST", self.path))
+        length = int(self.headers.get("content-length") or 0)
+        self.rfile.read(length)
+        scenario = self.path.strip("/").split("/")[0]
+        getattr(self, "_" + scenario.replace("-", "_"), lambda: self._plain(404, b"no such scenario"))()
+
+    def _plain(self, status: int, body: bytes, ctype: str = "text/plain") -> None:
+        self.send_response(status)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _sse_head(self) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+
+    def _ok(self):
+        self._sse_head()
+        for piece in ("Hello", ",", " world"):
+            self.wfile.write(_chunk(piece))
+        self.wfile.write(_chunk("", "stop") + b"data: [DONE]\n\n")
+
+    def _bad_json(self):
+        self._sse_head()
+        self.wfile.write(_chunk("Hi") + b"data: {\"choices\": [\n\n")
+
+    def _server_error(self):
+        self._plain(500, b"{\"error\": \"out of memory\"}", "application/json")
+
+    def _html(self):
+        self._plain(200, b"<!doctype html><html><body>Welcome to nginx!</body></html>", "text/html")
+
+    def _huge(self):
+        self._sse_head()
+        self.wfile.write(_chunk("Hi"))
+        self.wfile.write(b"data: \"" + b"x" * (4 * 1024 * 1024))   # one line of 4 MB, never ended
+        self.wfile.flush()
+
+    def _never_ends(self):
+        """Valid events, a keep-alive comment every 0.1 s, forever (until the client goes)."""
+        self._sse_head()
+        try:
+            self.wfile.write(_chunk("Hi"))
+            while not self.server.closing:
+                self.wfile.write(b": keep-alive\n\n")
+                self.wfile.flush()
+                time.sleep(0.1)
+        except OSError:
+            pass
+
+    def _stalls(self):
+        """One token, then silence (until the client goes)."""
+        self._sse_head()
+        self.wfile.write(_chunk("Hi"))
+        self.wfile.flush()
+        while not self.server.closing:
+            time.sleep(0.05)
+
+    def _no_done(self):
+        self._sse_head()
+        self.wfile.write(_chunk("Hi") + _chunk("", "stop"))
+
+
+class HostileEngine:
+    def __init__(self):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.requests = []
+        self.httpd.closing = False
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def url(self, scenario: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{scenario}/v1"
+
+    @property
+    def requests(self) -> list:
+        return self.httpd.requests
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.closing = True
+        self.httpd.shutdown()
+        self.httpd.server_close()

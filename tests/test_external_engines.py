@@ -1,0 +1,231 @@
+"""External engines through `/api/ws` on a real uvicorn server: a real llama.cpp server (xllamacpp, the
+SmolLM2 GGUF), hostile OpenAI-compatible servers on loopback (tests/hostile_engine.py), and proof that no
+client message makes the server connect to a URL the operator did not configure."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import urllib.request
+
+import pytest
+from hostile_engine import HostileEngine
+from test_ws_api import connect, get_json, run, ws_url
+
+from engine.llamacpp_server import LABEL, gguf_path, unavailable_reason
+
+FAULTS = {   # scenario -> what the error says
+    "bad-json": "an event is not JSON",
+    "server-error": "HTTP 500",
+    "html": "expected text/event-stream",
+    "huge": "a line of the event stream is over",
+    "stalls": "nothing received for 1 s (stall timeout)",
+    "never-ends": "no end after 3 s (total timeout)",
+}
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    with HostileEngine() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def trap():
+    """A server no one configured: it must never hear from us."""
+    with HostileEngine() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def app(models_dir, hostile):
+    from app.config import AppConfig
+    from app.main import create_app
+
+    engines = tuple({"url": hostile.url(s), "name": f"hostile {s}", "stall_s": 1.0, "total_s": 3.0}
+                    for s in ["ok", *FAULTS])
+    return create_app(AppConfig(models_dir=models_dir, openai_engines=engines, embedded_llamacpp=True))
+
+
+@pytest.fixture(scope="module")
+def server(app):
+    from live_server import serve
+
+    with serve(app) as base_url:
+        yield base_url
+
+
+def test_configured_engines_are_in_the_model_list(server):
+    models = {m["name"]: m for m in get_json(server + "/api/models")["models"]}
+    assert models["hostile ok"]["external"] is True and models["hostile ok"]["engine"] == "openai"
+    assert not any("127.0.0.1" in str(m) for m in models.values()), "a server URL leaked into the model list"
+
+
+@pytest.mark.parametrize("scenario", list(FAULTS))
+def test_a_faulty_engine_gives_an_error_in_time_and_the_connection_then_generates(server, scenario):
+    async def scenario_run():
+        async with connect(server) as c:
+            t0 = time.monotonic()
+            await c.send(type="start", prompt="Hi", settings={"model": f"hostile {scenario}", "max_tokens": 8})
+            error = await c.until("error", "done", timeout=10)
+            assert error["type"] == "error" and FAULTS[scenario] in error["message"], error
+            assert time.monotonic() - t0 < 3.0 + 1.0 + 2.0
+            await c.send(type="start", prompt="Hi", settings={"model": "hostile ok", "max_tokens": 8})
+            done = await c.until("done", timeout=10)
+            assert done["summary"]["text"] == "Hello, world"
+    run(scenario_run())
+
+
+def test_settings_an_external_engine_cannot_take_are_named(server):
+    async def scenario():
+        async with connect(server) as c:
+            await c.send(type="start", prompt="Hi",
+                         settings={"model": "hostile ok", "num_kv_heads": 1, "method": "ngram"})
+            note = await c.until("settings_applied", timeout=10)
+            assert note["notes"] == ["set by the server at start-up (hostile ok), not applied: num_kv_heads, method"]
+            await c.until("done", timeout=10)
+    run(scenario())
+
+
+def test_no_client_message_makes_the_server_connect_to_an_unconfigured_url(server, trap):
+    url = trap.url("ok")
+    host = url.split("/")[2]
+    attempts = [{"model": url}, {"model": host}, {"model": url + "/chat/completions"},
+                {"url": url}, {"base_url": url}, {"openai_url": url}, {"metrics_url": url}, {"api_base": url}]
+
+    async def scenario():
+        async with connect(server) as c:
+            for settings in attempts:
+                await c.send(type="start", prompt="Hi", settings={**settings, "max_tokens": 2})
+                reply = await c.until("error", "done", timeout=30)
+                assert reply["type"] == "error", (settings, reply)
+            await c.send(type="start", prompt="Hi", url=url, settings={"max_tokens": 2})
+            await c.until("error", "done", timeout=30)
+    run(scenario())
+    for path in (f"/api/models?url={url}", f"/?model={url}", f"/api/stats?openai_url={url}"):
+        try:
+            urllib.request.urlopen(server + path, timeout=10).read()
+        except OSError:
+            pass
+    assert trap.requests == []
+
+
+# --- a real llama.cpp server, started by the app ------------------------------------------------------
+@pytest.fixture(scope="module")
+def llamacpp(server):
+    reason = unavailable_reason(gguf_path())
+    if reason:
+        pytest.skip(f"!!! llama.cpp through /api/ws SKIPPED: {reason} !!!")
+    models = {m["name"]: m for m in get_json(server + "/api/models")["models"]}
+    assert LABEL in models, f"the app did not start llama.cpp (see its log): {sorted(models)}"
+    return models[LABEL]
+
+
+def _predicted_total(server_app_engine) -> float:
+    import httpx
+    text = httpx.get(server_app_engine.metrics_url, headers=server_app_engine.headers(), timeout=10).text
+    return float(re.search(r"^llamacpp:tokens_predicted_total (\S+)$", text, re.M).group(1))
+
+
+def test_llamacpp_chat_reaches_done_through_api_ws_and_its_metrics_move(app, server, llamacpp):
+    engine = app.state.playground.external[LABEL]
+    assert llamacpp["threads"] == 1 and llamacpp["engine"] == "llamacpp"
+    published = llamacpp["published"]                 # what llama.cpp says about itself (/props, /v1/models)
+    assert published["model_ftype"] == "Q4_1" and published["n_ctx"] > 0 and published["models"] == ["SmolLM2-135M-Instruct.Q4_1"]
+    before = _predicted_total(engine)
+
+    async def scenario():
+        async with connect(server) as c:
+            await c.send(type="start", prompt="Name three colours.", settings={"model": LABEL, "max_tokens": 10})
+            started = await c.until("started", timeout=30)
+            assert started["model"]["name"] == LABEL
+            done = await c.until("done", timeout=120)
+            tokens = [m for m in c.seen if m["type"] == "token"]
+            return done, tokens
+    done, tokens = run(scenario(), timeout=150)
+    s = done["summary"]
+    assert s["finish_reason"] == "length" and s["engine_usage"]["completion_tokens"] == 10
+    assert "".join(t["text"] for t in tokens) == s["text"] and all(t["status"] == "target" for t in tokens)
+    assert s["ttft_ms"] > 0 and s["tokens_per_s"] > 0 and s["engine_tokens_per_s"] > 0
+    assert _predicted_total(engine) - before == 10
+    assert s["server_metrics_moved"]["llamacpp:tokens_predicted_total"] == 10     # as the page reports it
+
+
+def test_stop_closes_an_external_stream_at_once(server):
+    async def scenario():
+        async with connect(server) as c:
+            await c.send(type="start", prompt="Hi", settings={"model": "hostile never-ends"})
+            await c.until("token", timeout=10)
+            t0 = time.monotonic()
+            await c.send(type="stop")
+            done = await c.until("done", "error", timeout=10)
+            assert done["type"] == "done" and done["summary"]["finish_reason"] == "cancelled", done
+            assert done["summary"]["text"] == "Hi"
+            assert time.monotonic() - t0 < 1.0            # well before the engine's 3 s total timeout
+    run(scenario())
+
+
+def test_the_page_view_streams_an_external_engine_and_names_what_it_cannot_apply(server):
+    import websockets
+    from test_ws_html import Fragments, form
+
+    async def scenario():
+        texts = []
+        async with websockets.connect(ws_url(server, "/ws"), open_timeout=10) as ws:
+            await asyncio.wait_for(ws.recv(), 10)
+            await ws.send(json.dumps(form(action="toggle", model="hostile ok", max_tokens="8")))
+            while "Done: end of text." not in "".join(texts[-2:]):
+                texts.append(await asyncio.wait_for(ws.recv(), 10))
+                await ws.send(json.dumps({"ack": len(texts) + 1}))
+        return texts
+    texts = run(scenario())
+    html = "".join(texts)
+    statuses = {a["data-token-status"] for t in texts for _, a in Fragments(t).all if "data-token-status" in a}
+    assert statuses == {"target"}
+    assert "hostile ok: an external engine (openai)" in html
+    assert "set by the server at start-up (hostile ok), not applied: method, num_speculative_tokens" in html
+    assert ">Hello<" in html
+
+
+def test_llamacpp_ngram_speculation_reports_accepted_drafts_per_round(app, server, llamacpp):
+    from engine.llamacpp_server import NGRAM_LABEL
+    if NGRAM_LABEL not in app.state.playground.external:
+        pytest.fail(f"the app started llama.cpp but not its n-gram variant: {sorted(app.state.playground.external)}")
+    prompt = "Repeat exactly: the cat sat on the mat. the cat sat on the mat. the cat sat on the mat."
+
+    async def scenario():
+        async with connect(server) as c:
+            await c.send(type="start", prompt=prompt, settings={"model": NGRAM_LABEL, "max_tokens": 24})
+            done = await c.until("done", timeout=120)
+            return done, [m for m in c.seen if m["type"] == "round"]
+    done, rounds = run(scenario(), timeout=150)
+    s = done["summary"]
+    t = s["engine_timings"]
+    assert t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"], t
+    assert sum(r["num_draft_tokens"] for r in rounds) == t["draft_n"] == s["num_draft_tokens"]
+    assert sum(r["num_accepted"] for r in rounds) == t["draft_n_accepted"] == s["num_accepted_tokens"]
+    assert s["acceptance_rate"] == pytest.approx(t["draft_n_accepted"] / t["draft_n"])
+
+
+def test_an_external_engine_cannot_take_the_name_of_one_of_our_models(models_dir):
+    from app.config import AppConfig
+    from app.state import Playground
+
+    playground = Playground.load(AppConfig(models_dir=models_dir))
+    ours = next(iter(playground.registry.models))
+    playground.config = AppConfig(models_dir=models_dir, openai_engines=(
+        {"url": "http://127.0.0.1:9/v1", "name": ours}, {"url": "http://127.0.0.1:9/v1", "name": "free"}))
+
+    async def scenario():
+        await playground.start()
+        await playground.stop()
+    run(scenario())
+    assert list(playground.external) == ["free"]
+    assert sum(m["name"] == ours for m in playground.models()) == 1
+
+
+def test_only_http_urls_are_accepted_from_the_operator(models_dir):
+    from app.config import AppConfig
+    with pytest.raises(ValueError, match="http:// or https://"):
+        AppConfig(models_dir=models_dir, openai_engines=({"url": "file:///etc/passwd"},))
