@@ -14,7 +14,10 @@ pytestmark = pytest.mark.browser
 MODEL = "target-mha"        # our own MHA model and its draft (SmolLM2 has its own test)
 
 # Is the last token element inside the stream box's visible area and inside the viewport? (1 px of rounding)
-NEWEST_IN_VIEW = """() => {
+# Measured two frames after the call: the stream follows once per frame, so a token that arrived since the last
+# frame is placed in the next one, before it is painted.
+NEWEST_IN_VIEW = """async () => {
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))
   const toks = document.querySelectorAll('#stream .tok')
   if (!toks.length) return {tokens: 0, inBox: false, inViewport: false}
   const t = toks[toks.length - 1].getBoundingClientRect()
@@ -33,14 +36,20 @@ def tokens_shown(page) -> int:
 
 
 def follow_run(page, marks: list[int], timeout_s: float = 90.0) -> list[dict]:
-    """Press play; when the stream holds each of `marks` tokens, and at the end, where is its newest token?"""
+    """Press play; when the stream holds each of `marks` tokens, and at the end, where is its newest token?
+
+    At each mark the run is paused first, so that no token arrives between the page's frame and the measurement.
+    """
     seen = []
     page.click("#btn-toggle")
     for mark in marks:
         wait_until(page, f"document.querySelectorAll('#stream .tok').length >= {mark}", timeout_s)
+        page.click("#btn-toggle")
+        wait_state(page, "paused", timeout_s)
         seen.append(page.evaluate(NEWEST_IN_VIEW))
+        page.click("#btn-toggle")
+        page.wait_for_selector("#run-status:not([data-state='paused'])", timeout=timeout_s * 1000)
     wait_state(page, "done", timeout_s)
-    page.wait_for_timeout(100)                       # the frame after the last message
     seen.append(page.evaluate(NEWEST_IN_VIEW))
     return seen
 
