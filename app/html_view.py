@@ -23,7 +23,7 @@ from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, gauge_rows, model_opt
 from app.recording import RECORDINGS
 from app.state import Playground
 from app.templating import templates
-from engine.settings import LIVE_SETTINGS
+from engine.settings import LIVE_SETTINGS, excerpt
 
 METRICS = tuple(name for name, _, _ in GAUGES)
 ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")
@@ -173,6 +173,17 @@ class Frame:
         self.appends.setdefault(target, []).append(html)
 
 
+def _form_value(name: str, value):
+    """A form field's value: text (numbers, booleans and null are taken as they are) or the last of a list
+    (a checkbox with its hidden "false" twin); anything else is a CommandError naming the field."""
+    if isinstance(value, list) and value:
+        value = value[-1]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    kind = "an object" if isinstance(value, dict) else "an empty list" if value == [] else "a list in a list"
+    raise CommandError(f"{name}: expected a text value, got {kind}", name)
+
+
 class HtmlView:
     default_speed = float(DEFAULT_SPEED)
     acks = True         # the page acknowledges what it has rendered ({"ack": n}, static/playground.js)
@@ -202,10 +213,8 @@ class HtmlView:
                 raise CommandError("ack: the number of messages rendered")
             return [Command("ack", ack=data["ack"])]
         data.pop("HEADERS", None)
-        action = data.pop("action", None)
-        if isinstance(action, list):
-            action = action[-1]
-        fields = {k: (v[-1] if isinstance(v, list) and v else v) for k, v in data.items()}
+        fields = {k: _form_value(k, data[k]) for k in (*FORM_SETTINGS, "prompt", "speed", "action") if k in data}
+        action = fields.pop("action", None)
         settings = {k: fields[k] for k in FORM_SETTINGS if k in fields}
         prompt = fields.get("prompt")
         speed = parse_speed(fields["speed"]) if "speed" in fields else "keep"
@@ -218,7 +227,7 @@ class HtmlView:
             self.gauges.clear()
             return [Command("reset")]
         if action not in ACTIONS:
-            raise CommandError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
+            raise CommandError(f"unknown action {excerpt(action)}; expected one of {', '.join(ACTIONS)}")
         if action in ("toggle", "start", "step") and prompt is not None:
             starting = action == "start" or conn.state in ("idle", "done")
             if starting:
@@ -238,7 +247,7 @@ class HtmlView:
         changed = {k: v for k, v in settings.items() if old.get(k) != v}
         live = {k: v for k, v in changed.items() if k in LIVE_SETTINGS}
         for name in sorted(set(changed) - set(live)):
-            conn.notice("note", kind="next_run", text=f"{name} = {changed[name] or '–'}: applies to the next run")
+            conn.notice("note", kind="next_run", text=f"{name} = {str(changed[name] or '–')[:40]}: applies to the next run")
         if prompt is not None and old_prompt is not None and prompt != old_prompt:
             conn.notice("note", kind="next_run", text="the new prompt applies to the next run")
         if live:
