@@ -7,6 +7,7 @@ built by `decoding-playground serve` from its options:
 |---|---|---|
 | DECODING_PLAYGROUND_MODELS_DIR | `--models-dir` | the repository's `models/` |
 | DECODING_PLAYGROUND_ALLOWED_ORIGINS (comma-separated) | `--allowed-origin` (repeatable) | none: own origin only |
+| DECODING_PLAYGROUND_ALLOWED_HOSTS (comma-separated) | `--allowed-host` (repeatable) | none: localhost, 127.0.0.1, [::1] and `--host` |
 | DECODING_PLAYGROUND_MAX_SESSIONS | `--max-sessions` | 8 generating sessions |
 | DECODING_PLAYGROUND_MAX_QUEUE | `--max-queue` | 32 starts waiting for a slot |
 | DECODING_PLAYGROUND_MAX_CONNECTIONS | `--max-connections` | 1000 websockets (watchers included) |
@@ -50,6 +51,8 @@ def normalize_origin(origin: str) -> str:
 class AppConfig:
     models_dir: Path = PROJECT_DIR / "models"
     allowed_origins: tuple[str, ...] = field(default_factory=tuple)
+    allowed_hosts: tuple[str, ...] = field(default_factory=tuple)   # Host names besides the local ones
+    bind_host: str = "127.0.0.1"          # `serve --host`: a name the server is reachable by (0.0.0.0: any IP)
     max_sessions: int = 8                 # generations at once (each holds KV blocks)
     embed_frame_ancestors: str = "*"
     max_queue: int = 32                   # starts waiting for a slot; beyond: close 1013 "busy, retry"
@@ -95,6 +98,8 @@ class AppConfig:
                                 ("idle_timeout_s", "IDLE_TIMEOUT", float)):
             if env.get(ENV_PREFIX + var):
                 kwargs[name] = kind(env[ENV_PREFIX + var])
+        if env.get(ENV_PREFIX + "ALLOWED_HOSTS"):
+            kwargs["allowed_hosts"] = tuple(h.strip() for h in env[ENV_PREFIX + "ALLOWED_HOSTS"].split(",") if h.strip())
         if env.get(ENV_PREFIX + "TOKEN"):
             kwargs["token"] = env[ENV_PREFIX + "TOKEN"]
         if env.get(ENV_PREFIX + "FRAME_ANCESTORS"):

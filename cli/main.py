@@ -21,6 +21,7 @@ def cmd_serve(args) -> int:
     log = logging.getLogger("app.serve")
     config = AppConfig.from_env().with_overrides(
         models_dir=args.models_dir, allowed_origins=tuple(args.allowed_origin) if args.allowed_origin else None,
+        allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None, bind_host=args.host,
         max_sessions=args.max_sessions, embed_frame_ancestors=args.frame_ancestors, max_queue=args.max_queue,
         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout, token=args.token)
     local = args.host in ("127.0.0.1", "localhost", "::1")
@@ -61,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the models to serve (default: $DECODING_PLAYGROUND_MODELS_DIR or the repository's models/)")
     s.add_argument("--allowed-origin", action="append", metavar="URL",
                    help="another origin whose pages may open the websockets (repeatable; default: own origin only)")
+    s.add_argument("--allowed-host", action="append", metavar="NAME",
+                   help="another Host name the server answers to, e.g. behind a proxy (repeatable; '*': any). "
+                        "Always: localhost, 127.0.0.1, [::1] and --host; others get 400 (DNS rebinding)")
     s.add_argument("--max-sessions", type=int, default=None, help="generations at once (default 8)")
     s.add_argument("--frame-ancestors", default=None,
                    help="CSP frame-ancestors of /embed: who may frame it (default '*')")

@@ -129,7 +129,7 @@ def test_a_watchers_view_redraws_the_status_for_a_run_that_ends_as_the_one_befor
         paused, state = False, "running"
         run = None
 
-    with TestClient(create_app(AppConfig(models_dir=models_dir))) as client:
+    with TestClient(create_app(AppConfig(models_dir=models_dir)), base_url="http://localhost") as client:
         playground = client.app.state.playground
         view = HtmlView(playground)
         statuses = []
