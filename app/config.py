@@ -13,6 +13,7 @@ built by `decoding-playground serve` from its options:
 | DECODING_PLAYGROUND_MAX_CONNECTIONS | `--max-connections` | 1000 websockets (watchers included) |
 | DECODING_PLAYGROUND_IDLE_TIMEOUT | `--idle-timeout` | 600 s without progress or a message |
 | DECODING_PLAYGROUND_TOKEN | `--token` | none (workshop mode off) |
+| DECODING_PLAYGROUND_MAX_NUM_BATCHED_TOKENS | `--max-num-batched-tokens` | the engine's (engine/scheduler.py); 0: no chunked prefill |
 | DECODING_PLAYGROUND_FRAME_ANCESTORS | `--frame-ancestors` | `*` (who may frame `/embed`) |
 """
 from __future__ import annotations
@@ -59,6 +60,7 @@ class AppConfig:
     max_connections: int = 1000           # websockets at once, watchers included; beyond: close 1013
     idle_timeout_s: float = 600.0         # a generation without progress or a client message is stopped
     token: str | None = None              # workshop mode: the shared secret of page, API and websockets
+    max_num_batched_tokens: int | None = None   # tokens an engine step computes (chunked prefill); 0: off
     messages_per_s: float = 100.0         # per-connection message rate (token bucket) ...
     message_burst: int = 200              # ... and burst
 
@@ -68,6 +70,8 @@ class AppConfig:
         for name in ("max_sessions", "max_connections", "message_burst"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 0:
+            raise ValueError(f"max_num_batched_tokens must be >= 0 (0: no chunked prefill), got {self.max_num_batched_tokens}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.idle_timeout_s <= 0 or self.messages_per_s <= 0:
@@ -95,7 +99,8 @@ class AppConfig:
             kwargs["allowed_origins"] = tuple(o for o in env[ENV_PREFIX + "ALLOWED_ORIGINS"].split(",") if o.strip())
         for name, var, kind in (("max_sessions", "MAX_SESSIONS", int), ("max_queue", "MAX_QUEUE", int),
                                 ("max_connections", "MAX_CONNECTIONS", int),
-                                ("idle_timeout_s", "IDLE_TIMEOUT", float)):
+                                ("idle_timeout_s", "IDLE_TIMEOUT", float),
+                                ("max_num_batched_tokens", "MAX_NUM_BATCHED_TOKENS", int)):
             if env.get(ENV_PREFIX + var):
                 kwargs[name] = kind(env[ENV_PREFIX + var])
         if env.get(ENV_PREFIX + "ALLOWED_HOSTS"):

@@ -575,6 +575,10 @@ class Connection(Socket):
             raise SettingsError("prompt", "must not be empty")
         await self.end_run()
         requested_at = time.perf_counter()
+        model = settings.get("model") if isinstance(settings, dict) else None
+        if model and model in pg.loading():
+            self.notice("note", kind="loading", text=f"loading the weights of {model} (once, after the server "
+                                                     "started); the run starts when they are in memory")
         # validates (raises SettingsError); in a worker thread: a fetched model's weights load on first use
         session = await anyio.to_thread.run_sync(GenerationSession, pg.engine, prompt, settings)
         run = self.run = Run(next(_run_ids), session, sent_settings=dict(settings))

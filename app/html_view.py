@@ -303,7 +303,10 @@ class HtmlView:
         if s["state"] == "queued":
             return {"state": "queued", "round": 0, "label": "Waiting",
                     "detail": f"all slots busy: number {s.get('position')} in line"}
-        if s["state"] != "idle":
+        if s.get("prefill"):
+            done, total = s["prefill"].split("/")
+            detail.append(f"prefill {int(done):,} of {int(total):,} tokens")
+        elif s["state"] != "idle":
             detail.append(f"round {s['round']}")
             detail.append(f"{s['tokens']} tokens")
             if s["gamma"] is not None and s["state"] != "done":
@@ -312,7 +315,7 @@ class HtmlView:
                 detail.append({"length": "max tokens reached", "stop": "end of text", "cancelled": "stopped",
                                "context": "context full"}.get(s["finish"], s["finish"]))
         return {"state": s["state"], "round": s["round"], "label": labels.get(s["state"], s["state"]),
-                "detail": " · ".join(detail), "run": s.get("run")}
+                "detail": " · ".join(detail), "run": s.get("run"), "prefill": s.get("prefill")}
 
     # --- notices -----------------------------------------------------------------------------------
     def _notice(self, item: Notice, frame: Frame, conn: Connection) -> None:
@@ -404,11 +407,19 @@ class HtmlView:
             frame.append("notes", m.note("unknown_characters", f"not in the vocabulary, shown as �: {chars}"))
 
     def _on_prefill(self, e, frame: Frame, run_id: int) -> None:
+        self.status.pop("prefill", None)
         cached = f", {e.num_cached_tokens} from the prefix cache" if e.num_cached_tokens else ""
         frame.append("notes", macros().note("prefill", f"prefill ({e.model}): {e.num_tokens} tokens{cached} "
                                                        f"in {e.ms:.2f} ms", 0))
         self.lane = {"round": 0, "method": "prefill", "drafts": [], "final": None,
                      "why": "prefill: the first token comes from the target", "verdict": ""}
+
+    def _on_prefill_progress(self, e, frame: Frame, run_id: int) -> None:
+        """A chunk of a long prefill is done: the status and the draft lane show how far it is."""
+        self.status["prefill"] = f"{e.num_computed}/{e.num_tokens}"
+        frame.replace["draft-lane"] = macros().lane_empty(
+            f"Prefill ({e.model}) in chunks: {e.num_computed:,} of {e.num_tokens:,} prompt tokens done; the other "
+            "sessions' steps run between the chunks (chunked prefill).")
 
     def _on_draft(self, e, frame: Frame, run_id: int) -> None:
         self.lane = {"round": e.round, "method": e.method, "final": None, "why": "", "verdict": "",

@@ -187,7 +187,9 @@ def page_context(query, playground: Playground, embed: bool) -> dict:
     state = page_state(query, playground)
     targets, options = [], {"variants": [], "draft": None, "chat": False}
     if registry is not None:
-        targets = [{"name": m.name, "label": f"{m.name} ({m.cfg.attention_kind})"} for m in registry.targets]
+        loading = playground.loading()
+        targets = [{"name": m.name, "label": f"{m.name} ({m.cfg.attention_kind})"
+                    + (" · loading…" if m.name in loading else "")} for m in registry.targets]
         options = model_options(registry, state.values["model"] or None)
     return {
         "state": state, "embed": embed, "presets": PRESETS, "speeds": SPEEDS,

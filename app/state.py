@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 
 from app.admission import Admission
@@ -20,7 +22,9 @@ from app.engine_thread import EngineThread
 from app.metrics import ServerMetrics
 from app.rooms import Rooms
 from engine.checkpoint import CheckpointError
+from engine.fetched import LazyModel
 from engine.registry import InferenceEngine, ModelRegistry
+from engine.scheduler import MAX_NUM_BATCHED_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +57,31 @@ class Playground:
             return cls(config, None, f"no models loaded from {config.models_dir}: {e}")
         return cls(config, InferenceEngine(registry, max_sessions=config.max_sessions))
 
+    def loading(self) -> list[str]:
+        """Models whose weights are still being loaded (a fetched model, loaded in the background)."""
+        if self.registry is None:
+            return []
+        return [m.name for m in self.registry.models.values() if isinstance(m.model, LazyModel) and not m.model.loaded]
+
+    def _load_weights(self) -> None:
+        """A fetched model's weights (SmolLM2: seconds) load at start-up, in the background, not inside the
+        first request that uses it; a start that needs them meanwhile waits for this load (LazyModel's lock)."""
+        for name in self.loading():
+            t = time.perf_counter()
+            try:
+                self.registry.models[name].model.load()
+            except Exception:  # noqa: BLE001 - its first use will say why
+                logger.exception("loading the weights of %s failed", name)
+                continue
+            logger.info("weights of %s loaded in %.1f s", name, time.perf_counter() - t)
+
     async def start(self) -> None:
+        if self.loading():
+            threading.Thread(target=self._load_weights, name="load-weights", daemon=True).start()
         if self.engine is not None and self.engine_thread is None:
-            self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics)
+            budget = self.config.max_num_batched_tokens
+            self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics,
+                                              MAX_NUM_BATCHED_TOKENS if budget is None else budget or None)
             self.engine_thread.start()
             logger.info("engine thread started (BLAS threads: OPENBLAS_NUM_THREADS=%s)",
                         os.environ.get("OPENBLAS_NUM_THREADS"))
@@ -94,14 +120,16 @@ class Playground:
                            "steps": thread.steps if thread else 0,
                            "posts": thread.posts if thread else 0,
                            "batches": thread.scheduler.batches if thread else 0,
-                           "batched_requests": thread.scheduler.batched_requests if thread else 0}}
+                           "batched_requests": thread.scheduler.batched_requests if thread else 0,
+                           "prefill_chunks": thread.scheduler.chunks if thread else 0,
+                           "max_num_batched_tokens": thread.scheduler.max_num_batched_tokens if thread else None}}
 
     def models(self) -> list[dict]:
         if self.registry is None:
             return []
-        out = []
+        out, loading = [], self.loading()
         for m in self.registry.models.values():
-            d = m.describe()
+            d = m.describe() | {"loading": m.name in loading}
             if m.role == "target":
                 d["kv_head_variants"] = sorted(self.registry.variants(m))
                 draft = self.registry.draft_for(m)

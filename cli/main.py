@@ -23,7 +23,8 @@ def cmd_serve(args) -> int:
         models_dir=args.models_dir, allowed_origins=tuple(args.allowed_origin) if args.allowed_origin else None,
         allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None, bind_host=args.host,
         max_sessions=args.max_sessions, embed_frame_ancestors=args.frame_ancestors, max_queue=args.max_queue,
-        max_connections=args.max_connections, idle_timeout_s=args.idle_timeout, token=args.token)
+        max_connections=args.max_connections, idle_timeout_s=args.idle_timeout, token=args.token,
+        max_num_batched_tokens=args.max_num_batched_tokens)
     local = args.host in ("127.0.0.1", "localhost", "::1")
     exposure = "this machine only" if local else "REACHABLE FROM OTHER MACHINES"
     origins = ", ".join(config.allowed_origins) or "none"
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="websockets at once, watchers included (default 1000)")
     s.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
                    help="stop a generation without progress or a client message for this long (default 600)")
+    s.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help="tokens an engine step computes: a longer prefill runs in chunks between the other "
+                        "sessions' steps (chunked prefill, as vLLM; default 256, 0: off)")
     s.add_argument("--token", default=None,
                    help="workshop mode: a shared secret required by page, API and websockets (?token=...); "
                         "DECODING_PLAYGROUND_TOKEN does the same without showing it in the process list")

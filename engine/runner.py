@@ -16,11 +16,13 @@ from .model import Model, forward
 
 class ForwardRequest:
     """A forward a session needs: `tokens` fed after what `runner` holds. A scheduler may run several
-    requests of the same model as one batched computation; alone, `run()` does it."""
-    __slots__ = ("runner", "tokens", "causal", "last_only")
+    requests of the same model as one batched computation, and a long one in chunks over several steps
+    (`role`, target or draft, names it then); alone, `run()` does it."""
+    __slots__ = ("runner", "tokens", "causal", "last_only", "role", "num_tokens")
 
-    def __init__(self, runner, tokens, causal: bool = True, last_only: bool = False):
+    def __init__(self, runner, tokens, causal: bool = True, last_only: bool = False, role: str = "target"):
         self.runner, self.tokens, self.causal, self.last_only = runner, list(tokens), causal, last_only
+        self.role, self.num_tokens = role, runner.num_tokens + len(self.tokens)   # held once it is done
 
     def run(self):
         return self.runner.extend(self.tokens, self.causal, self.last_only)
@@ -36,6 +38,7 @@ class PagedRunner:
         self.forward_calls = 0
         self.forward_s = 0.0
         self.cached_tokens = 0      # tokens served by the prefix cache (never computed here)
+        self.matched = False        # the prefix cache was asked (once, before the first forward)
 
     @property
     def num_tokens(self) -> int:
@@ -57,11 +60,17 @@ class PagedRunner:
         self.finish(time.perf_counter() - t)
         return logits
 
-    def prepare(self, tokens):  # -> (tokens to compute, p0, SequenceKV): the slots for a forward
+    def match_prefix(self, tokens) -> list:  # -> the tokens still to compute
+        """On an empty sequence, share the cached blocks that start `tokens` (the prefix cache)."""
         tokens = list(tokens)
-        if self.seq.num_tokens == 0 and self.prefix_caching and len(tokens) > 1:
+        if self.seq.num_tokens == 0 and not self.matched and self.prefix_caching and len(tokens) > 1:
             self.cached_tokens = self.manager.match_prefix(self.seq, tokens)
             tokens = tokens[self.cached_tokens:]
+        self.matched = True
+        return tokens
+
+    def prepare(self, tokens):  # -> (tokens to compute, p0, SequenceKV): the slots for a forward
+        tokens = self.match_prefix(tokens)
         p0 = self.seq.num_tokens
         return np.asarray(tokens), p0, self.manager.append_slots(self.seq, tokens)
 
@@ -72,6 +81,7 @@ class PagedRunner:
     def truncate(self, n: int) -> None:
         if n < self.seq.num_tokens:
             self.manager.truncate(self.seq, n)
+            self.matched = n > 0
 
     def commit(self) -> None:
         if self.prefix_caching:

@@ -422,7 +422,7 @@ class GenerationSession:
             self.target.free()
             self.target = self._make_runner(self.target_lm)
             if new.kv_cache:
-                yield ForwardRequest(self.target, self.tokens[:-1], last_only=True)
+                yield ForwardRequest(self.target, self.tokens[:-1], last_only=True)   # may run in chunks
                 self.target.commit()
                 notes.append(f"target {self.target_lm.name} ({self.target_lm.cfg.attention_kind}) re-prefilled "
                              f"{len(self.tokens) - 1} tokens")
