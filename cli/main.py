@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_smollm2.add_parser(bsub)
     from cli import bench_serve
     bench_serve.add_parser(bsub)
+    from cli import bench_faults
+    bench_faults.add_parser(bsub)
 
     from cli import fetch, generate
     generate.add_parsers(sub)
