@@ -25,6 +25,7 @@ from engine.checkpoint import CheckpointError
 from engine.fetched import LazyModel
 from engine.registry import InferenceEngine, ModelRegistry
 from engine.scheduler import MAX_NUM_BATCHED_TOKENS
+from engine.settings import GenerationSettings
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class Playground:
     admission: Admission = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     rooms: Rooms | None = None
+    _loading: set = field(default_factory=set)     # models being made ready in the background
 
     def __post_init__(self):
         if self.admission is None:
@@ -58,26 +60,34 @@ class Playground:
         return cls(config, InferenceEngine(registry, max_sessions=config.max_sessions))
 
     def loading(self) -> list[str]:
-        """Models whose weights are still being loaded (a fetched model, loaded in the background)."""
-        if self.registry is None:
-            return []
-        return [m.name for m in self.registry.models.values() if isinstance(m.model, LazyModel) and not m.model.loaded]
+        """Models still being made ready in the background (a fetched model: its weights and KV pool)."""
+        return sorted(self._loading)
 
-    def _load_weights(self) -> None:
-        """A fetched model's weights (SmolLM2: seconds) load at start-up, in the background, not inside the
-        first request that uses it; a start that needs them meanwhile waits for this load (LazyModel's lock)."""
-        for name in self.loading():
+    def _load_in_background(self, names: list[str]) -> None:
+        """A fetched model's weights and its default KV pool (SmolLM2: seconds each) are made at start-up, in
+        the background, not inside the first request that uses them (the pool inside the engine thread, which
+        would serve nobody meanwhile); a start that needs the weights meanwhile waits for this load
+        (LazyModel's lock)."""
+        defaults = GenerationSettings()
+        for name in names:
             t = time.perf_counter()
             try:
-                self.registry.models[name].model.load()
+                lm = self.registry.models[name]
+                lm.model.load()
+                self.engine.prepare_pool(lm, defaults.kv_cache_dtype, defaults.block_size)
             except Exception:  # noqa: BLE001 - its first use will say why
-                logger.exception("loading the weights of %s failed", name)
-                continue
-            logger.info("weights of %s loaded in %.1f s", name, time.perf_counter() - t)
+                logger.exception("loading %s failed", name)
+            else:
+                logger.info("%s loaded (weights and KV pool) in %.1f s", name, time.perf_counter() - t)
+            finally:
+                self._loading.discard(name)
 
     async def start(self) -> None:
-        if self.loading():
-            threading.Thread(target=self._load_weights, name="load-weights", daemon=True).start()
+        if self.registry is not None and not self._loading:
+            self._loading = {m.name for m in self.registry.models.values()
+                             if isinstance(m.model, LazyModel) and not m.model.loaded}
+            threading.Thread(target=self._load_in_background, args=(sorted(self._loading),), name="load-models",
+                             daemon=True).start()
         if self.engine is not None and self.engine_thread is None:
             budget = self.config.max_num_batched_tokens
             self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics,

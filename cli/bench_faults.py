@@ -12,8 +12,9 @@ and drives it over real sockets:
 - **long prefill**: a chat prompt of about 1,900 SmolLM2 tokens (our own target and a prompt near its
   context when SmolLM2 is not fetched) starts; once the engine has taken it, a bystander starts a short
   generation on our own target. Reported: the bystander's TTFT (start sent -> first token received) and
-  the long prompt's own `started` and first token, with chunked prefill (the default budget) and without
-  (`--max-num-batched-tokens 0`): two servers, the runs interleaved.
+  the long prompt's own `started` and first token, per chunked-prefill budget (`--budgets`: a server each
+  with that `--max-num-batched-tokens`, 0 being whole prefills), the runs interleaved. This is the
+  measurement the default budget (engine/scheduler.py) is chosen by.
 - **fuzz**: mutated playground forms on `/ws` while generations run, each followed by a probe (an
   unknown action, always answered): messages answered, errors, runs checked (every token of a run shown,
   counted against its summary's `num_output_tokens`) and rounds lost.
@@ -37,6 +38,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from cli.bench_serve import get_json
+from engine.scheduler import MAX_NUM_BATCHED_TOKENS
+
 PROMPT = "def main(argv):\n    "
 LONG_TEXT = ("Explain, step by step, what this function does, which inputs break it, and how to test it.\n\n"
              "def merge_intervals(intervals):\n    intervals = sorted(intervals, key=lambda pair: pair[0])\n"
@@ -52,6 +56,9 @@ def add_parser(bench_subparsers) -> None:
                                                     "forms: what they cost a real server")
     bp.add_argument("--repeats", type=int, default=3, help="long-prefill runs per server (default 3)")
     bp.add_argument("--forms", type=int, default=600, help="fuzzed /ws forms (default 600)")
+    bp.add_argument("--budgets", default=f"0,16,{MAX_NUM_BATCHED_TOKENS},64,256",
+                    help="prefill budgets compared, --max-num-batched-tokens of a server each (0: whole prefills)")
+    bp.add_argument("--parts", default="stuck,prefill,fuzz", help="which parts to run (default all)")
     bp.add_argument("--models-dir", default=None, help="models to serve (default: the server's default)")
     bp.add_argument("--json", action="store_true", help="print the results as JSON")
     bp.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
@@ -125,11 +132,6 @@ class Server:
         self.stop()
 
 
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
 async def poll(predicate, timeout: float, every: float = 0.02):
     """The first true value of `predicate()` within `timeout` seconds, else None."""
     deadline = time.monotonic() + timeout
@@ -191,6 +193,9 @@ class RawWebSocket:
         self.sock.close()
 
 
+STUCK_SETTINGS = {"max_tokens": 500, "method": "none"}   # a round per token: the most bytes per token
+
+
 def stats_are(srv: Server, **expected) -> float | None:
     """The time, if `/api/stats` has these values now."""
     stats = srv.stats()
@@ -210,7 +215,7 @@ async def stuck_client(models_dir: str | None = None) -> dict:
 
     with Server("--max-sessions", "1", "--max-queue", "4", models_dir=models_dir) as srv:
         stuck = RawWebSocket(srv.base, "/api/ws")
-        stuck.send({"type": "start", "prompt": PROMPT, "settings": {"max_tokens": 400}})
+        stuck.send({"type": "start", "prompt": PROMPT, "settings": STUCK_SETTINGS})
         assert await poll(lambda: srv.stats()["sessions"] == 1, 30), "the stuck client's generation never started"
         async with websockets.connect(srv.ws(), open_timeout=10) as normal:
             await normal.send(json.dumps({"type": "start", "prompt": PROMPT, "settings": {"max_tokens": 5},
@@ -232,7 +237,7 @@ async def stuck_client(models_dir: str | None = None) -> dict:
             await started
             # a second client that never reads, blocked in the middle of its generation (queued behind `normal`)
             blocked = RawWebSocket(srv.base, "/api/ws")
-            blocked.send({"type": "start", "prompt": PROMPT, "settings": {"max_tokens": 400}})
+            blocked.send({"type": "start", "prompt": PROMPT, "settings": STUCK_SETTINGS})
             await poll(lambda: srv.stats()["waiting"] == 1, 10)
             await normal.send(json.dumps({"type": "resume"}))
             await until(normal, "done", timeout=30)
@@ -243,7 +248,8 @@ async def stuck_client(models_dir: str | None = None) -> dict:
                 return srv.stats()["sessions"] == 1 and generation_tokens(srv.base) == before
             deadline = time.monotonic() + 30
             while not await held():
-                assert time.monotonic() < deadline, "the never-reading client's generation was not held"
+                assert time.monotonic() < deadline, ("the never-reading client's generation was not held", srv.stats(),
+                                                     generation_tokens(srv.base))
             shutdown = srv.stop()
         stuck.close()
         blocked.close()
@@ -291,25 +297,28 @@ async def beside_a_long_prefill(srv: Server, settings: dict, prompt: str) -> dic
             "prompt_tokens": times["prompt_tokens"]}
 
 
-async def long_prefill(repeats: int, models_dir: str | None = None) -> dict:
-    with Server(models_dir=models_dir) as chunked, Server("--max-num-batched-tokens", "0",
-                                                          models_dir=models_dir) as whole:
-        for srv in (chunked, whole):      # SmolLM2's weights load in the background at start-up
+async def long_prefill(repeats: int, budgets: list[int], models_dir: str | None = None) -> dict:
+    """Per budget (`--max-num-batched-tokens`, 0: whole prefills) a server; the runs interleaved."""
+    servers = {b: Server("--max-num-batched-tokens", str(b), models_dir=models_dir) for b in budgets}
+    try:
+        for srv in servers.values():      # SmolLM2's weights load in the background at start-up
             await poll(lambda: not any(m.get("loading") for m in get_json(srv.base + "/api/models")["models"]),
                        120, every=0.2)
-        settings, prompt = long_prompt(get_json(chunked.base + "/api/models")["models"])
-        runs: dict[str, list] = {"chunked": [], "whole": []}
+        settings, prompt = long_prompt(get_json(servers[budgets[0]].base + "/api/models")["models"])
+        runs: dict[int, list] = {b: [] for b in budgets}
         for i in range(repeats):
-            order = [("chunked", chunked), ("whole", whole)]
-            for name, srv in order if i % 2 == 0 else order[::-1]:
-                runs[name].append(await beside_a_long_prefill(srv, settings, prompt))
-        budget = chunked.stats()["engine"]["max_num_batched_tokens"]
+            for b in budgets[i % len(budgets):] + budgets[:i % len(budgets)]:
+                runs[b].append(await beside_a_long_prefill(servers[b], settings, prompt))
+    finally:
+        for srv in servers.values():
+            srv.stop()
     med = lambda xs: sorted(xs)[len(xs) // 2]                        # noqa: E731
-    out = {"model": settings["model"], "prompt_tokens": runs["chunked"][0]["prompt_tokens"],
-           "max_num_batched_tokens": budget, "repeats": repeats}
-    for name, rs in runs.items():
-        out[name] = {k: med([r[k] for r in rs]) for k in ("bystander_ttft_s", "long_started_s", "long_first_token_s")}
-        out[name]["bystander_ttft_max_s"] = max(r["bystander_ttft_s"] for r in rs)
+    out = {"model": settings["model"], "prompt_tokens": runs[budgets[0]][0]["prompt_tokens"], "repeats": repeats,
+           "default_budget": MAX_NUM_BATCHED_TOKENS, "budgets": {}}
+    for b, rs in runs.items():
+        out["budgets"][b] = {k: med([r[k] for r in rs])
+                             for k in ("bystander_ttft_s", "long_started_s", "long_first_token_s")}
+        out["budgets"][b]["bystander_ttft_max_s"] = max(r["bystander_ttft_s"] for r in rs)
     return out
 
 
@@ -399,34 +408,37 @@ def _s(x, unit=" s", fmt="{:.2f}") -> str:
 
 
 def markdown(r: dict) -> str:
-    st, lp, fz = r["stuck"], r["prefill"], r["fuzz"]
-    ch, wh = lp["chunked"], lp["whole"]
-    return "\n".join([
-        f"{r['date']}, {os.cpu_count()} cores, 1-minute load {r['load']:.1f} at the start (a shared machine: "
-        "figures are whole-process wall times).", "",
-        "| stuck client (`--max-sessions 1`, 4 KiB receive buffer, never reads) | |", "|---|---|",
-        f"| `speed` messages until the server closed it (1008) | {st['flood_messages']} |",
-        f"| its session and KV blocks freed (`/api/stats`), after the 1008 | {_s(st['freed_s'])} |",
-        f"| its connection gone (`/api/stats`), after the 1008 | {_s(st['gone_s'])} |",
-        f"| the client queued behind it got `started`, after the 1008 | {_s(st['queued_started_s'])} |",
-        f"| SIGTERM to exit, with it and a second never-reading client (held mid-generation) open | "
-        f"{_s(st['shutdown_s'])} |", "",
-        f"Long prefill: {lp['prompt_tokens']:,} prompt tokens on {lp['model']} beside a bystander on our own "
-        f"target, {lp['repeats']} runs each, interleaved (medians; budget `max_num_batched_tokens` = "
-        f"{lp['max_num_batched_tokens']}):", "",
-        "| | chunked prefill | whole prefill (`--max-num-batched-tokens 0`) | ratio |", "|---|---|---|---|",
-        f"| bystander TTFT | {_s(ch['bystander_ttft_s'] * 1e3, ' ms', '{:.0f}')} (max "
-        f"{_s(ch['bystander_ttft_max_s'] * 1e3, ' ms', '{:.0f}')}) | {_s(wh['bystander_ttft_s'] * 1e3, ' ms', '{:.0f}')} "
-        f"| {wh['bystander_ttft_s'] / ch['bystander_ttft_s']:.0f}× shorter |",
-        f"| long prompt's `started` | {_s(ch['long_started_s'] * 1e3, ' ms', '{:.0f}')} | "
-        f"{_s(wh['long_started_s'] * 1e3, ' ms', '{:.0f}')} | |",
-        f"| long prompt's first token | {_s(ch['long_first_token_s'])} | {_s(wh['long_first_token_s'])} | "
-        f"{ch['long_first_token_s'] / wh['long_first_token_s']:.2f}× the time |", "",
-        f"Fuzz (`/ws`, seed 19): {fz['forms']} mutated forms during running generations, {fz['answered']} answered "
-        f"(each followed by a probe that must be answered), {fz['errors']} error notes; {fz['runs_checked']} runs "
-        f"checked token by token against their summaries: {fz['tokens_lost']} tokens lost, {fz['runs_short']} runs "
-        "short.",
-    ])
+    lines = [f"{r['date']}, {os.cpu_count()} cores, 1-minute load {r['load']:.1f} at the start (a shared machine: "
+             "figures are whole-process wall times)."]
+    if "stuck" in r:
+        st = r["stuck"]
+        lines += ["", "| stuck client (`--max-sessions 1`, 4 KiB receive buffer, never reads) | |", "|---|---|",
+                  f"| `speed` messages until the server closed it (1008) | {st['flood_messages']} |",
+                  f"| its session and KV blocks freed (`/api/stats`), after the 1008 | {_s(st['freed_s'])} |",
+                  f"| its connection gone (`/api/stats`), after the 1008 | {_s(st['gone_s'])} |",
+                  f"| the client queued behind it got `started`, after the 1008 | {_s(st['queued_started_s'])} |",
+                  "| SIGTERM to exit, with it and a second never-reading client (held mid-generation) open | "
+                  f"{_s(st['shutdown_s'])} |"]
+    if "prefill" in r:
+        lp = r["prefill"]
+        whole = lp["budgets"].get(0)
+        lines += ["", f"Long prefill: {lp['prompt_tokens']:,} prompt tokens on {lp['model']} beside a bystander on "
+                  f"our own target; {lp['repeats']} runs per budget, interleaved (medians; the default budget is "
+                  f"{lp['default_budget']}):", "",
+                  "| `--max-num-batched-tokens` | bystander TTFT | (max) | long prompt's `started` | long prompt's "
+                  "first token | vs whole |", "|---|---|---|---|---|---|"]
+        for b, x in lp["budgets"].items():
+            vs = f"{x['long_first_token_s'] / whole['long_first_token_s']:.2f}×" if whole else "–"
+            lines.append(f"| {b or '0 (whole prefills)'} | {_s(x['bystander_ttft_s'] * 1e3, ' ms', '{:.0f}')} | "
+                         f"{_s(x['bystander_ttft_max_s'] * 1e3, ' ms', '{:.0f}')} | "
+                         f"{_s(x['long_started_s'] * 1e3, ' ms', '{:.0f}')} | {_s(x['long_first_token_s'])} | {vs} |")
+    if "fuzz" in r:
+        fz = r["fuzz"]
+        lines += ["", f"Fuzz (`/ws`, seed 19): {fz['forms']} mutated forms during running generations, "
+                  f"{fz['answered']} answered (each followed by a probe that must be answered), {fz['errors']} error "
+                  f"notes; {fz['runs_checked']} runs checked token by token against their summaries: "
+                  f"{fz['tokens_lost']} tokens lost, {fz['runs_short']} runs short."]
+    return "\n".join(lines)
 
 
 def run(args) -> int:
@@ -434,11 +446,16 @@ def run(args) -> int:
 
     from cli.bench import write_section
 
-    r = {"date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "load": os.getloadavg()[0],
-         "stuck": asyncio.run(stuck_client(args.models_dir))}
-    r["prefill"] = asyncio.run(long_prefill(args.repeats, args.models_dir))
-    with Server(models_dir=args.models_dir) as srv:
-        r["fuzz"] = asyncio.run(fuzz_forms(srv.base, args.forms))
+    parts = args.parts.split(",")
+    r = {"date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "load": os.getloadavg()[0]}
+    if "stuck" in parts:
+        r["stuck"] = asyncio.run(stuck_client(args.models_dir))
+    if "prefill" in parts:
+        budgets = [int(b) for b in args.budgets.split(",")]
+        r["prefill"] = asyncio.run(long_prefill(args.repeats, budgets, args.models_dir))
+    if "fuzz" in parts:
+        with Server(models_dir=args.models_dir) as srv:
+            r["fuzz"] = asyncio.run(fuzz_forms(srv.base, args.forms))
     text = markdown(r)
     print(json.dumps(r, indent=2) if args.json else text)
     if not args.no_write:

@@ -17,7 +17,7 @@ Decode steps, verifications and requests that fit run whole first; a longer pref
 tokens that needs only its last logits) gets the rest of the budget, at least `MIN_CHUNK` tokens, and
 goes on in the next steps, its session waiting meanwhile with a `PrefillProgress` event after each chunk.
 So a 2,000-token prompt no longer holds every other session for the whole of its prefill: theirs run
-between its chunks. Several long prefills take their turns first come, first served. The session sees
+between its chunks. Of several long prefills the one with the fewest tokens left goes first. The session sees
 one forward and its logits, as if it had run whole (the chunks write the same K/V; only float32 rounding
 of products over other row counts differs). A runner without a cache recomputes everything each call:
 its requests are never chunked.
@@ -129,23 +129,32 @@ class Scheduler:
         whole = [e for e in pending if not self._chunkable(e.request)]
         plan: list[tuple[_Entry, int | None]] = [(e, None) for e in whole]
         room = (self.max_num_batched_tokens or 0) - sum(len(e.request.tokens) for e in whole)
-        for i, e in enumerate(e for e in pending if self._chunkable(e.request)):
+        for e in pending:
+            if self._chunkable(e.request):            # the prefix cache serves what it holds of the whole
+                e.request.tokens = e.request.runner.match_prefix(e.request.tokens)
+        # the shortest first: a short prompt is not kept waiting behind a long one (which goes on meanwhile
+        # whenever there is room, and as the first of them at least MIN_CHUNK tokens a step)
+        chunkable = sorted((e for e in pending if self._chunkable(e.request)), key=lambda e: len(e.request.tokens))
+        for i, e in enumerate(chunkable):
             if i and room < MIN_CHUNK:
                 break
-            tokens = e.request.runner.match_prefix(e.request.tokens)    # the prefix cache serves the whole
-            e.request.tokens = tokens
             n = max(room, MIN_CHUNK)
-            plan.append((e, n if n < len(tokens) else None))
+            plan.append((e, n if n < len(e.request.tokens) else None))
             room -= n
         return plan
 
     def _run(self, pending: list[_Entry]) -> None:
-        """The whole requests first, then the chunks: what the first ones produced (a first token, say) may
-        be sent on (`before_chunks`) without waiting for the chunks."""
+        """The whole requests first, then the chunks. Between them the sessions whose forwards are done are
+        advanced to their next one, so that what they produced (a first token, say) can be sent on
+        (`before_chunks`) without waiting for the chunks."""
         plan = self._plan(pending)
-        self._run_batched([(e, chunk) for e, chunk in plan if chunk is None])
+        whole = [(e, chunk) for e, chunk in plan if chunk is None]
+        self._run_batched(whole)
         chunks = [(e, chunk) for e, chunk in plan if chunk is not None]
         if chunks:
+            for e, _ in whole:
+                if e.state == "ready" and e.session.id in self.entries:
+                    self._advance(e)
             self.before_chunks()
             self._run_batched(chunks)
 
