@@ -31,6 +31,7 @@ import random
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -312,7 +313,7 @@ async def long_prefill(repeats: int, budgets: list[int], models_dir: str | None 
     finally:
         for srv in servers.values():
             srv.stop()
-    med = lambda xs: sorted(xs)[len(xs) // 2]                        # noqa: E731
+    med = statistics.median
     out = {"model": settings["model"], "prompt_tokens": runs[budgets[0]][0]["prompt_tokens"], "repeats": repeats,
            "default_budget": MAX_NUM_BATCHED_TOKENS, "budgets": {}}
     for b, rs in runs.items():

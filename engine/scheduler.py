@@ -48,8 +48,8 @@ class _Entry:
 
 
 # Tokens a step computes (vLLM's max_num_batched_tokens); chosen by measurement, docs/benchmarks.md.
-MAX_NUM_BATCHED_TOKENS = 32
-MIN_CHUNK = 16                # a long prefill advances at least this much per step, however busy the others
+MAX_NUM_BATCHED_TOKENS = 16
+MIN_CHUNK = 8                 # a long prefill advances at least this much per step, however busy the others
 
 
 class Scheduler:
