@@ -25,7 +25,6 @@ from engine.checkpoint import CheckpointError
 from engine.fetched import LazyModel
 from engine.registry import InferenceEngine, ModelRegistry
 from engine.scheduler import MAX_NUM_BATCHED_TOKENS
-from engine.settings import GenerationSettings
 
 logger = logging.getLogger(__name__)
 
@@ -60,25 +59,21 @@ class Playground:
         return cls(config, InferenceEngine(registry, max_sessions=config.max_sessions))
 
     def loading(self) -> list[str]:
-        """Models still being made ready in the background (a fetched model: its weights and KV pool)."""
+        """Models whose weights are still being loaded in the background (fetched models)."""
         return sorted(self._loading)
 
     def _load_in_background(self, names: list[str]) -> None:
-        """A fetched model's weights and its default KV pool (SmolLM2: seconds each) are made at start-up, in
-        the background, not inside the first request that uses them (the pool inside the engine thread, which
-        would serve nobody meanwhile); a start that needs the weights meanwhile waits for this load
-        (LazyModel's lock)."""
-        defaults = GenerationSettings()
+        """A fetched model's weights (SmolLM2: seconds) load at start-up, in the background, not inside the
+        first request that uses them; a start that needs them meanwhile waits for this load (LazyModel's
+        lock). (Its KV pool is made by the first session that uses it, outside the engine thread.)"""
         for name in names:
             t = time.perf_counter()
             try:
-                lm = self.registry.models[name]
-                lm.model.load()
-                self.engine.prepare_pool(lm, defaults.kv_cache_dtype, defaults.block_size)
+                self.registry.models[name].model.load()
             except Exception:  # noqa: BLE001 - its first use will say why
-                logger.exception("loading %s failed", name)
+                logger.exception("loading the weights of %s failed", name)
             else:
-                logger.info("%s loaded (weights and KV pool) in %.1f s", name, time.perf_counter() - t)
+                logger.info("weights of %s loaded in %.1f s", name, time.perf_counter() - t)
             finally:
                 self._loading.discard(name)
 

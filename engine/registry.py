@@ -122,7 +122,7 @@ class InferenceEngine:
 
     def prepare_pool(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> None:
         """Make a pool ahead of its first use, from any thread: its memory is written outside the engine lock
-        (for SmolLM2 hundreds of MiB, seconds during which the engine thread would serve nobody)."""
+        (for SmolLM2 hundreds of MiB, seconds during which an engine thread would serve nobody)."""
         key = (lm.name, kv_cache_dtype, block_size)
         if key not in self.managers:
             mgr = self._new_manager(lm, kv_cache_dtype, block_size)

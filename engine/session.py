@@ -91,6 +91,7 @@ class GenerationSession:
         self._unshown: list = []    # token events whose inspector figures are filled in after the round
         # output text, token by token: a byte-level token may end inside a character (engine/tokenizer.py)
         self._stream = StreamDecoder(self.tokenizer)
+        self._ensure_pools(settings)
 
     # --- control, callable from any thread ---------------------------------------------------------
     def update_settings(self, changes: dict) -> GenerationSettings:
@@ -203,13 +204,15 @@ class GenerationSession:
 
     def _ensure_pools(self, s: GenerationSettings) -> None:
         """Make the KV pools these settings use before anything is timed: a pool is made on first use, and
-        writing its memory then (engine.kv_cache) is part of no forward and of no settings change."""
+        writing its memory then (engine.kv_cache) is part of no forward and of no settings change. Called
+        by the constructor too, which a server runs outside its engine thread: a large model's first pool
+        (SmolLM2: hundreds of MiB, seconds) is then written without holding up the other sessions."""
         if not s.kv_cache:
             return
         target = self.variants[s.num_kv_heads] if s.num_kv_heads is not None else self.target_lm
         for lm in (target, self.draft_lm if s.method == "draft_model" else None):
             if lm is not None:
-                self.engine.manager(lm, s.kv_cache_dtype, s.block_size)
+                self.engine.prepare_pool(lm, s.kv_cache_dtype, s.block_size)
 
     def _make_runner(self, lm: LoadedModel):
         s = self.settings
