@@ -71,7 +71,8 @@ class AppConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 0:
-            raise ValueError(f"max_num_batched_tokens must be >= 0 (0: no chunked prefill), got {self.max_num_batched_tokens}")
+            raise ValueError("max_num_batched_tokens must be >= 0 (0: no chunked prefill), "
+                             f"got {self.max_num_batched_tokens}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.idle_timeout_s <= 0 or self.messages_per_s <= 0:
@@ -104,7 +105,8 @@ class AppConfig:
             if env.get(ENV_PREFIX + var):
                 kwargs[name] = kind(env[ENV_PREFIX + var])
         if env.get(ENV_PREFIX + "ALLOWED_HOSTS"):
-            kwargs["allowed_hosts"] = tuple(h.strip() for h in env[ENV_PREFIX + "ALLOWED_HOSTS"].split(",") if h.strip())
+            hosts = env[ENV_PREFIX + "ALLOWED_HOSTS"].split(",")
+            kwargs["allowed_hosts"] = tuple(h.strip() for h in hosts if h.strip())
         if env.get(ENV_PREFIX + "TOKEN"):
             kwargs["token"] = env[ENV_PREFIX + "TOKEN"]
         if env.get(ENV_PREFIX + "FRAME_ANCESTORS"):

@@ -247,7 +247,8 @@ class HtmlView:
         changed = {k: v for k, v in settings.items() if old.get(k) != v}
         live = {k: v for k, v in changed.items() if k in LIVE_SETTINGS}
         for name in sorted(set(changed) - set(live)):
-            conn.notice("note", kind="next_run", text=f"{name} = {str(changed[name] or '–')[:40]}: applies to the next run")
+            value = str(changed[name] or "–")[:40]
+            conn.notice("note", kind="next_run", text=f"{name} = {value}: applies to the next run")
         if prompt is not None and old_prompt is not None and prompt != old_prompt:
             conn.notice("note", kind="next_run", text="the new prompt applies to the next run")
         if live:

@@ -121,8 +121,8 @@ class Error(Event):
     message: str
 
 
-EVENT_TYPES = {cls.type: cls for cls in (Started, Prefill, PrefillProgress, DraftProposed, TokenResult, RoundDone, KVBlocks, Metrics,
-                                         SettingsApplied, Done, Error)}
+EVENT_TYPES = {cls.type: cls for cls in (Started, Prefill, PrefillProgress, DraftProposed, TokenResult, RoundDone,
+                                         KVBlocks, Metrics, SettingsApplied, Done, Error)}
 
 
 def event_from_dict(d: dict) -> Event:
