@@ -261,12 +261,11 @@ async def stuck_client(models_dir: str | None = None) -> dict:
 # --- a long prefill beside a bystander --------------------------------------------------------------------------
 def long_prompt(models: list[dict]) -> tuple[dict, str]:
     """Settings and prompt of the long prefill: SmolLM2 chat with ~1,900 tokens, else our own target near its
-    context."""
-    smollm2 = next((m for m in models if m["name"] == SMOLLM2), None)
-    if smollm2 is not None:
-        return {"model": SMOLLM2, "chat": True, "method": "none", "max_tokens": 1}, LONG_TEXT * 17
-    target = next(m for m in models if m["role"] == "target")
-    return {"model": target["name"], "method": "none", "max_tokens": 1}, LONG_TEXT
+    context. The prefix cache is off: every run computes the whole prompt."""
+    settings = {"method": "none", "max_tokens": 1, "enable_prefix_caching": False}
+    if any(m["name"] == SMOLLM2 for m in models):
+        return {**settings, "model": SMOLLM2, "chat": True}, LONG_TEXT * 17
+    return {**settings, "model": next(m for m in models if m["role"] == "target")["name"]}, LONG_TEXT
 
 
 async def beside_a_long_prefill(srv: Server, settings: dict, prompt: str) -> dict:
