@@ -304,9 +304,9 @@ class HtmlView:
         if s["state"] == "queued":
             return {"state": "queued", "round": 0, "label": "Waiting",
                     "detail": f"all slots busy: number {s.get('position')} in line"}
-        if s.get("prefill"):
-            done, total = s["prefill"].split("/")
-            detail.append(f"prefill {int(done):,} of {int(total):,} tokens")
+        prefill = s.get("prefill")                # (tokens computed, tokens) while prefilling in chunks
+        if prefill:
+            detail.append(f"prefill {prefill[0]:,} of {prefill[1]:,} tokens")
         elif s["state"] != "idle":
             detail.append(f"round {s['round']}")
             detail.append(f"{s['tokens']} tokens")
@@ -316,7 +316,8 @@ class HtmlView:
                 detail.append({"length": "max tokens reached", "stop": "end of text", "cancelled": "stopped",
                                "context": "context full"}.get(s["finish"], s["finish"]))
         return {"state": s["state"], "round": s["round"], "label": labels.get(s["state"], s["state"]),
-                "detail": " · ".join(detail), "run": s.get("run"), "prefill": s.get("prefill")}
+                "detail": " · ".join(detail), "run": s.get("run"),
+                "prefill": prefill and f"{prefill[0]}/{prefill[1]}"}
 
     # --- notices -----------------------------------------------------------------------------------
     def _notice(self, item: Notice, frame: Frame, conn: Connection) -> None:
@@ -417,7 +418,7 @@ class HtmlView:
 
     def _on_prefill_progress(self, e, frame: Frame, run_id: int) -> None:
         """A chunk of a long prefill is done: the status and the draft lane show how far it is."""
-        self.status["prefill"] = f"{e.num_computed}/{e.num_tokens}"
+        self.status["prefill"] = (e.num_computed, e.num_tokens)
         frame.replace["draft-lane"] = macros().lane_empty(
             f"Prefill ({e.model}) in chunks: {e.num_computed:,} of {e.num_tokens:,} prompt tokens done; the other "
             "sessions' steps run between the chunks (chunked prefill).")

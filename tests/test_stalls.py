@@ -135,6 +135,27 @@ def test_a_long_prefill_runs_in_chunks_and_a_bystander_gets_its_first_token_with
     assert prompt_tokens >= 400
 
 
+def test_the_page_shows_a_long_prefill_chunk_by_chunk(live_server):
+    """/ws: while a long prompt prefills in chunks, the status says how far (`data-prefill`) and so does the
+    draft lane; then the run goes on as usual."""
+    from cli.bench_faults import LONG_TEXT
+
+    async def scenario():
+        async with websockets.connect(ws_url(live_server, "/ws"), open_timeout=10, max_size=2 ** 24) as ws:
+            c = HtmlClient(ws)
+            await c.until(lambda f: True)
+            await c.send(action="toggle", prompt=LONG_TEXT, max_tokens="4", speed="5", method="none",
+                         enable_prefix_caching=["false"])
+            await c.until(status_is("done"))
+            shown = [a["data-prefill"] for _, a in c.elements(lambda t, a: a.get("id") == "run-status")
+                     if "data-prefill" in a]
+            computed = [int(p.split("/")[0]) for p in shown]
+            assert shown and computed == sorted(set(computed)), shown     # how many: as the sender coalesced them
+            assert any("prompt tokens done" in f.raw for f in c.messages)
+
+    run(scenario())
+
+
 # --- DNS rebinding: the Host header ------------------------------------------------------------------------------
 def host_answers(base: str, host: str, path: str, upgrade: bool = False) -> int:
     conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=10)
