@@ -7,11 +7,13 @@ built by `decoding-playground serve` from its options:
 |---|---|---|
 | DECODING_PLAYGROUND_MODELS_DIR | `--models-dir` | the repository's `models/` |
 | DECODING_PLAYGROUND_ALLOWED_ORIGINS (comma-separated) | `--allowed-origin` (repeatable) | none: own origin only |
+| DECODING_PLAYGROUND_ALLOWED_HOSTS (comma-separated) | `--allowed-host` (repeatable) | none: localhost, 127.0.0.1, [::1] and `--host` |
 | DECODING_PLAYGROUND_MAX_SESSIONS | `--max-sessions` | 8 generating sessions |
 | DECODING_PLAYGROUND_MAX_QUEUE | `--max-queue` | 32 starts waiting for a slot |
 | DECODING_PLAYGROUND_MAX_CONNECTIONS | `--max-connections` | 1000 websockets (watchers included) |
 | DECODING_PLAYGROUND_IDLE_TIMEOUT | `--idle-timeout` | 600 s without progress or a message |
 | DECODING_PLAYGROUND_TOKEN | `--token` | none (workshop mode off) |
+| DECODING_PLAYGROUND_MAX_NUM_BATCHED_TOKENS | `--max-num-batched-tokens` | the engine's (engine/scheduler.py); 0: no chunked prefill |
 | DECODING_PLAYGROUND_FRAME_ANCESTORS | `--frame-ancestors` | `*` (who may frame `/embed`) |
 | DECODING_PLAYGROUND_DEMO | – | `auto`: the page opens on SmolLM2 + chat + EAGLE when fetched; `character`: our models |
 """
@@ -51,12 +53,15 @@ def normalize_origin(origin: str) -> str:
 class AppConfig:
     models_dir: Path = PROJECT_DIR / "models"
     allowed_origins: tuple[str, ...] = field(default_factory=tuple)
+    allowed_hosts: tuple[str, ...] = field(default_factory=tuple)   # Host names besides the local ones
+    bind_host: str = "127.0.0.1"          # `serve --host`: a name the server is reachable by (0.0.0.0: any IP)
     max_sessions: int = 8                 # generations at once (each holds KV blocks)
     embed_frame_ancestors: str = "*"
     max_queue: int = 32                   # starts waiting for a slot; beyond: close 1013 "busy, retry"
     max_connections: int = 1000           # websockets at once, watchers included; beyond: close 1013
     idle_timeout_s: float = 600.0         # a generation without progress or a client message is stopped
     token: str | None = None              # workshop mode: the shared secret of page, API and websockets
+    max_num_batched_tokens: int | None = None   # tokens an engine step computes (chunked prefill); 0: off
     messages_per_s: float = 100.0         # per-connection message rate (token bucket) ...
     message_burst: int = 200              # ... and burst
     demo: str = "auto"                    # what the page opens on (app/page.py's demo_defaults)
@@ -71,6 +76,9 @@ class AppConfig:
         for name in ("max_sessions", "max_connections", "message_burst"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 0:
+            raise ValueError("max_num_batched_tokens must be >= 0 (0: no chunked prefill), "
+                             f"got {self.max_num_batched_tokens}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.idle_timeout_s <= 0 or self.messages_per_s <= 0:
@@ -103,9 +111,13 @@ class AppConfig:
             kwargs["allowed_origins"] = tuple(o for o in env[ENV_PREFIX + "ALLOWED_ORIGINS"].split(",") if o.strip())
         for name, var, kind in (("max_sessions", "MAX_SESSIONS", int), ("max_queue", "MAX_QUEUE", int),
                                 ("max_connections", "MAX_CONNECTIONS", int),
-                                ("idle_timeout_s", "IDLE_TIMEOUT", float)):
+                                ("idle_timeout_s", "IDLE_TIMEOUT", float),
+                                ("max_num_batched_tokens", "MAX_NUM_BATCHED_TOKENS", int)):
             if env.get(ENV_PREFIX + var):
                 kwargs[name] = kind(env[ENV_PREFIX + var])
+        if env.get(ENV_PREFIX + "ALLOWED_HOSTS"):
+            hosts = env[ENV_PREFIX + "ALLOWED_HOSTS"].split(",")
+            kwargs["allowed_hosts"] = tuple(h.strip() for h in hosts if h.strip())
         if env.get(ENV_PREFIX + "TOKEN"):
             kwargs["token"] = env[ENV_PREFIX + "TOKEN"]
         if env.get(ENV_PREFIX + "FRAME_ANCESTORS"):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from app.external import start_external
 from app.logs import log_event
 from app.security import TokenBucket
 from engine.session import GenerationSession
-from engine.settings import SettingsError
+from engine.settings import SettingsError, excerpt
 
 if TYPE_CHECKING:
     from app.state import Playground
@@ -71,6 +72,9 @@ MIN_INTERVAL_S = 1 / 10
 PAGE_DELIVERY_DELAY_S = 0.02
 ACK_TIMEOUT_S = 0.5
 IDLE_CHECK_MAX_S = 15.0
+MAX_ERROR_CHARS = 300           # an error message, whatever it quotes of the input
+SEND_STALL_S = 30.0             # a send that cannot go out for this long: the client does not read (1008)
+CLOSE_WAIT_S = 5.0              # at most this long for a close the server decided (the transport gives up sooner)
 _run_ids = itertools.count(1)   # process-wide: a watcher follows runs across its presenter's reconnects
 
 
@@ -83,14 +87,46 @@ class CommandError(ValueError):
 
 
 def json_object(text: str, what: str) -> dict:
-    """A client message as a JSON object, or a CommandError saying what was expected (`what`)."""
+    """A client message as a JSON object, or a CommandError saying what was expected (`what`).
+
+    Its text must be Unicode: JSON can spell a lone UTF-16 surrogate (`"\\ud800"`), which no tokenizer
+    and no UTF-8 encoder takes, so it is refused here, naming the field."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise CommandError(f"not valid JSON: {e}") from None
+    except ValueError as e:       # e.g. an integer of more than 4,300 digits (Python's conversion limit)
+        raise CommandError(f"not valid JSON: {excerpt(str(e), 120)}") from None
     if not isinstance(data, dict):
         raise CommandError(what)
+    if _SURROGATE_ESCAPE.search(text):
+        field = _lone_surrogate(data)
+        if field is not None:
+            raise CommandError(f"{field}: not valid text (a lone UTF-16 surrogate such as \\ud800)", field)
     return data
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value, name: str = "message") -> str | None:
+    """The name of the first field (or key) of `value` whose text holds a lone surrogate, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return name
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if _lone_surrogate(key) is not None:
+                return "a field name"
+            if (found := _lone_surrogate(item, key[:40])) is not None:
+                return found
+    elif isinstance(value, list):
+        for item in value:
+            if (found := _lone_surrogate(item, name)) is not None:
+                return found
+    return None
 
 
 # --- commands (what the views parse client messages into) -----------------------------------------
@@ -132,9 +168,9 @@ def parse_speed(value: Any) -> float | None:
     try:
         speed = float(value)
     except (TypeError, ValueError):
-        raise CommandError(f"speed: rounds per second (0.1 ... 1000) or 'max', got {value!r}", "speed") from None
+        raise CommandError(f"speed: rounds per second (0.1 ... 1000) or 'max', got {excerpt(value)}", "speed") from None
     if not 0.1 <= speed <= 1000:
-        raise CommandError(f"speed: rounds per second (0.1 ... 1000) or 'max', got {value!r}", "speed")
+        raise CommandError(f"speed: rounds per second (0.1 ... 1000) or 'max', got {excerpt(value)}", "speed")
     return speed
 
 
@@ -193,15 +229,21 @@ class Socket:
         if self.closed is None:
             self.closed = code
             log_event(logger, "ws_closed_by_server", code=code, reason=reason)
-            try:
-                await self.ws.close(code=code, reason=reason[:120])
-            except (RuntimeError, OSError, WebSocketDisconnect):
-                pass
+            await self.release()
+            # bounded: the transport gives up on a peer that does not read (app/ws_transport.py)
+            with anyio.move_on_after(CLOSE_WAIT_S, shield=True):
+                try:
+                    await self.ws.close(code=code, reason=reason[:120])
+                except (RuntimeError, OSError, WebSocketDisconnect):
+                    pass
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
 
     def unsent(self) -> int:
         return 0
+
+    async def release(self) -> None:
+        """Give back what this connection holds (before its close, which may take a moment)."""
 
     async def _receiver(self) -> None:
         while True:
@@ -313,6 +355,11 @@ class Connection(Socket):
     def unsent(self) -> int:
         return len(self.outbox.items)
 
+    async def release(self) -> None:
+        """The generation's KV blocks and slot go at once, not once the peer has been dealt with."""
+        with anyio.CancelScope(shield=True):
+            await self.end_run()
+
     async def on_text(self, text: str) -> None:
         try:
             for command in self.view.parse(text, self):
@@ -333,14 +380,13 @@ class Connection(Socket):
         try:
             while True:
                 items += self._take(await self.outbox.take_all() if not items else self.outbox.take_now())
-                try:
-                    messages = self.view.render(items, self)
-                except Exception:            # a rendering bug must not take the connection down
-                    logger.exception("rendering %d items failed", len(items))
-                    messages = []
-                items = []
+                messages, items = self._render(items), []
                 for text in messages:
-                    await self.ws.send_text(text)
+                    with anyio.move_on_after(SEND_STALL_S) as stalled:
+                        await self._send_text(text)
+                    if stalled.cancelled_caught:
+                        await self.close(1008, f"the client has read nothing for {SEND_STALL_S:g} s")
+                        return
                     self._sent += 1
                 await anyio.sleep(0)      # let other connections run even while the write buffer has room
                 if getattr(self.view, "acks", False) and self.speed is None and self.run is not None \
@@ -350,6 +396,33 @@ class Connection(Socket):
         except (WebSocketDisconnect, OSError, RuntimeError):
             # the client is gone (or we already closed): end everything, which frees the session's blocks
             self._tg.cancel_scope.cancel()
+
+    def _render(self, items: list) -> list[str]:
+        """The view's messages for these items. A rendering bug must neither take the connection down nor
+        lose the other items' events: on failure each item is rendered alone, and the one that fails is
+        replaced by an error."""
+        try:
+            return self.view.render(items, self)
+        except Exception:  # noqa: BLE001
+            logger.exception("rendering %d items failed; rendering them one by one", len(items))
+        messages = []
+        for item in items:
+            try:
+                messages += self.view.render([item], self)
+            except Exception as e:  # noqa: BLE001
+                logger.exception("rendering a %s failed", type(item).__name__)
+                try:
+                    messages += self.view.render([Notice("error", {
+                        "message": f"internal error showing this: {type(e).__name__}", "setting": None})], self)
+                except Exception:  # noqa: BLE001
+                    logger.exception("rendering an error failed")
+        return messages
+
+    async def _send_text(self, text: str) -> None:
+        try:
+            await self.ws.send_text(text)
+        except UnicodeEncodeError:   # a lone surrogate (JSON's "\\ud800") cannot be UTF-8 on the wire
+            await self.ws.send_text(text.encode("utf-8", "replace").decode("utf-8"))
 
     def _take(self, items: list) -> list:
         """The sender has taken these items: their rounds no longer count as the client's backlog."""
@@ -419,6 +492,8 @@ class Connection(Socket):
             self.room.publish(notice)
 
     def error(self, message: str, setting: str | None = None) -> None:
+        if len(message) > MAX_ERROR_CHARS:     # never echo a client's long input back (the excerpts are short)
+            message = message[:MAX_ERROR_CHARS] + "…"
         self.notice("error", message=message, setting=setting)
 
     @property
@@ -484,7 +559,7 @@ class Connection(Socket):
         elif kind == "speed":
             self._state_notice()
         elif kind != "noop":
-            raise CommandError(f"unknown command {kind!r}")
+            raise CommandError(f"unknown command {excerpt(kind)}")
 
     def _stop(self, run: Run) -> None:
         run.stopping = True
@@ -504,6 +579,10 @@ class Connection(Socket):
             raise SettingsError("prompt", "must not be empty")
         await self.end_run()
         requested_at = time.perf_counter()
+        model = settings.get("model") if isinstance(settings, dict) else None
+        if model and model in pg.loading():
+            self.notice("note", kind="loading", text=f"loading the weights of {model} (once, after the server "
+                                                     "started); the run starts when they are in memory")
         # validates (raises SettingsError); in a worker thread: a fetched model's weights load on first use
         session = await anyio.to_thread.run_sync(GenerationSession, pg.engine, prompt, settings)
         run = self.run = Run(next(_run_ids), session, sent_settings=dict(settings))

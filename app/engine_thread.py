@@ -36,11 +36,12 @@ from typing import Callable, Protocol
 
 from engine.events import Error
 from engine.runner import ROUND_BOUNDARY
-from engine.scheduler import Scheduler
+from engine.scheduler import MAX_NUM_BATCHED_TOKENS, Scheduler
 
 logger = logging.getLogger(__name__)
 
-ROUND_END = frozenset(("started", "metrics", "done", "error"))   # the last event of a delivered batch
+# the last event of a delivered batch (a chunk of a long prefill is one too: the page shows its progress)
+ROUND_END = frozenset(("started", "prefill_progress", "metrics", "done", "error"))
 PARKED = "parked"            # delivered (instead of events) when a paused session has come to rest
 MAX_IDLE_WAIT_S = 1.0        # the thread re-checks its gates at least this often, poked or not
 
@@ -158,9 +159,11 @@ class SessionLink:
 
 
 class EngineThread:
-    def __init__(self, engine, loop: asyncio.AbstractEventLoop, metrics=None):
+    def __init__(self, engine, loop: asyncio.AbstractEventLoop, metrics=None,
+                 max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS):
         self.engine, self.metrics = engine, metrics
-        self.scheduler = Scheduler()
+        # a step's first tokens go out before its prefill chunks are computed
+        self.scheduler = Scheduler(max_num_batched_tokens, before_chunks=lambda: self._flush(at_once=True))
         self.links: dict[str, SessionLink] = {}
         self.steps = 0                   # scheduler steps that moved something
         self.busy_s = 0.0                # time spent in them

@@ -24,7 +24,7 @@ from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, gauge_rows, model_opt
 from app.recording import RECORDINGS
 from app.state import Playground
 from app.templating import templates
-from engine.settings import LIVE_SETTINGS
+from engine.settings import LIVE_SETTINGS, excerpt
 
 METRICS = tuple(name for name, _, _ in GAUGES)
 ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")
@@ -211,6 +211,17 @@ class Frame:
         self.appends.setdefault(target, []).append(html)
 
 
+def _form_value(name: str, value):
+    """A form field's value: text (numbers, booleans and null are taken as they are) or the last of a list
+    (a checkbox with its hidden "false" twin); anything else is a CommandError naming the field."""
+    if isinstance(value, list) and value:
+        value = value[-1]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    kind = "an object" if isinstance(value, dict) else "an empty list" if value == [] else "a list in a list"
+    raise CommandError(f"{name}: expected a text value, got {kind}", name)
+
+
 class HtmlView:
     default_speed = float(DEFAULT_SPEED)
     acks = True         # the page acknowledges what it has rendered ({"ack": n}, static/playground.js)
@@ -242,10 +253,8 @@ class HtmlView:
                 raise CommandError("ack: the number of messages rendered")
             return [Command("ack", ack=data["ack"])]
         data.pop("HEADERS", None)
-        action = data.pop("action", None)
-        if isinstance(action, list):
-            action = action[-1]
-        fields = {k: (v[-1] if isinstance(v, list) and v else v) for k, v in data.items()}
+        fields = {k: _form_value(k, data[k]) for k in (*FORM_SETTINGS, "prompt", "speed", "action") if k in data}
+        action = fields.pop("action", None)
         settings = {k: fields[k] for k in FORM_SETTINGS if k in fields}
         prompt = fields.get("prompt")
         speed = parse_speed(fields["speed"]) if "speed" in fields else "keep"
@@ -258,7 +267,7 @@ class HtmlView:
             self.gauges.clear()
             return [Command("reset")]
         if action not in ACTIONS:
-            raise CommandError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
+            raise CommandError(f"unknown action {excerpt(action)}; expected one of {', '.join(ACTIONS)}")
         if action in ("toggle", "start", "step") and prompt is not None:
             starting = action == "start" or conn.state in ("idle", "done")
             if starting:
@@ -278,7 +287,8 @@ class HtmlView:
         changed = {k: v for k, v in settings.items() if old.get(k) != v}
         live = {k: v for k, v in changed.items() if k in LIVE_SETTINGS}
         for name in sorted(set(changed) - set(live)):
-            conn.notice("note", kind="next_run", text=f"{name} = {changed[name] or '–'}: applies to the next run")
+            value = str(changed[name] or "–")[:40]
+            conn.notice("note", kind="next_run", text=f"{name} = {value}: applies to the next run")
         if prompt is not None and old_prompt is not None and prompt != old_prompt:
             conn.notice("note", kind="next_run", text="the new prompt applies to the next run")
         if live:
@@ -334,7 +344,10 @@ class HtmlView:
         if s["state"] == "queued":
             return {"state": "queued", "round": 0, "label": "Waiting",
                     "detail": f"all slots busy: number {s.get('position')} in line"}
-        if s["state"] != "idle":
+        prefill = s.get("prefill")                # (tokens computed, tokens) while prefilling in chunks
+        if prefill:
+            detail.append(f"prefill {prefill[0]:,} of {prefill[1]:,} tokens")
+        elif s["state"] != "idle":
             detail.append(f"round {s['round']}")
             detail.append(f"{s['tokens']} tokens")
             if s["gamma"] is not None and s["state"] != "done":
@@ -343,7 +356,8 @@ class HtmlView:
                 detail.append({"length": "max tokens reached", "stop": "end of text", "cancelled": "stopped",
                                "context": "context full"}.get(s["finish"], s["finish"]))
         return {"state": s["state"], "round": s["round"], "label": labels.get(s["state"], s["state"]),
-                "detail": " · ".join(detail), "run": s.get("run")}
+                "detail": " · ".join(detail), "run": s.get("run"),
+                "prefill": prefill and f"{prefill[0]}/{prefill[1]}"}
 
     # --- notices -----------------------------------------------------------------------------------
     def _notice(self, item: Notice, frame: Frame, conn: Connection) -> None:
@@ -453,11 +467,19 @@ class HtmlView:
             frame.append("notes", m.note("unknown_characters", f"not in the vocabulary, shown as �: {chars}"))
 
     def _on_prefill(self, e, frame: Frame, run_id: int) -> None:
+        self.status.pop("prefill", None)
         cached = f", {e.num_cached_tokens} from the prefix cache" if e.num_cached_tokens else ""
         frame.append("notes", macros().note("prefill", f"prefill ({e.model}): {e.num_tokens} tokens{cached} "
                                                        f"in {e.ms:.2f} ms", 0))
         self.lane = {"round": 0, "method": "prefill", "drafts": [], "final": None,
                      "why": "prefill: the first token comes from the target", "verdict": ""}
+
+    def _on_prefill_progress(self, e, frame: Frame, run_id: int) -> None:
+        """A chunk of a long prefill is done: the status and the draft lane show how far it is."""
+        self.status["prefill"] = (e.num_computed, e.num_tokens)
+        frame.replace["draft-lane"] = macros().lane_empty(
+            f"Prefill ({e.model}) in chunks: {e.num_computed:,} of {e.num_tokens:,} prompt tokens done; the other "
+            "sessions' steps run between the chunks (chunked prefill).")
 
     def _on_draft(self, e, frame: Frame, run_id: int) -> None:
         self.lane = {"round": e.round, "method": e.method, "final": None, "why": "", "verdict": "",

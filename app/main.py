@@ -1,4 +1,4 @@
-"""Builds the FastAPI app: routers per concern, static files, security headers, workshop mode's token;
+"""Builds the FastAPI app: routers per concern, static files, the Host check, security headers, workshop mode's token;
 the models load once in the lifespan, which also runs the engine thread."""
 
 from contextlib import asynccontextmanager
@@ -9,7 +9,7 @@ from fastapi.staticfiles import StaticFiles
 from app.config import AppConfig
 from app.paths import STATIC_DIR
 from app.routers import api, health, metrics, pages, vendor, watch, ws
-from app.security import SecurityHeadersMiddleware, TokenMiddleware
+from app.security import HostMiddleware, SecurityHeadersMiddleware, TokenMiddleware
 from app.state import Playground
 
 
@@ -28,7 +28,8 @@ def create_app(config: AppConfig | None = None) -> FastAPI:
     app = FastAPI(title="Decoding Playground", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.config = config
     app.add_middleware(TokenMiddleware, token=config.token)
-    app.add_middleware(SecurityHeadersMiddleware)        # outermost: also on the token middleware's 401
+    app.add_middleware(SecurityHeadersMiddleware)        # also on the token middleware's 401
+    app.add_middleware(HostMiddleware, allowed_hosts=config.allowed_hosts, bind_host=config.bind_host)  # outermost
 
     app.include_router(health.router)
     app.include_router(pages.router)

@@ -276,7 +276,9 @@ def page_context(query, playground: Playground, embed: bool) -> dict:
     options = {"variants": [], "draft": None, "chat": False, "heads": [], "default_method": "draft_model",
                "methods": [{"value": m, "label": m, "available": True, "why": ""} for m in METHODS]}
     if registry is not None:
-        targets = [{"name": m.name, "label": f"{m.name} ({m.cfg.attention_kind})"} for m in registry.targets]
+        loading = playground.loading()
+        targets = [{"name": m.name, "label": f"{m.name} ({m.cfg.attention_kind})"
+                    + (" · loading…" if m.name in loading else "")} for m in registry.targets]
         options = model_options(registry, state.values["model"] or None)
         target = target_of(registry, state.values["model"] or None)
         races = {name: {"label": RACE_LABELS[name], "choices": choices,

@@ -8,11 +8,13 @@
   secret, as `?token=` in the URL (how a browser passes it: the page puts it into its websocket URL and
   keeps it in its own address, no cookie, so it works inside iframes too) or as `Authorization: Bearer`.
   `/healthz` and the static files stay open.
+- `HostMiddleware`: the Host header must be a name this server is reachable by (DNS rebinding).
 - `TokenBucket`: the per-connection message rate.
 """
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 from urllib.parse import parse_qs
 
@@ -96,22 +98,23 @@ def origin_allowed(websocket: WebSocket, allowed_origins) -> bool:
 
 
 # --- workshop mode ------------------------------------------------------------------------------------
-def supplied_token(scope: Scope) -> str | None:
-    """The token a request carries: `?token=` or `Authorization: Bearer ...`."""
+def supplied_tokens(scope: Scope) -> list[str]:
+    """The tokens a request carries: `?token=` (each of them) and `Authorization: Bearer ...`."""
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    if query.get("token"):
-        return query["token"][-1]
+    tokens = list(query.get("token", []))
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             scheme, _, credentials = value.decode("latin-1").partition(" ")
             if scheme.lower() == "bearer":
-                return credentials.strip()
-    return None
+                tokens.append(credentials.strip())
+    return tokens
 
 
-def token_matches(supplied: str | None, token: str) -> bool:
-    return supplied is not None and hmac.compare_digest(supplied.encode("utf-8", "surrogatepass"),
-                                                        token.encode("utf-8"))
+def token_matches(supplied: list[str], token: str) -> bool:
+    """Either place is enough when one token is right and none is wrong (a wrong one anywhere refuses)."""
+    expected = token.encode("utf-8")
+    return bool(supplied) and all(hmac.compare_digest(s.encode("utf-8", "surrogatepass"), expected)
+                                  for s in supplied)
 
 
 UNAUTHORIZED_PAGE = b"""<!doctype html>
@@ -132,7 +135,7 @@ class TokenMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (self.token is None or scope["type"] not in ("http", "websocket")
                 or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIXES)
-                or token_matches(supplied_token(scope), self.token)):
+                or token_matches(supplied_tokens(scope), self.token)):
             await self.app(scope, receive, send)
             return
         logger.warning("refused %s %s: workshop token missing or wrong", scope["type"], scope["path"])
@@ -143,6 +146,79 @@ class TokenMiddleware:
             (b"content-type", b"text/html; charset=utf-8"), (b"www-authenticate", b'Bearer realm="playground"'),
             (b"cache-control", b"no-store")]})
         await send({"type": "http.response.body", "body": UNAUTHORIZED_PAGE})
+
+
+# --- the Host header (DNS rebinding) ------------------------------------------------------------------
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+WILDCARD_BINDS = ("0.0.0.0", "::", "[::]", "")
+
+BAD_HOST_PAGE = b"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Decoding Playground: unknown host name</title></head>
+<body><h1>400: this server does not answer to that host name</h1>
+<p>Open it as localhost, 127.0.0.1 or [::1], or by the name given to <code>serve --host</code>.
+A name behind a proxy is added with <code>serve --allowed-host NAME</code>.</p></body></html>
+"""
+
+
+def host_name(host: str) -> str:
+    """`Example.org:8000` -> `example.org`, `[::1]:8000` -> `[::1]`: the Host header without its port."""
+    host = host.strip().lower().rstrip(".")
+    if host.startswith("["):
+        return host[:host.find("]") + 1] if "]" in host else host
+    return host.partition(":")[0]
+
+
+def is_ip_literal(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+        return True
+    except ValueError:
+        return False
+
+
+class HostMiddleware:
+    """Answers 400 to any request (page, API, websocket handshake) whose Host header is not a name this server
+    is reachable by: localhost, 127.0.0.1, [::1], the `serve --host` value and `--allowed-host` names (`*`
+    allows any). This is what stops DNS rebinding: a page at evil.example whose name is made to resolve to
+    127.0.0.1 is same-origin with itself, so the Origin check passes, but its requests say `Host: evil.example`.
+    Bound to every address (0.0.0.0, ::), any IP address is accepted too: rebinding needs a name, and a
+    browser sends the name it resolved.
+    """
+
+    def __init__(self, app: ASGIApp, allowed_hosts=(), bind_host: str = "127.0.0.1") -> None:
+        self.app = app
+        self.any_host = "*" in allowed_hosts
+        self.any_ip = bind_host in WILDCARD_BINDS
+        self.allowed = {host_name(h) for h in (*LOCAL_HOSTS, *allowed_hosts)}
+        if not self.any_ip:
+            self.allowed.add(host_name(f"[{bind_host}]" if ":" in bind_host else bind_host))
+
+    def allows(self, host: str | None) -> bool:
+        if self.any_host:
+            return True
+        if not host:
+            return False
+        name = host_name(host)
+        return name in self.allowed or (self.any_ip and is_ip_literal(name))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"host"), None)
+        if self.allows(host):
+            await self.app(scope, receive, send)
+            return
+        logger.warning("refused %s %s: Host %r is not a name of this server", scope["type"], scope["path"],
+                       (host or "")[:100])
+        start = {"status": 400, "headers": [(b"content-type", b"text/html; charset=utf-8"),
+                                            (b"cache-control", b"no-store")]}
+        if scope["type"] == "websocket":      # refused before the handshake: an HTTP 400 (ASGI's response extension)
+            await send({"type": "websocket.http.response.start", **start})
+            await send({"type": "websocket.http.response.body", "body": BAD_HOST_PAGE})
+            return
+        await send({"type": "http.response.start", **start})
+        await send({"type": "http.response.body", "body": BAD_HOST_PAGE})
 
 
 # --- message rate -----------------------------------------------------------------------------------

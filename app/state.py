@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 
 from app.admission import Admission
@@ -21,7 +23,9 @@ from app.external import configured_engines, publish_server_config, start_embedd
 from app.metrics import ServerMetrics
 from app.rooms import Rooms
 from engine.checkpoint import CheckpointError
+from engine.fetched import LazyModel
 from engine.registry import InferenceEngine, ModelRegistry
+from engine.scheduler import MAX_NUM_BATCHED_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ class Playground:
     rooms: Rooms | None = None
     external: dict = field(default_factory=dict)   # name -> ExternalEngine (app/external.py)
     llamacpp: list = field(default_factory=list)   # the embedded llama.cpp servers that run
+    _loading: set = field(default_factory=set)     # models being made ready in the background
 
     def __post_init__(self):
         if self.admission is None:
@@ -56,7 +61,31 @@ class Playground:
             return cls(config, None, f"no models loaded from {config.models_dir}: {e}")
         return cls(config, InferenceEngine(registry, max_sessions=config.max_sessions))
 
+    def loading(self) -> list[str]:
+        """Models whose weights are still being loaded in the background (fetched models)."""
+        return sorted(self._loading)
+
+    def _load_in_background(self, names: list[str]) -> None:
+        """A fetched model's weights (SmolLM2: seconds) load at start-up, in the background, not inside the
+        first request that uses them; a start that needs them meanwhile waits for this load (LazyModel's
+        lock). (Its KV pool is made by the first session that uses it, outside the engine thread.)"""
+        for name in names:
+            t = time.perf_counter()
+            try:
+                self.registry.models[name].model.load()
+            except Exception:  # noqa: BLE001 - its first use will say why
+                logger.exception("loading the weights of %s failed", name)
+            else:
+                logger.info("weights of %s loaded in %.1f s", name, time.perf_counter() - t)
+            finally:
+                self._loading.discard(name)
+
     async def start(self) -> None:
+        if self.registry is not None and not self._loading:
+            self._loading = {m.name for m in self.registry.models.values()
+                             if isinstance(m.model, LazyModel) and not m.model.loaded}
+            threading.Thread(target=self._load_in_background, args=(sorted(self._loading),), name="load-models",
+                             daemon=True).start()
         if not self.external:
             engines = configured_engines(self.config.openai_engines)
             if self.config.embedded_llamacpp:
@@ -71,7 +100,9 @@ class Playground:
                 else:
                     self.external[e.name] = e
         if self.engine is not None and self.engine_thread is None:
-            self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics)
+            budget = self.config.max_num_batched_tokens
+            self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics,
+                                              MAX_NUM_BATCHED_TOKENS if budget is None else budget or None)
             self.engine_thread.start()
             logger.info("engine thread started (BLAS threads: OPENBLAS_NUM_THREADS=%s)",
                         os.environ.get("OPENBLAS_NUM_THREADS"))
@@ -113,12 +144,14 @@ class Playground:
                            "steps": thread.steps if thread else 0,
                            "posts": thread.posts if thread else 0,
                            "batches": thread.scheduler.batches if thread else 0,
-                           "batched_requests": thread.scheduler.batched_requests if thread else 0}}
+                           "batched_requests": thread.scheduler.batched_requests if thread else 0,
+                           "prefill_chunks": thread.scheduler.chunks if thread else 0,
+                           "max_num_batched_tokens": thread.scheduler.max_num_batched_tokens if thread else None}}
 
     def models(self) -> list[dict]:
-        out = []
+        out, loading = [], self.loading()
         for m in (self.registry.models.values() if self.registry is not None else ()):
-            d = m.describe()
+            d = m.describe() | {"loading": m.name in loading}
             if m.role == "target":
                 d["kv_head_variants"] = sorted(self.registry.variants(m))
                 draft = self.registry.draft_for(m)

@@ -18,6 +18,12 @@ NOTE (invariants):
   control is the real transport's: it pauses the protocol (uvicorn's `writable`) when its own buffer
   grows past its high-water mark, as before.
 - A transport that is already closing drops what is pending (the peer is gone), as uvloop would.
+- A connection the server has given up on is really gone within `GIVE_UP_S`, whatever the peer does.
+  uvicorn waits for the socket to become writable before it writes a close frame, and `transport.close()`
+  waits until everything buffered has been written: a peer that never reads would keep both waiting
+  forever (its session, its slot and the server's shutdown with them). So a close the app sends waits
+  at most `GIVE_UP_S` for room, and once the app has closed, returned or the server shuts down, a
+  connection not lost `GIVE_UP_S` later is aborted (TCP reset: the peer reads nothing more anyway).
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ import asyncio
 from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 
 WS_PROTOCOL = "app.ws_transport:CoalescingWebSocketProtocol"
+GIVE_UP_S = 2.0           # how long a closing connection may wait for a peer that does not read
 
 
 class CoalescingTransport(asyncio.Transport):
@@ -106,7 +113,40 @@ class CoalescingTransport(asyncio.Transport):
 
 
 class CoalescingWebSocketProtocol(AutoWebSocketsProtocol):
-    """uvicorn's default websocket protocol over a `CoalescingTransport`."""
+    """uvicorn's default websocket protocol over a `CoalescingTransport`, closed within bounded time."""
+
+    _abort_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(CoalescingTransport(transport, asyncio.get_running_loop()))
+
+    def connection_lost(self, exc) -> None:
+        if self._abort_timer is not None:
+            self._abort_timer.cancel()
+        super().connection_lost(exc)
+
+    async def send(self, message) -> None:
+        if message["type"] == "websocket.close" and self.handshake_complete and not self.writable.is_set():
+            try:
+                await asyncio.wait_for(self.writable.wait(), GIVE_UP_S)
+            except asyncio.TimeoutError:       # the peer does not read: its close frame could never go out
+                self._abort()
+        await super().send(message)
+        if message["type"] == "websocket.close":
+            self._abort_later()
+
+    async def run_asgi(self) -> None:
+        await super().run_asgi()
+        self._abort_later()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._abort_later()
+
+    def _abort_later(self) -> None:
+        if self._abort_timer is None and not self.disconnected:
+            self._abort_timer = self.loop.call_later(GIVE_UP_S, self._abort)
+
+    def _abort(self) -> None:
+        if not self.disconnected and self.transport is not None:
+            self.transport.abort()

@@ -36,10 +36,11 @@ def cmd_serve(args) -> int:
     log = logging.getLogger("app.serve")
     config = AppConfig.from_env().with_overrides(
         models_dir=args.models_dir, allowed_origins=tuple(args.allowed_origin) if args.allowed_origin else None,
+        allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None, bind_host=args.host,
         max_sessions=args.max_sessions, embed_frame_ancestors=args.frame_ancestors, max_queue=args.max_queue,
         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout, token=args.token,
         openai_engines=tuple(args.openai or ()), embedded_llamacpp=not args.no_llamacpp,
-        llamacpp_threads=args.llamacpp_threads)
+        llamacpp_threads=args.llamacpp_threads, max_num_batched_tokens=args.max_num_batched_tokens)
     local = args.host in ("127.0.0.1", "localhost", "::1")
     exposure = "this machine only" if local else "REACHABLE FROM OTHER MACHINES"
     origins = ", ".join(config.allowed_origins) or "none"
@@ -78,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the models to serve (default: $DECODING_PLAYGROUND_MODELS_DIR or the repository's models/)")
     s.add_argument("--allowed-origin", action="append", metavar="URL",
                    help="another origin whose pages may open the websockets (repeatable; default: own origin only)")
+    s.add_argument("--allowed-host", action="append", metavar="NAME",
+                   help="another Host name the server answers to, e.g. behind a proxy (repeatable; '*': any). "
+                        "Always: localhost, 127.0.0.1, [::1] and --host; others get 400 (DNS rebinding)")
     s.add_argument("--max-sessions", type=int, default=None, help="generations at once (default 8)")
     s.add_argument("--frame-ancestors", default=None,
                    help="CSP frame-ancestors of /embed: who may frame it (default '*')")
@@ -87,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="websockets at once, watchers included (default 1000)")
     s.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
                    help="stop a generation without progress or a client message for this long (default 600)")
+    s.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help="tokens an engine step computes: a longer prefill runs in chunks between the other "
+                        "sessions' steps (chunked prefill, as vLLM; default 16, 0: off)")
     s.add_argument("--token", default=None,
                    help="workshop mode: a shared secret required by page, API and websockets (?token=...); "
                         "DECODING_PLAYGROUND_TOKEN does the same without showing it in the process list")
@@ -122,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_parser(bsub)
     from cli import bench_engines
     bench_engines.add_parser(bsub)
+    from cli import bench_faults
+    bench_faults.add_parser(bsub)
 
     from cli import fetch, generate
     generate.add_parsers(sub)

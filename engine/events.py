@@ -38,6 +38,16 @@ class Prefill(Event):
 
 
 @dataclass
+class PrefillProgress(Event):
+    """A chunk of a long prefill is done (chunked prefill, engine/scheduler.py); `prefill` follows the last."""
+    type = "prefill_progress"
+    model: str                  # which runner: target or draft
+    num_computed: int           # tokens of the prefill held so far (prefix-cache hits included)
+    num_tokens: int             # tokens of the whole prefill
+    ms: float                   # this chunk's step (with the other sessions' forwards batched into it)
+
+
+@dataclass
 class DraftProposed(Event):
     type = "draft"
     round: int
@@ -111,8 +121,8 @@ class Error(Event):
     message: str
 
 
-EVENT_TYPES = {cls.type: cls for cls in (Started, Prefill, DraftProposed, TokenResult, RoundDone, KVBlocks, Metrics,
-                                         SettingsApplied, Done, Error)}
+EVENT_TYPES = {cls.type: cls for cls in (Started, Prefill, PrefillProgress, DraftProposed, TokenResult, RoundDone,
+                                         KVBlocks, Metrics, SettingsApplied, Done, Error)}
 
 
 def event_from_dict(d: dict) -> Event:

@@ -122,18 +122,32 @@ class LazyModel:
     def load(self) -> Model:
         with self._lock:
             if self._model is None:
-                cfg, weights, _ = load_checkpoint(self.path, with_tokenizer=False)
-                model = Model(cfg, weights)
-                del weights                                        # before the layouts' copies: a lower peak
-                model = use_fastest_layout(model)                  # memory-bound: see engine/layout.py
-                model.weights_stream_ms = stream_ms(model)        # the floor of a decode step, for the page
-                self._model = model
+                self._model = _shared_model(self.path)
         return self._model
 
     def __getattr__(self, name):   # only for attributes not set in __init__
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self.load(), name)
+
+
+_models: dict[Path, Model] = {}
+_models_lock = threading.Lock()
+
+
+def _shared_model(path: Path) -> Model:
+    """A fetched model's weights, loaded once per process however many registries list it (a server loads
+    them at start-up; a test session builds many servers). A Model is read-only once built."""
+    with _models_lock:
+        model = _models.get(path)
+        if model is None:
+            cfg, weights, _ = load_checkpoint(path, with_tokenizer=False)
+            model = Model(cfg, weights)
+            del weights                                        # before the layouts' copies: a lower peak
+            model = use_fastest_layout(model)                  # memory-bound: see engine/layout.py
+            model.weights_stream_ms = stream_ms(model)        # the floor of a decode step, for the page
+            _models[path] = model
+        return model
 
 
 def fetched_models(cache: str | Path | None = None) -> list:

@@ -299,13 +299,14 @@ def forward_no_cache(model: Model, tokens):
     return forward(model, np.asarray(tokens), 0, None)
 
 
-def forward_batch(model: Model, requests, with_hidden: bool = False):
+def forward_batch(model: Model, requests, last_only=None, with_hidden: bool = False):
     """Several sequences' new tokens in one computation (continuous batching).
 
     requests: [(tokens, p0, kv)], each as for `forward`. Every matrix product runs once over all rows
     of all sequences; only attention, which reads each sequence's own cache, runs per sequence.
-    Returns [logits [n_i, V]] in request order; equal to calling `forward` on each ([(logits, hidden)]
-    with_hidden, as `forward`).
+    Returns [logits [n_i, V]] in request order ([1, V] for a request whose `last_only` is true: a prefill
+    chunk needs no more, and the LM head is most of a chunk's work for a large vocabulary); equal to
+    calling `forward` on each ([(logits, hidden [n_i, C])] with_hidden, as `forward`).
     """
     cfg = model.cfg
     nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -341,8 +342,16 @@ def forward_batch(model: Model, requests, with_hidden: bool = False):
         gate_up = dot(rms_norm(x, c_eps), lw.w_gate_up)
         neg_gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
         x += dot(swiglu(neg_gate, up), lw.w_down)
-    hidden = rms_norm(x, c_eps)
-    logits = dot(hidden, model.lm_head)
+    hidden = rms_norm(x, c_eps)                                                    # [N, C]
+    last_only = last_only or [False] * len(requests)
+    rows = list(zip(bounds[:-1], bounds[1:]))
+    spans = [(b - 1 if last else a, b) for (a, b), last in zip(rows, last_only)]
+    if all(b - a == n for (a, b), n in zip(spans, sizes)):
+        logits = dot(hidden, model.lm_head)                                        # [N, V]
+    else:
+        logits = dot(np.concatenate([hidden[a:b] for a, b in spans]), model.lm_head)
+        kept = np.cumsum([0] + [b - a for a, b in spans])
+        spans = list(zip(kept[:-1], kept[1:]))
     if with_hidden:
-        return [(logits[a:b], hidden[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-    return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        return [(logits[a:b], hidden[c:d]) for (a, b), (c, d) in zip(spans, rows)]
+    return [logits[a:b] for a, b in spans]

@@ -57,7 +57,8 @@ class DraftModelProposer:
 
     def propose(self, tokens, k, temperature, top_p, rng):  # generator of ForwardRequests -> (drafts, q)
         runner = self.runner
-        logits = (yield ForwardRequest(runner, tokens[runner.num_tokens:], last_only=True))[-1]   # catch up
+        catch_up = ForwardRequest(runner, tokens[runner.num_tokens:], last_only=True, role="draft")
+        logits = (yield catch_up)[-1]
         drafts, qs, raw = [], [], []
         for i in range(k):
             if temperature == 0:    # greedy: the argmax; q is its point mass, built once below

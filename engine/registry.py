@@ -142,14 +142,25 @@ class InferenceEngine:
         key = (lm.name, kv_cache_dtype, block_size)
         mgr = self.managers.get(key)
         if mgr is None:
-            # sized for SEQUENCE_TOKENS_BUDGET tokens per session (a long-context model's full context for
-            # every session would be thousands of blocks); a longer sequence gets a clear "exhausted" error
-            ctx_blocks = -(-min(lm.cfg.max_position_embeddings, SEQUENCE_TOKENS_BUDGET) // block_size)
-            # each session holds at most one context of its own plus a round of lookahead
-            num_blocks = self.blocks_per_pool or self.max_sessions * (ctx_blocks + 2)
-            mgr = self.managers[key] = KVCacheManager(lm.cfg, num_blocks, block_size, kv_cache_dtype,
-                                                      name=f"{lm.role}:{lm.name}")
+            mgr = self.managers[key] = self._new_manager(lm, kv_cache_dtype, block_size)
         return mgr
+
+    def prepare_pool(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> None:
+        """Make a pool ahead of its first use, from any thread: its memory is written outside the engine lock
+        (for SmolLM2 hundreds of MiB, seconds during which an engine thread would serve nobody)."""
+        key = (lm.name, kv_cache_dtype, block_size)
+        if key not in self.managers:
+            mgr = self._new_manager(lm, kv_cache_dtype, block_size)
+            with self.lock:
+                self.managers.setdefault(key, mgr)
+
+    def _new_manager(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> KVCacheManager:
+        # sized for SEQUENCE_TOKENS_BUDGET tokens per session (a long-context model's full context for
+        # every session would be thousands of blocks); a longer sequence gets a clear "exhausted" error
+        ctx_blocks = -(-min(lm.cfg.max_position_embeddings, SEQUENCE_TOKENS_BUDGET) // block_size)
+        # each session holds at most one context of its own plus a round of lookahead
+        num_blocks = self.blocks_per_pool or self.max_sessions * (ctx_blocks + 2)
+        return KVCacheManager(lm.cfg, num_blocks, block_size, kv_cache_dtype, name=f"{lm.role}:{lm.name}")
 
     def pool_stats(self) -> list[dict]:
         return [{"name": m.pool.name, "kv_cache_dtype": m.dtype.name, "block_size": m.block_size,

@@ -17,12 +17,15 @@ from .model import Model, forward
 
 class ForwardRequest:
     """A forward a session needs: `tokens` fed after what `runner` holds. A scheduler may run several
-    requests of the same model as one batched computation; alone, `run()` does it. inputs_embeds: the
-    first layer's input instead of the tokens' embeddings (an EAGLE head's; never batched)."""
-    __slots__ = ("runner", "tokens", "causal", "last_only", "inputs_embeds")
+    requests of the same model as one batched computation, and a long one in chunks over several steps
+    (`role`, target or draft, names it then); alone, `run()` does it. inputs_embeds: the first layer's input
+    instead of the tokens' embeddings (an EAGLE head's; never batched)."""
+    __slots__ = ("runner", "tokens", "causal", "last_only", "role", "num_tokens", "inputs_embeds")
 
-    def __init__(self, runner, tokens, causal: bool = True, last_only: bool = False, inputs_embeds=None):
+    def __init__(self, runner, tokens, causal: bool = True, last_only: bool = False, role: str = "target",
+                 inputs_embeds=None):
         self.runner, self.tokens, self.causal, self.last_only = runner, list(tokens), causal, last_only
+        self.role, self.num_tokens = role, runner.num_tokens + len(self.tokens)   # held once it is done
         self.inputs_embeds = inputs_embeds
 
     def run(self):
@@ -42,6 +45,8 @@ class PagedRunner:
         self.forward_s = 0.0
         self.cached_tokens = 0      # tokens served by the prefix cache (never computed here)
         self.hidden, self.hidden_p0 = None, 0
+        self.hidden_chunks = []     # a chunked prefill's earlier chunks: (p0, hidden), joined when it is done
+        self.matched = False        # the prefix cache was asked (once, before the first forward)
 
     @property
     def num_tokens(self) -> int:
@@ -64,22 +69,38 @@ class PagedRunner:
         self.finish(time.perf_counter() - t, hidden)
         return logits
 
-    def prepare(self, tokens):  # -> (tokens to compute, p0, SequenceKV): the slots for a forward
+    def match_prefix(self, tokens) -> list:  # -> the tokens still to compute
+        """On an empty sequence, share the cached blocks that start `tokens` (the prefix cache)."""
         tokens = list(tokens)
-        if self.seq.num_tokens == 0 and self.prefix_caching and len(tokens) > 1:
+        if self.seq.num_tokens == 0 and not self.matched and self.prefix_caching and len(tokens) > 1:
             self.cached_tokens = self.manager.match_prefix(self.seq, tokens)
             tokens = tokens[self.cached_tokens:]
+        self.matched = True
+        return tokens
+
+    def prepare(self, tokens):  # -> (tokens to compute, p0, SequenceKV): the slots for a forward
+        tokens = self.match_prefix(tokens)
         p0 = self.hidden_p0 = self.seq.num_tokens
         return np.asarray(tokens), p0, self.manager.append_slots(self.seq, tokens)
 
-    def finish(self, seconds: float, hidden=None) -> None:
+    def finish(self, seconds: float, hidden=None, chunk: bool = False) -> None:
+        """After a forward; `chunk`: one chunk of a longer forward, whose hidden states are kept until the
+        last chunk, so that `hidden` covers the whole forward from `hidden_p0` on (what draft heads read)."""
         self.forward_s += seconds
         self.forward_calls += 1
+        if chunk:
+            self.hidden_chunks.append((self.hidden_p0, hidden))
+            return
+        if self.hidden_chunks and hidden is not None:
+            self.hidden_p0 = self.hidden_chunks[0][0]
+            hidden = np.concatenate([h for _, h in self.hidden_chunks] + [hidden])
+        self.hidden_chunks = []
         self.hidden = hidden
 
     def truncate(self, n: int) -> None:
         if n < self.seq.num_tokens:
             self.manager.truncate(self.seq, n)
+            self.matched = n > 0
 
     def commit(self) -> None:
         if self.prefix_caching:

@@ -11,6 +11,16 @@ NOTE (invariants):
 - A session waits at a round boundary until its `may_continue()` says go: pacing (pause, step mode,
   slow motion) holds a session without holding the others.
 - A forward that raises (e.g. the pool is full) is thrown back into its own session only.
+
+Chunked prefill (vLLM's `max_num_batched_tokens`): a step computes about `max_num_batched_tokens` tokens.
+Decode steps, verifications and requests that fit run whole first; a longer prefill (a request of more
+tokens that needs only its last logits) gets the rest of the budget, at least `MIN_CHUNK` tokens, and
+goes on in the next steps, its session waiting meanwhile with a `PrefillProgress` event after each chunk.
+So a 2,000-token prompt no longer holds every other session for the whole of its prefill: theirs run
+between its chunks. Of several long prefills the one with the fewest tokens left goes first. The session sees
+one forward and its logits, as if it had run whole (the chunks write the same K/V; only float32 rounding
+of products over other row counts differs). A runner without a cache recomputes everything each call:
+its requests are never chunked.
 """
 from __future__ import annotations
 
@@ -19,7 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .events import Error
+from .events import Error, PrefillProgress
 from .model import forward_batch
 from .runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner
 
@@ -37,11 +47,20 @@ class _Entry:
     stats: dict = field(default_factory=lambda: {"batched_forwards": 0, "rows": 0})
 
 
+# Tokens a step computes (vLLM's max_num_batched_tokens); chosen by measurement, docs/benchmarks.md.
+MAX_NUM_BATCHED_TOKENS = 16
+MIN_CHUNK = 8                 # a long prefill advances at least this much per step, however busy the others
+
+
 class Scheduler:
-    def __init__(self):
+    def __init__(self, max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+                 before_chunks: Callable[[], None] = lambda: None):
         self.entries: dict[str, _Entry] = {}
+        self.max_num_batched_tokens = max_num_batched_tokens     # None: every prefill whole
+        self.before_chunks = before_chunks     # called between a step's whole requests and its chunks
         self.batches = 0              # batched computations run
         self.batched_requests = 0     # requests they served
+        self.chunks = 0               # prefill chunks run (all but the last of each chunked prefill)
 
     def add(self, session, sink: Callable, may_continue: Callable[[], bool] = lambda: True) -> None:
         self.entries[session.id] = _Entry(session, session.steps(), sink, may_continue)
@@ -100,41 +119,88 @@ class Scheduler:
                 continue
             entry.sink(item)
 
-    def _run(self, pending: list[_Entry]) -> None:
-        """Batch requests per model; a request that cannot be batched runs alone."""
-        groups: dict[int, list[_Entry]] = defaultdict(list)
+    def _chunkable(self, r: ForwardRequest) -> bool:
+        return (self.max_num_batched_tokens is not None and r.last_only and r.causal and r.inputs_embeds is None
+                and isinstance(r.runner, PagedRunner) and len(r.tokens) > self.max_num_batched_tokens)
+
+    def _plan(self, pending: list[_Entry]) -> list[tuple[_Entry, int | None]]:
+        """What each pending request computes this step: (entry, None) whole, (entry, n) its next n tokens
+        (a chunk); requests left out wait for the next step."""
+        whole = [e for e in pending if not self._chunkable(e.request)]
+        plan: list[tuple[_Entry, int | None]] = [(e, None) for e in whole]
+        room = (self.max_num_batched_tokens or 0) - sum(len(e.request.tokens) for e in whole)
         for e in pending:
+            if self._chunkable(e.request):            # the prefix cache serves what it holds of the whole
+                e.request.tokens = e.request.runner.match_prefix(e.request.tokens)
+        # the shortest first: a short prompt is not kept waiting behind a long one (which goes on meanwhile
+        # whenever there is room, and as the first of them at least MIN_CHUNK tokens a step)
+        chunkable = sorted((e for e in pending if self._chunkable(e.request)), key=lambda e: len(e.request.tokens))
+        for i, e in enumerate(chunkable):
+            if i and room < MIN_CHUNK:
+                break
+            n = max(room, MIN_CHUNK)
+            plan.append((e, n if n < len(e.request.tokens) else None))
+            room -= n
+        return plan
+
+    def _run(self, pending: list[_Entry]) -> None:
+        """The whole requests first, then the chunks. Between them the sessions whose forwards are done are
+        advanced to their next one, so that what they produced (a first token, say) can be sent on
+        (`before_chunks`) without waiting for the chunks."""
+        plan = self._plan(pending)
+        whole = [(e, chunk) for e, chunk in plan if chunk is None]
+        self._run_batched(whole)
+        chunks = [(e, chunk) for e, chunk in plan if chunk is not None]
+        if chunks:
+            for e, _ in whole:
+                if e.state == "ready" and e.session.id in self.entries:
+                    self._advance(e)
+            self.before_chunks()
+            self._run_batched(chunks)
+
+    def _run_batched(self, planned: list[tuple[_Entry, int | None]]) -> None:
+        """Batch requests per model; a request that cannot be batched runs alone."""
+        groups: dict[int, list[tuple[_Entry, int | None]]] = defaultdict(list)
+        for e, chunk in planned:
             r = e.request
             if isinstance(r.runner, PagedRunner) and r.causal and r.inputs_embeds is None:
-                groups[id(r.runner.model)].append(e)
+                groups[id(r.runner.model)].append((e, chunk))
             else:
                 self._run_alone(e)
-        for entries in groups.values():
-            if len(entries) == 1:
-                self._run_alone(entries[0])
+        for group in groups.values():
+            if len(group) == 1 and group[0][1] is None:
+                self._run_alone(group[0][0])
                 continue
             prepared, ok = [], []
-            for e in entries:
+            for e, chunk in group:
                 try:
-                    prepared.append(e.request.runner.prepare(e.request.tokens))
-                    ok.append(e)
+                    prepared.append(e.request.runner.prepare(e.request.tokens[:chunk]))
+                    ok.append((e, chunk))
                 except Exception as exc:  # noqa: BLE001 - e.g. the pool is full: that session's error
                     self._resume_with(e, error=exc)
             if not ok:
                 continue
             t = time.perf_counter()
             try:
-                results = forward_batch(ok[0].request.runner.model, prepared, with_hidden=True)
+                results = forward_batch(ok[0][0].request.runner.model, prepared,
+                                        [chunk is not None or e.request.last_only for e, chunk in ok],
+                                        with_hidden=True)
             except Exception as exc:  # noqa: BLE001
-                for e in ok:
+                for e, _ in ok:
                     self._resume_with(e, error=exc)
                 continue
             seconds = time.perf_counter() - t
             self.batches += 1
             self.batched_requests += len(ok)
-            for e, (logits, hidden) in zip(ok, results):
-                e.request.runner.finish(seconds, hidden)
-                self._resume_with(e, value=logits[-1:] if e.request.last_only else logits)
+            for (e, chunk), (logits, hidden) in zip(ok, results):
+                r = e.request
+                r.runner.finish(seconds, hidden, chunk=chunk is not None)
+                if chunk is None:
+                    self._resume_with(e, value=logits[-1:] if r.last_only else logits)
+                else:                      # a chunk: the rest waits for the next step
+                    self.chunks += 1
+                    r.tokens = r.tokens[chunk:]
+                    e.sink(PrefillProgress(r.role, r.num_tokens - len(r.tokens), r.num_tokens, seconds * 1e3))
 
     def _run_alone(self, e: _Entry) -> None:
         try:

@@ -97,6 +97,7 @@ class GenerationSession:
         self.features = FeatureLog(self.target_lm.cfg.hidden_size)   # the target's hidden states, for heads
         # output text, token by token: a byte-level token may end inside a character (engine/tokenizer.py)
         self._stream = StreamDecoder(self.tokenizer)
+        self._ensure_pools(settings)
 
     # --- control, callable from any thread ---------------------------------------------------------
     def update_settings(self, changes: dict) -> GenerationSettings:
@@ -224,19 +225,24 @@ class GenerationSession:
 
     def _ensure_pools(self, s: GenerationSettings) -> None:
         """Make the KV pools these settings use before anything is timed: a pool is made on first use, and
-        writing its memory then (engine.kv_cache) is part of no forward and of no settings change."""
+        writing its memory then (engine.kv_cache) is part of no forward and of no settings change. Called
+        by the constructor too, which a server runs outside its engine thread: a large model's first pool
+        (SmolLM2: hundreds of MiB, seconds) is then written without holding up the other sessions."""
         if not s.kv_cache:
             return
         target = self.variants[s.num_kv_heads] if s.num_kv_heads is not None else self.target_lm
         for lm in (target, self.draft_lm if s.method == "draft_model" else None):
             if lm is not None:
-                self.engine.manager(lm, s.kv_cache_dtype, s.block_size)
-        if s.method == "eagle":
-            self._eagle_manager(target)
+                self.engine.prepare_pool(lm, s.kv_cache_dtype, s.block_size)
+        if s.method == "eagle" and "eagle" in self.engine.registry.heads_for(target):   # else refused later
+            self.engine.prepare_pool(self._eagle_head(target), "auto", 16)
+
+    def _eagle_head(self, target: LoadedModel) -> LoadedModel:
+        return self.engine.registry.heads_for(target)["eagle"]
 
     def _eagle_manager(self, target: LoadedModel):
         """The EAGLE layer's own pool: float32, 16-token blocks, whatever the target's cache settings."""
-        return self.engine.manager(self.engine.registry.heads_for(target)["eagle"], "auto", 16)
+        return self.engine.manager(self._eagle_head(target), "auto", 16)
 
     def _make_runner(self, lm: LoadedModel):
         s = self.settings
@@ -467,7 +473,7 @@ class GenerationSession:
             self.target.free()
             self.target = self._make_runner(self.target_lm)
             if new.kv_cache:
-                yield ForwardRequest(self.target, self.tokens[:-1], last_only=True)
+                yield ForwardRequest(self.target, self.tokens[:-1], last_only=True)   # may run in chunks
                 self.features.record(self.target)
                 self.target.commit()
                 notes.append(f"target {self.target_lm.name} ({self.target_lm.cfg.attention_kind}) re-prefilled "

@@ -17,9 +17,15 @@ METHODS = ("none", "draft_model", "ngram", "eagle", "medusa")   # vLLM's names; 
 FAULTS = ("none", "no_causal_mask", "no_truncate", "unnormalized_residual")
 
 
+def excerpt(value: Any, limit: int = 40) -> str:
+    """`repr(value)` cut to about `limit` characters: what an error message may echo of the input."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
 class SettingsError(ValueError):
     def __init__(self, setting: str, message: str):
-        self.setting = setting
+        self.setting = setting = setting if len(setting) <= 40 else excerpt(setting)
         super().__init__(f"{setting}: {message}")
 
 
@@ -85,7 +91,7 @@ class GenerationSettings(BaseModel):
             setting = ".".join(str(x) for x in err["loc"]) or "settings"
             if err["type"] == "extra_forbidden":
                 raise SettingsError(setting, f"unknown setting; known: {', '.join(cls.model_fields)}") from None
-            raise SettingsError(setting, f"{err['msg']} (got {err.get('input')!r})") from None
+            raise SettingsError(setting, f"{err['msg']} (got {excerpt(err.get('input'))})") from None
 
 
 # Settings a running generation picks up at its next round; the rest need a new generation.

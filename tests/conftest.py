@@ -63,7 +63,7 @@ def client():
     """An in-memory client for the app (no real socket: see pitfalls.md before testing websockets with it)."""
     from app.main import create_app
 
-    with TestClient(create_app()) as client:
+    with TestClient(create_app(), base_url="http://localhost") as client:
         yield client
 
 

@@ -198,7 +198,8 @@ def test_a_delivery_delay_posts_rounds_to_the_loop_together_and_loses_none(regis
     engine = InferenceEngine(registry, max_sessions=4)
 
     async def scenario(delay: float):
-        thread = EngineThread(engine, asyncio.get_running_loop())
+        # whole prefills: the second run's prompt comes from the prefix cache, and would have no chunks
+        thread = EngineThread(engine, asyncio.get_running_loop(), max_num_batched_tokens=None)
         thread.start()
         s = GenerationSession(engine, PROMPTS[0], {"max_tokens": 80, "method": "none"})
         c = Collector()
@@ -221,7 +222,8 @@ def test_rounds_waiting_to_be_posted_go_once_half_the_gates_limit_wait(registry)
     engine = InferenceEngine(registry, max_sessions=4)
 
     async def scenario():
-        thread = EngineThread(engine, asyncio.get_running_loop())
+        # whole prefills: a chunked one posts what comes before its chunks at once (one post more)
+        thread = EngineThread(engine, asyncio.get_running_loop(), max_num_batched_tokens=None)
         thread.start()
         s = GenerationSession(engine, PROMPTS[0], {"max_tokens": 200, "method": "none"})
         c = Collector()                     # takes nothing: the gate holds the session after 32 rounds

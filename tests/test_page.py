@@ -58,7 +58,7 @@ class Form(HTMLParser):
 @pytest.fixture(scope="module")
 def app_client(models_dir):
     config = AppConfig(models_dir=models_dir, embed_frame_ancestors="https://slides.example", demo="character")
-    with TestClient(create_app(config)) as c:
+    with TestClient(create_app(config), base_url="http://localhost") as c:
         yield c
 
 
@@ -185,11 +185,11 @@ def test_api_stats_reports_sessions_and_blocks(app_client):
 
 
 def test_missing_models_leave_the_page_up_with_the_reason(tmp_path):
-    with TestClient(create_app(AppConfig(models_dir=tmp_path))) as client:
+    with TestClient(create_app(AppConfig(models_dir=tmp_path)), base_url="http://localhost") as client:
         page = client.get("/")
         assert page.status_code == 200 and "no models loaded" in page.text
         assert client.get("/api/models").json()["models"] == []
-        with client.websocket_connect("/api/ws") as ws:
+        with client.websocket_connect("ws://localhost/api/ws") as ws:
             ws.send_json({"type": "start", "prompt": "x"})
             error = ws.receive_json()
             assert error["type"] == "error" and "no models" in error["message"]

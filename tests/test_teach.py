@@ -26,7 +26,7 @@ TOKEN_RE = re.compile(r'<span class="tok[^"]*" data-token-status="(\w+)"[^>]*>(.
 
 @pytest.fixture(scope="module")
 def client(models_dir):
-    with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character"))) as c:
+    with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character")), base_url="http://localhost") as c:
         yield c
 
 

@@ -51,7 +51,9 @@ def test_json_watchers_see_the_presenters_events_and_cost_no_engine_work(server)
                 assert got["text"] == done["text"]
                 tokens = [m for m in w.seen if m["type"] == "token" and m["status"] != "rejected"]
                 assert "".join(t["text"] for t in tokens) == done["text"]     # every token, in order
-                engine_events = [m["type"] for m in w.seen if m["type"] not in ("watching", "note", "state")]
+                # (a prompt over the engine's step budget prefills in chunks: prefill_progress events between)
+                engine_events = [m["type"] for m in w.seen
+                                 if m["type"] not in ("watching", "note", "state", "prefill_progress")]
                 assert engine_events[:2] == ["started", "prefill"] and engine_events[-1] == "done"
             # watchers are read-only
             await watchers[0].send(type="start", prompt="x")
@@ -129,7 +131,8 @@ def test_a_watchers_view_redraws_the_status_for_a_run_that_ends_as_the_one_befor
         paused, state = False, "running"
         run = None
 
-    with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character"))) as client:
+    with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character")),
+                    base_url="http://localhost") as client:
         playground = client.app.state.playground
         view = HtmlView(playground)
         statuses = []

@@ -22,6 +22,7 @@ class Fragments(HTMLParser):
         self.top: list[tuple[str, dict]] = []
         self.all: list[tuple[str, dict]] = []
         self.blocks: list[list[int]] = []          # per top-level element: the KV blocks in it, in order
+        self.raw = text
         self.feed(text)
 
     def handle_starttag(self, tag, attrs):

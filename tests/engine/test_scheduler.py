@@ -95,3 +95,33 @@ def test_a_bug_in_one_session_ends_only_that_session(family):
     assert events[bad.id][-1].type == "error" and "TypeError" in events[bad.id][-1].message
     assert events[good.id][-1].type == "done"
     assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
+
+
+def test_a_long_prefill_runs_in_chunks_between_other_sessions_steps_with_the_same_output(family):
+    """Chunked prefill: a prompt longer than the step's token budget is prefilled over several steps, a
+    `prefill_progress` event after each chunk, while another session's first token comes before the long
+    prefill ends; the long generation (greedy, with a draft model that also catches up in chunks) equals
+    an unchunked run token for token. Prefix caching is off: the engines must not share blocks."""
+    long_prompt = "def parse(line):\n    return line.split(),\n" * 6           # 246 characters: tokens
+    settings = {"method": "draft_model", "enable_prefix_caching": False}
+    expected = alone(family(), long_prompt, settings)
+    engine = family()
+    scheduler = Scheduler(max_num_batched_tokens=32)
+    long = GenerationSession(engine, long_prompt, {**settings, "max_tokens": 40})
+    short = GenerationSession(engine, PROMPTS[1], {"max_tokens": 8, "method": "none"})
+    order = []
+    for s in (long, short):
+        scheduler.add(s, lambda e, sid=s.id: order.append((sid, e)))
+    while scheduler.step():
+        pass
+    events = [e for sid, e in order if sid == long.id]
+    assert events[-1].summary["text"] == expected
+    progress = [e for e in events if e.type == "prefill_progress" and e.model == "target"]
+    assert len(progress) >= len(long.prompt_ids) // 32 - 1 and scheduler.chunks >= len(progress)
+    computed = [e.num_computed for e in progress]
+    assert computed == sorted(set(computed)) and all(e.num_tokens == len(long.prompt_ids) for e in progress)
+    assert any(e.type == "prefill_progress" and e.model == "draft" for e in events)   # the draft's catch-up
+    first_short_token = next(i for i, (sid, e) in enumerate(order) if sid == short.id and e.type == "token")
+    long_prefill_done = next(i for i, (sid, e) in enumerate(order) if sid == long.id and e.type == "prefill")
+    assert first_short_token < long_prefill_done
+    assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())

@@ -97,3 +97,27 @@ def test_the_chat_template_s_own_prompt_tokens_are_marked(smollm2_engine):
     plain = list(GenerationSession(smollm2_engine, question, {"model": "smollm2-135m", "method": "none",
                                                               "max_tokens": 1}).events())
     assert not any(t.get("template") for t in plain[0].prompt_tokens)
+
+
+def test_a_long_prompt_prefilled_in_chunks_gives_the_unchunked_answer(smollm2_engine):
+    """Chunked prefill on the real model: a ~350-token chat prompt through the scheduler in chunks of 32 tokens
+    (between steps of a second session) answers exactly as one whole prefill does (greedy)."""
+    from cli.bench_faults import LONG_TEXT
+    from engine.scheduler import Scheduler
+    from engine.session import GenerationSession
+
+    settings = {"model": "smollm2-135m", "chat": True, "method": "none", "max_tokens": 6,
+                "enable_prefix_caching": False}
+    prompt = LONG_TEXT * 3
+    whole = list(GenerationSession(smollm2_engine, prompt, settings).events())[-1].summary
+    scheduler = Scheduler(max_num_batched_tokens=32)
+    long = GenerationSession(smollm2_engine, prompt, settings)
+    other = GenerationSession(smollm2_engine, "Hi", {**settings, "max_tokens": 3})
+    events = []
+    scheduler.add(long, events.append)
+    scheduler.add(other, lambda e: None)
+    while scheduler.step():
+        pass
+    chunks = [e for e in events if e.type == "prefill_progress"]
+    assert len(long.prompt_ids) >= 300 and len(chunks) >= len(long.prompt_ids) // 32 - 1
+    assert [t["id"] for t in events[-1].summary["tokens"]] == [t["id"] for t in whole["tokens"]]
