@@ -184,3 +184,35 @@ def test_top_rows_of_a_subset_head_match_a_full_sort_and_stay_cheap():
     few = np.zeros((1, 5000))
     few[0, [7, 9]] = [0.4, 0.6]                      # fewer nonzero entries than k: zeros fill the rest
     assert [t for t, _ in top_k_rows(few)[0][:2]] == [9, 7]
+
+
+def test_a_chunked_prefill_gives_eagle_the_same_features_as_a_whole_one(family):
+    """A prompt longer than the scheduler's token budget is prefilled in chunks; the EAGLE head must still see
+    the target's hidden state at every prompt position, so it drafts exactly what it drafts after a whole
+    prefill: the same drafts, hence the same acceptance counts, not only the same (exact) output."""
+    from engine.scheduler import Scheduler
+
+    long_prompt = "def parse(line):\n    return line.split(),\n" * 4
+    settings = {"model": "t-mha", "method": "eagle", "num_speculative_tokens": 3, "max_tokens": 40,
+                "enable_prefix_caching": False}
+
+    def summary(scheduler):
+        eng = family()
+        eng.registry.set_heads("t-mha", random_heads(eng.registry.get("t-mha")))
+        session = GenerationSession(eng, long_prompt, settings)
+        events = []
+        scheduler.add(session, events.append)
+        while scheduler.step():
+            pass
+        assert events[-1].type == "done", events[-1]
+        drafts = [e.tokens for e in events if e.type == "draft"]
+        return [e for e in events if e.type == "prefill_progress"], drafts, events[-1].summary
+
+    whole_progress, whole_drafts, whole = summary(Scheduler(max_num_batched_tokens=None))
+    chunked_progress, chunked_drafts, chunked = summary(Scheduler(max_num_batched_tokens=16))
+    assert not whole_progress and len(chunked_progress) >= 3
+    assert chunked["text"] == whole["text"] and chunked["num_draft_tokens"] > 0
+    assert [[t["id"] for t in d] for d in chunked_drafts] == [[t["id"] for t in d] for d in whole_drafts]
+    q_chunked = np.array([t["q"] for d in chunked_drafts for t in d])
+    q_whole = np.array([t["q"] for d in whole_drafts for t in d])
+    np.testing.assert_allclose(q_chunked, q_whole, atol=1e-4)   # the same features, summed in another order

@@ -13,7 +13,7 @@ def selected(html: str, select_id: str) -> str:
 
 
 def test_the_page_opens_on_smollm2_with_eagle_and_offers_heads_where_they_exist(smollm2_dir, models_dir):
-    with TestClient(create_app(AppConfig(models_dir=models_dir))) as client:
+    with TestClient(create_app(AppConfig(models_dir=models_dir)), base_url="http://localhost") as client:
         html = client.get("/").text
         assert selected(html, "f-model") == "smollm2-135m" and selected(html, "f-method") == "eagle"
         assert re.search(r'id="f-chat"[^>]*checked', html)
@@ -21,5 +21,5 @@ def test_the_page_opens_on_smollm2_with_eagle_and_offers_heads_where_they_exist(
         assert '<option value="medusa"' in method and 'value="draft_model" disabled' in method   # no draft model
         html = client.get("/?model=target-gqa").text            # no heads trained for the GQA variant
         assert 'value="eagle" disabled' in html
-    with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character"))) as client:
+    with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character")), base_url="http://localhost") as client:
         assert selected(client.get("/").text, "f-method") == "draft_model"
