@@ -2,8 +2,9 @@
 
 `extend(tokens)` feeds new tokens after those already held and returns their logits; `truncate(n)`
 rolls back. After each forward, `hidden` [n, C] holds the last hidden states of the positions computed,
-from `hidden_p0` on (engine.model.forward's with_hidden: what draft heads read). `PagedRunner` keeps K/V in a paged cache (engine.kv_cache); `RecomputeRunner` keeps only
-the token ids and recomputes the whole sequence on every call (the seed's no-cache baseline).
+from `hidden_p0` on (engine.model.forward's with_hidden: what draft heads read). `PagedRunner` keeps K/V
+in a paged cache (engine.kv_cache); `RecomputeRunner` keeps only the token ids and recomputes the whole
+sequence on every call (the seed's no-cache baseline).
 """
 from __future__ import annotations
 

@@ -69,7 +69,8 @@ async def generate(base: str, model: str | None) -> dict:
             seen.append(message["type"])
             assert message["type"] != "error", message
             if message["type"] == "done":
-                assert seen[0] == "started" and "token" in seen, seen[:10]
+                events = [t for t in seen if t != "note"]      # a note may come first ("loading the weights")
+                assert events[0] == "started" and "token" in events, seen[:10]
                 assert message["num_output_tokens"] >= 1 and message["text"], message["text"]
                 return message
 
