@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop a generation without progress or a client message for this long (default 600)")
     s.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
                    help="tokens an engine step computes: a longer prefill runs in chunks between the other "
-                        "sessions' steps (chunked prefill, as vLLM; default 16, 0: off)")
+                        "sessions' steps (chunked prefill, as vLLM; default 8, 0: off)")
     s.add_argument("--token", default=None,
                    help="workshop mode: a shared secret required by page, API and websockets (?token=...); "
                         "DECODING_PLAYGROUND_TOKEN does the same without showing it in the process list")

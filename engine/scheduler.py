@@ -48,7 +48,7 @@ class _Entry:
 
 
 # Tokens a step computes (vLLM's max_num_batched_tokens); chosen by measurement, docs/benchmarks.md.
-MAX_NUM_BATCHED_TOKENS = 16
+MAX_NUM_BATCHED_TOKENS = 8
 MIN_CHUNK = 8                 # a long prefill advances at least this much per step, however busy the others
 
 

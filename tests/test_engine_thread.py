@@ -61,7 +61,7 @@ def test_sessions_run_together_batched_with_the_same_output_as_alone(registry):
     alone = [list(GenerationSession(engine, p, settings).events())[-1].summary["text"] for p in PROMPTS]
 
     async def scenario():
-        thread = EngineThread(engine, asyncio.get_running_loop(), ServerMetrics())
+        thread = EngineThread(engine, asyncio.get_running_loop(), ServerMetrics(), max_num_batched_tokens=None)
         thread.start()
         sessions = [GenerationSession(engine, p, settings) for p in PROMPTS]
         collectors = [Collector() for _ in sessions]
@@ -118,7 +118,7 @@ def test_a_client_that_does_not_take_its_rounds_holds_its_session_only(registry)
     engine = InferenceEngine(registry, max_sessions=4)
 
     async def scenario():
-        thread = EngineThread(engine, asyncio.get_running_loop())
+        thread = EngineThread(engine, asyncio.get_running_loop(), max_num_batched_tokens=None)   # rounds only
         thread.start()
         slow = GenerationSession(engine, PROMPTS[0], {"max_tokens": 200, "method": "none"})
         fast = GenerationSession(engine, PROMPTS[1], {"max_tokens": 60})
