@@ -610,23 +610,6 @@ class Connection(Socket):
             await run.finished.wait()
 
     # --- the run -------------------------------------------------------------------------------------
-    async def _admit(self, run: Run, described: dict) -> bool:
-        """Wait in line for a slot (its position told as it moves); False when the line is full (closed 1013)."""
-        pg = self.playground
-        try:
-            await pg.admission.acquire(lambda position: self._queued(run, position))
-        except Busy as e:
-            log_event(logger, "refused_busy", running=pg.admission.running, waiting=pg.admission.waiting)
-            self.run = None
-            await self.close(1013, str(e))
-            return False
-        run.queued = False
-        run.last_progress_at = anyio.current_time()
-        if run.position:
-            self._state_notice()
-        log_event(logger, "generation_started", session=run.session.id, **described)
-        return True
-
     async def _run_task(self, run: Run, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Wait for a slot, hand the session to the engine thread, wait for its end.
 
@@ -639,9 +622,19 @@ class Connection(Socket):
         try:
             with run.scope:
                 task_status.started()
-                admitted = await self._admit(run, _described(run.session))
-                if not admitted:
+                try:
+                    await pg.admission.acquire(lambda position: self._queued(run, position))
+                except Busy as e:
+                    log_event(logger, "refused_busy", running=pg.admission.running, waiting=pg.admission.waiting)
+                    self.run = None
+                    await self.close(1013, str(e))
                     return
+                admitted = True
+                run.queued = False
+                run.last_progress_at = anyio.current_time()
+                if run.position:
+                    self._state_notice()
+                log_event(logger, "generation_started", session=run.session.id, **_described(run.session))
                 try:
                     await pg.engine_thread.add(run.session, run.link)
                 except Exception as e:  # noqa: BLE001 - a bug: say so on this connection, keep it open

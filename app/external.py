@@ -212,14 +212,26 @@ async def start_external(conn, engine: ExternalEngine, prompt: str | None, setti
 
 
 async def _external_run_task(conn, run, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    from app.admission import Busy
+    from app.logs import log_event
+
     pg = conn.playground
     admitted = False
     try:
         with run.scope:
             task_status.started()
-            admitted = await conn._admit(run, run.session.described())
-            if not admitted:
+            try:
+                await pg.admission.acquire(lambda position: conn._queued(run, position))
+            except Busy as e:
+                conn.run = None
+                await conn.close(1013, str(e))
                 return
+            admitted = True
+            run.queued = False
+            run.last_progress_at = anyio.current_time()
+            if run.position:
+                conn._state_notice()
+            log_event(logger, "generation_started", session=run.session.id, **run.session.described())
             await run_external(run.session, run.link, lambda item: conn._deliver(run, item))
     finally:
         with anyio.CancelScope(shield=True):
