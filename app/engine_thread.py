@@ -4,11 +4,13 @@
     link = SessionLink(session, pacing, deliver)    # one generation of one connection
     await engine_thread.add(session, link)          # events now reach deliver(), a round at a time
     await engine_thread.remove(session)             # stop it now and free its KV blocks (idempotent)
+    result = await engine_thread.submit(job)        # a teaching experiment (engine/jobs.py), step by step
 
 The thread runs the engine's `Scheduler` (engine/scheduler.py): every admitted session advances to its
 next forward, and the forwards of the same model run as one batched computation. Between steps it runs
-the calls the event loop queued (add, remove), and sends everything the step produced to the event loop
-in one `loop.call_soon_threadsafe`.
+the calls the event loop queued (add, remove), one step of every submitted job (the teaching views'
+experiments: a fault comparison, a race, a distribution check, a verify-cost curve), and sends everything
+the step produced to the event loop in one `loop.call_soon_threadsafe`.
 
 NOTE (invariants):
 - Only this thread touches the scheduler, the sessions' generators and the KV pools (under
@@ -169,6 +171,7 @@ class EngineThread:
         self.busy_s = 0.0                # time spent in them
         self._loop = loop
         self._calls: deque = deque()
+        self._jobs: list = []            # (job, future): submitted jobs, a step each per scheduler step
         self._out: list = []
         self._post_by = math.inf         # when the oldest waiting item of _out must be posted
         self.posts = 0                   # posts of events to the event loop (each wakes it)
@@ -206,6 +209,18 @@ class EngineThread:
             return future
         self._calls.append((fn, args, future))
         self._wake.set()
+        return future
+
+    def submit(self, job) -> asyncio.Future:
+        """Run a job (engine/jobs.py) in the engine thread, one step between two scheduler steps, so that
+        every session keeps generating meanwhile; the future gets its result (or its exception). A job whose
+        future is cancelled (its request went away) is closed at its next step."""
+        future = self._loop.create_future()
+        if self._stopping or not self._thread.is_alive():
+            job.close()
+            future.set_exception(RuntimeError("the engine thread has stopped (the server is shutting down)"))
+        else:
+            self.call(self._jobs.append, (job, future))
         return future
 
     async def add(self, session, link: SessionLink) -> None:
@@ -253,6 +268,10 @@ class EngineThread:
     def _remove_all(self) -> None:
         for entry in list(self.scheduler.entries.values()):
             self._remove(entry.session.session)
+        for job, future in self._jobs:
+            job.close()
+            self._post(_settle, future, False, RuntimeError("the server is shutting down"))
+        self._jobs.clear()
 
     def _main(self) -> None:
         while not self._stopping:
@@ -269,12 +288,33 @@ class EngineThread:
             if moved:
                 self.steps += 1
                 self.busy_s += time.perf_counter() - t
+            moved = self._step_jobs() or moved
             for session_id in [s for s in self.links if s not in self.scheduler.entries]:
                 del self.links[session_id]         # ended by itself (done or error)
             self._flush(at_once=not moved)
             if not moved and not self._calls:
                 timeout = min(MAX_IDLE_WAIT_S, max(0.0, self._next_wake - time.perf_counter()))
                 self._wake.wait(timeout)
+
+    def _step_jobs(self) -> bool:
+        """One step of every submitted job; True if any ran."""
+        for entry in list(self._jobs):
+            job, future = entry
+            done, ok, result = future.done(), True, None
+            if not done:
+                try:
+                    with self.engine.lock:
+                        next(job)
+                except StopIteration as stop:
+                    done, result = True, stop.value
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    done, ok, result = True, False, e
+                if done:
+                    self._post(_settle, future, ok, result)
+            if done:
+                job.close()
+                self._jobs.remove(entry)
+        return bool(self._jobs)
 
     def _run_calls(self) -> None:
         while self._calls:

@@ -18,12 +18,10 @@ prediction uses the in-run times so that it states the models' cost as they actu
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 
-from engine.kv_cache import KVCacheManager
-from engine.model import forward
+from engine.measure import curve_at, verify_curve
 from engine.registry import InferenceEngine
 from engine.session import GenerationSession
 
@@ -50,27 +48,6 @@ def held_out_prompts(n: int = 8, length: int = 16) -> list[str]:
                       if len(ln) >= length and ln.isascii() and ln[:length].strip()]
     idx = np.linspace(0, len(lines) - 1, n).astype(int)
     return [lines[i][:length] for i in idx]
-
-
-def verify_curve(lm, context: int = 100, ns=(1, 2, 3, 4, 5, 7, 9), repeats: int = 21,
-                 summary=statistics.median) -> dict[int, float]:
-    """Median ms (or another `summary` of the repeats, e.g. `min` on a busy machine: interference only ever
-    adds time) of one target forward over n new tokens at a context of `context` tokens."""
-    cfg = lm.cfg
-    tokens = np.random.default_rng(0).integers(2, cfg.vocab_size, context + max(ns))
-    mgr = KVCacheManager(cfg, num_blocks=(context + max(ns)) // 16 + 2, block_size=16)
-    seq = mgr.new_sequence()
-    forward(lm.model, tokens[:context], 0, mgr.append_slots(seq, tokens[:context]))
-    times = {n: [] for n in ns}
-    for _ in range(repeats):
-        for n in ns:
-            new = tokens[context:context + n]
-            t = time.perf_counter()
-            for _ in range(5):
-                forward(lm.model, new, context, mgr.append_slots(seq, new))
-                mgr.truncate(seq, context)
-            times[n].append((time.perf_counter() - t) / 5 * 1e3)
-    return {n: summary(v) for n, v in times.items()}
 
 
 def run_prompts(engine, prompts, max_tokens, **settings):
@@ -182,14 +159,6 @@ def in_run_ms(summaries, n: int) -> float:
     is a ratio of total times: a median would leave out the slow calls that the totals include)."""
     times = [t for s in summaries for t in s["target_ms_by_tokens"].get(n, [])]
     return sum(times) / len(times)
-
-
-def curve_at(curve: dict[int, float], n: int) -> float:
-    """t(n) from the measured curve, linearly interpolated between measured sizes."""
-    if n in curve:
-        return curve[n]
-    xs = sorted(curve)
-    return float(np.interp(n, xs, [curve[x] for x in xs]))
 
 
 def markdown(r: dict) -> str:

@@ -3,16 +3,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
-import numpy as np
-
+from engine.measure import check_distribution
 from engine.registry import MODELS_DIR, InferenceEngine, ModelRegistry
-from engine.sampling import probs_from_logits, sample
 from engine.session import GenerationSession
 from engine.settings import GenerationSettings, SettingsError
-from engine.speculative import verify
-from engine.model import forward_no_cache
 
 BOOL_SETTINGS = {"chat", "kv_cache", "enable_prefix_caching"}
 
@@ -60,52 +55,6 @@ def cmd_generate(args) -> int:
         print(f"\n\n[{s['num_output_tokens']} tokens, {s['tokens_per_s']:.0f} tok/s{extra}, "
               f"finish: {s['finish_reason']}]", file=sys.stderr)
     return 0
-
-
-def tvd(counts, p) -> float:
-    return 0.5 * float(np.abs(counts / counts.sum() - p).sum())
-
-
-def check_distribution(engine: InferenceEngine, prompt: str, samples: int, temperature: float, seed: int,
-                       progress=None) -> dict:
-    """The first seed's experiment: one round with gamma = 1 from `prompt`, `samples` times.
-
-    Speculative sampling (draft x ~ q, verified against p by `engine.speculative.verify`), direct sampling
-    from p, and draft-only sampling from q, each compared with p by total variation distance.
-    """
-    if temperature <= 0:
-        raise SettingsError("temperature", "the distribution check needs temperature > 0")
-    target = engine.registry.default_target()
-    draft = engine.registry.draft_for(target)
-    ids = target.tokenizer.encode(prompt)
-    p = probs_from_logits(forward_no_cache(target.model, ids)[-1], temperature)
-    q = probs_from_logits(forward_no_cache(draft.model, ids)[-1], temperature)
-    rng = np.random.default_rng(seed)
-    V = len(p)
-    spec, accepted = np.zeros(V), 0
-    p2 = np.stack([p, p])
-    t = time.perf_counter()
-    every = max(1, samples // 20)
-    for i in range(samples):
-        x = sample(q, rng)
-        verdicts, _ = verify([x], q[None], p2, rng)
-        first = verdicts[0] if verdicts[0].status == "accepted" else verdicts[1]
-        spec[first.token_id] += 1
-        accepted += verdicts[0].status == "accepted"
-        if progress and ((i + 1) % every == 0 or i + 1 == samples):
-            progress(i + 1, samples)
-    direct = np.bincount(rng.choice(V, size=samples, p=p), minlength=V).astype(float)
-    draft_only = np.bincount(rng.choice(V, size=samples, p=q), minlength=V).astype(float)
-    top = np.argsort(-p)[:8]
-    tok = target.tokenizer
-    return {"prompt": prompt, "samples": samples, "temperature": temperature, "seed": seed,
-            "target": target.name, "draft": draft.name,
-            "acceptance_rate": accepted / samples, "theory_sum_min_p_q": float(np.minimum(p, q).sum()),
-            "tvd_speculative": tvd(spec, p), "tvd_direct": tvd(direct, p), "tvd_draft_only": tvd(draft_only, p),
-            "seconds": time.perf_counter() - t,
-            "top_tokens": [{"text": tok.token_text(int(i)), "p": float(p[i]), "q": float(q[i]),
-                            "speculative": float(spec[i] / samples), "direct": float(direct[i] / samples),
-                            "draft_only": float(draft_only[i] / samples)} for i in top]}
 
 
 def cmd_check_distribution(args) -> int:

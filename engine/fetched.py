@@ -26,6 +26,7 @@ from .checkpoint import load_checkpoint, load_config
 from .config import ModelConfig
 from .model import Model
 from .layout import stream_ms, use_fastest_layout
+from .loaded_model import LoadedModel
 from .tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
@@ -152,8 +153,6 @@ def _shared_model(path: Path) -> Model:
 
 def fetched_models(cache: str | Path | None = None) -> list:
     """LoadedModel targets for every complete fetched model in the cache (weights loaded on first use)."""
-    from .registry import LoadedModel    # the registry imports this module
-
     out = []
     for name, spec in CATALOGUE.items():
         if not is_fetched(name, cache):

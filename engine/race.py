@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from .registry import InferenceEngine
 from .settings import METHODS, GenerationSettings, SettingsError
-from .teaching import trace
+from .jobs import Job, run_to_end
+from .teaching import trace_steps
 
 # The settings a race can set apart, each with the pair it starts from.
 RACE_SETTINGS = {
@@ -132,6 +133,11 @@ def verdict(label_b: str, fa: dict, fb: dict) -> dict:
 
 
 def race(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "method", values=None) -> dict:
+    return run_to_end(race_steps(engine, prompt, settings, setting, values))
+
+
+def race_steps(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "method",
+               values=None) -> Job[dict]:
     """The prompt run with `setting` = values[0] (side a), then = values[1] (side b), all else the same.
 
     A race of γ needs something to propose: with method "none" it uses the draft model (or n-gram lookup).
@@ -141,7 +147,9 @@ def race(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "m
         target = engine.registry.get(s["model"])
         s["method"] = "draft_model" if engine.registry.draft_for(target) is not None else "ngram"
     a, b = race_values(engine, s, setting, values)
-    runs = [trace(engine, prompt, {**s, setting: v}) for v in (a, b)]
+    runs = []
+    for v in (a, b):
+        runs.append((yield from trace_steps(engine, prompt, {**s, setting: v})))
     heads = runs[0]["summary"]["model"]["num_attention_heads"] if runs[0]["summary"] else None
     lanes = []
     for role, value, run in zip(("a", "b"), (a, b), runs):

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from .registry import InferenceEngine
 from .settings import GenerationSettings
-from .teaching import trace
+from .jobs import Job, run_to_end
+from .teaching import trace_steps
 from .theory import ACCELERATORS, projected_speedup
 
 # Spec-Bench (Xia et al. 2024), Vicuna-7B, greedy, A100: mean accepted tokens per round (prompt lookup = ngram)
@@ -46,12 +47,16 @@ def h100_speedup(engine: InferenceEngine, target, method: str, alpha: float, gam
 
 
 def shootout(engine: InferenceEngine, prompt: str, settings: dict) -> dict:
+    return run_to_end(shootout_steps(engine, prompt, settings))
+
+
+def shootout_steps(engine: InferenceEngine, prompt: str, settings: dict) -> Job[dict]:
     s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
     target = engine.registry.get(s["model"])
     gamma = s["num_speculative_tokens"]
-    runs = {"none": trace(engine, prompt, {**s, "method": "none"}, with_times=True)}
+    runs = {"none": (yield from trace_steps(engine, prompt, {**s, "method": "none"}, with_times=True))}
     for m in methods_for(engine, target):
-        runs[m] = trace(engine, prompt, {**s, "method": m}, with_times=True)
+        runs[m] = yield from trace_steps(engine, prompt, {**s, "method": m}, with_times=True)
     plain = runs["none"]
     t1 = mean_forward_ms(plain["forward_ms"], 1)
     rows = []

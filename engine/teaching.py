@@ -1,16 +1,19 @@
 """Experiments the teaching views show: a faulty run beside a correct one (and the runs of a race).
 
 Each experiment runs whole sessions with `GenerationSession.events()`, one after the other, so that neither
-slows the other down: every figure is the session's own engine time (see engine/session.py).
+slows the other down: every figure is the session's own engine time (see engine/session.py). Each is a job
+(engine/jobs.py) that yields after every round; the plain function runs it to its end.
 
     trace(engine, prompt, settings)                   -> what one run emitted, with engine-time stamps
     fault_comparison(engine, prompt, settings, fault) -> a correct reference and the faulty run, and the
                                                          first emitted token where they part
+    trace_steps, fault_comparison_steps               -> the same as jobs
 
 A race of any two settings is engine/race.py.
 """
 from __future__ import annotations
 
+from .jobs import Job, run_to_end
 from .registry import InferenceEngine
 from .session import GenerationSession
 from .settings import FAULTS, GenerationSettings, SettingsError
@@ -23,6 +26,10 @@ FAULT_TEMPERATURE = {"no_causal_mask": 0.0, "no_truncate": 0.0, "unnormalized_re
 
 
 def trace(engine: InferenceEngine, prompt: str, settings: dict, with_times: bool = False) -> dict:
+    return run_to_end(trace_steps(engine, prompt, settings, with_times))
+
+
+def trace_steps(engine: InferenceEngine, prompt: str, settings: dict, with_times: bool = False) -> Job[dict]:
     """Run one session to its end. Every token event (rejected drafts included) gets `t_ms`: the session's
     engine time when its round ended, which is when it was delivered. with_times: also every target forward's
     ms by its number of new tokens (`forward_ms`)."""
@@ -38,6 +45,7 @@ def trace(engine: InferenceEngine, prompt: str, settings: dict, with_times: bool
                 t["t_ms"] = elapsed_ms
             tokens += pending
             pending = []
+            yield                    # a round is done (its time is the session's own engine time)
         elif e.type == "round":
             rounds = e.round
         elif e.type == "done":
@@ -75,13 +83,17 @@ def fault_settings(engine: InferenceEngine, settings: dict, fault: str) -> dict:
 
 
 def fault_comparison(engine: InferenceEngine, prompt: str, settings: dict, fault: str) -> dict:
+    return run_to_end(fault_comparison_steps(engine, prompt, settings, fault))
+
+
+def fault_comparison_steps(engine: InferenceEngine, prompt: str, settings: dict, fault: str) -> Job[dict]:
     """A correct reference run and the same run with `fault`, and where their emitted tokens first differ.
 
     For the unnormalised residual the faulty run stops with numpy's error at its first rejection; the point
     of divergence is then the token that round would have delivered."""
     s = fault_settings(engine, settings, fault)
-    reference = trace(engine, prompt, {**s, "fault": "none"})
-    faulty = trace(engine, prompt, {**s, "fault": fault})
+    reference = yield from trace_steps(engine, prompt, {**s, "fault": "none"})
+    faulty = yield from trace_steps(engine, prompt, {**s, "fault": fault})
     return {"fault": fault, "settings": s, "reference": reference, "faulty": faulty,
             "divergence": first_divergence(reference["emitted_ids"], faulty["emitted_ids"])}
 

@@ -45,8 +45,7 @@ from app.page import FORM_SETTINGS
 from app.recording import RECORDINGS, Recording, RecordingError
 from app.replay import replay_frames
 from app.templating import templates
-from cli.bench_spec import curve_at, verify_curve
-from cli.generate import check_distribution
+from engine.measure import check_distribution, curve_at, verify_curve
 from engine.kv_dtypes import KV_CACHE_DTYPES, kv_bytes_per_token
 from engine.kv_memory import ELEMENT_BYTES, PUBLIC_CONFIGS, calculator, paging_waste, seed_request_mix
 from engine.layout import stream_ms, weight_bytes
