@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.paths import PROJECT_DIR
+from engine.openai_stream import configured_engines
 
 ENV_PREFIX = "DECODING_PLAYGROUND_"
 
@@ -64,8 +65,8 @@ class AppConfig:
     max_num_batched_tokens: int | None = None   # tokens an engine step computes (chunked prefill); 0: off
     messages_per_s: float = 100.0         # per-connection message rate (token bucket) ...
     message_burst: int = 200              # ... and burst
-    demo: str = "auto"                    # what the page opens on (app/page.py's demo_defaults)
-    # external engines (app/external.py): only the operator names their URLs, at start-up
+    demo: str = "auto"                    # what the page opens on (app/views/page.py's demo_defaults)
+    # external engines (app/ws/external.py): only the operator names their URLs, at start-up
     openai_engines: tuple[dict, ...] = ()  # [{url, model, metrics_url}] from serve --openai-url ...
     embedded_llamacpp: bool = False       # start llama.cpp's server on the fetched SmolLM2 GGUF (serve: yes)
     llamacpp_threads: int = 1
@@ -84,7 +85,6 @@ class AppConfig:
         if self.idle_timeout_s <= 0 or self.messages_per_s <= 0:
             raise ValueError("idle_timeout_s and messages_per_s must be > 0")
         if self.openai_engines:
-            from app.external import configured_engines
             configured_engines(self.openai_engines, env={})     # raises ValueError for a URL that is not http(s)
         if self.token is not None:
             token = self.token.strip()

@@ -35,7 +35,7 @@ class RedactQuery(logging.Filter):
 
 
 class StructuredFormatter(logging.Formatter):
-    """`ts=... level=info logger=app.connection event=generation_started session=... model=...` or JSON."""
+    """`ts=... level=info logger=app.ws.connection event=generation_started session=... model=...` or JSON."""
 
     def __init__(self, fmt: str = "text"):
         super().__init__()

@@ -16,14 +16,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from app.admission import Admission
 from app.config import AppConfig
-from app.engine_thread import EngineThread
-from app.external import configured_engines, publish_server_config, start_embedded_llamacpp
 from app.metrics import ServerMetrics
-from app.rooms import Rooms
+from app.protocol import View
+from app.views.html import HtmlView, ViewSources
+from app.views.json import JsonView
+from app.watch.rooms import Rooms
+from app.ws.admission import Admission
+from app.ws.engine_thread import EngineThread
+from app.ws.external import publish_server_config, start_embedded_llamacpp
 from engine.checkpoint import CheckpointError
 from engine.fetched import LazyModel
+from engine.kv_cache import PoolSnapshot
+from engine.openai_stream import configured_engines
 from engine.registry import InferenceEngine, ModelRegistry
 from engine.scheduler import MAX_NUM_BATCHED_TOKENS
 
@@ -36,12 +41,11 @@ class Playground:
     engine: InferenceEngine | None = None
     load_error: str | None = None
     connections: int = 0
-    watchers: int = 0
     engine_thread: EngineThread | None = None
     admission: Admission = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     rooms: Rooms | None = None
-    external: dict = field(default_factory=dict)   # name -> ExternalEngine (app/external.py)
+    external: dict = field(default_factory=dict)   # name -> ExternalEngine (app/ws/external.py)
     llamacpp: list = field(default_factory=list)   # the embedded llama.cpp servers that run
     _loading: set = field(default_factory=set)     # models being made ready in the background
 
@@ -49,7 +53,17 @@ class Playground:
         if self.admission is None:
             self.admission = Admission(self.config.max_sessions, self.config.max_queue)
         if self.rooms is None:
-            self.rooms = Rooms(self)
+            self.rooms = Rooms(self.view)
+
+    def view(self, kind: str) -> View:
+        """A fresh view of a kind: html (the page) or json (programs)."""
+        if kind == "html":
+            return HtmlView(ViewSources(self.registry, self.external.keys(), self.pool_snapshots))
+        return JsonView()
+
+    @property
+    def watchers(self) -> int:
+        return self.rooms.watchers
 
     @classmethod
     def load(cls, config: AppConfig) -> "Playground":
@@ -122,18 +136,12 @@ class Playground:
     def registry(self) -> ModelRegistry | None:
         return self.engine.registry if self.engine else None
 
-    def pools(self) -> list[dict]:
-        """Each KV pool: name, dtype, block size, blocks used / total, cached (read without stopping the engine:
-        a snapshot that may be a step old)."""
-        if self.engine is None:
-            return []
-        managers = list(self.engine.managers.values())   # one C-level copy: the engine thread may add a pool
-        return [{"name": m.pool.name, "kv_cache_dtype": m.dtype.name, "block_size": m.block_size,
-                 "num_blocks": m.pool.num_blocks, "used": m.pool.num_used_blocks, "cached": len(m.pool.cached)}
-                for m in managers]
+    def pool_snapshots(self) -> list[PoolSnapshot]:
+        """Every KV pool now, read without stopping the engine (a snapshot may be a step old)."""
+        return self.engine.pool_snapshots() if self.engine is not None else []
 
     def stats(self) -> dict:
-        pools = self.pools()
+        pools = [p.stats() for p in self.pool_snapshots()]
         thread = self.engine_thread
         return {"sessions": self.sessions, "waiting": self.admission.waiting, "connections": self.connections,
                 "watchers": self.watchers, "rooms": len(self.rooms.rooms) if self.rooms else 0,

@@ -273,7 +273,7 @@ NOTES = [
     "cProfile of the event loop and engine thread, a Chromium trace and a CDP CPU profile; 400 tokens, "
     "~0.2-0.25 s of engine time):",
     "",
-    "- **The page's pacing held the engine** (fixed, app/connection.py): at full speed the server sends the page "
+    "- **The page's pacing held the engine** (fixed, app/ws/connection.py): at full speed the server sends the page "
     "at most 10 messages a second, but while it waited it left the rounds in its outbox, and the engine thread holds "
     "a session whose client has 32 rounds untaken. Plain decoding reached the page at ~320 tokens/s whatever the "
     "engine could do (32 rounds per 0.1 s; the engine was held ~70 ms of every 100 ms), the `/ws` client too. "
@@ -288,7 +288,7 @@ NOTES = [
     "- **Autoplay pressed play while the page was loading** (fixed, static/playground.js): the websocket opens "
     "before the document is parsed and laid out (~100 ms of the renderer, DOMContentLoaded 90 ms after play in the "
     "trace). Play now waits for the load event and a frame.",
-    "- **Rendering fragments on the event loop** (fixed, app/html_view.py): the draft lane was drawn by a Jinja "
+    "- **Rendering fragments on the event loop** (fixed, app/views/html.py): the draft lane was drawn by a Jinja "
     "macro for every round and all but the last thrown away (55% of render time), KV cells by a macro each; "
     "~75 -> ~19 ms per run (cProfile). That time holds the GIL the engine thread needs.",
     "- **Fixed latencies**: play to the server's `start` ~5 ms; the first tokens reach the page 35-50 ms after "
@@ -299,7 +299,7 @@ NOTES = [
     "- **The page's own cost is now small** (`browser ÷ /ws`): ~5-6 messages per run, each ~6-12 ms of htmx "
     "swapping plus one frame (style, layout, paint, ~15 ms); Chromium's CPU per load + run is in the table "
     "(/proc), of which 110-290 ms while streaming. No long tasks.",
-    "- **The engine thread's posts to the event loop** (fixed 2026-11-29 20:20, app/engine_thread.py): each post "
+    "- **The engine thread's posts to the event loop** (fixed 2026-11-29 20:20, app/ws/engine_thread.py): each post "
     "(`call_soon_threadsafe`, one per round) woke the event loop, which then took the GIL from the engine thread. "
     "A page's rounds at full speed now wait up to 20 ms to be posted together: `/ws` ÷ engine 73-76% -> 84-91% for "
     "plain decoding (same-process A/B, 9 pairs). An earlier try at posting every 10 ms had seemed not to help "

@@ -213,7 +213,7 @@ async def watchers(ws_base: str, n: int, settings: dict) -> dict:
     """n watchers on /watch/{id}/ws of one presenter (they join first); each must see its run end."""
     import websockets
 
-    from app.rooms import watch_id_for
+    from app.watch.rooms import watch_id_for
 
     key = "bench-serve-presenter-0001"
     watch_id = watch_id_for(key)
@@ -264,8 +264,7 @@ def engine_tokens_per_s(eng, n: int, settings: dict) -> float:
     """n sessions (the clients' prompts and settings) through engine/scheduler.py's Scheduler in a loop, in
     this process: no server, no sockets, no event loop. Output tokens / wall time, sessions created inside
     the timed part (as the server creates them on `start`)."""
-    from app.engine_thread import _Scheduled
-    from engine.scheduler import Scheduler
+    from engine.scheduler import Scheduler, ServedSession
     from engine.session import GenerationSession
 
     scheduler, tokens = Scheduler(), []
@@ -277,7 +276,7 @@ def engine_tokens_per_s(eng, n: int, settings: dict) -> float:
     t0 = time.perf_counter()
     for i in range(n):
         prompt = PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS))
-        scheduler.add(_Scheduled(GenerationSession(eng, prompt, settings)), sink)
+        scheduler.add(ServedSession(GenerationSession(eng, prompt, settings)), sink)
     while scheduler.entries:
         scheduler.step()
     return sum(tokens) / (time.perf_counter() - t0)

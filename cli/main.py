@@ -30,7 +30,7 @@ def cmd_serve(args) -> int:
     from app.config import TRANSPORT_MAX_MESSAGE_BYTES, AppConfig
     from app.logs import configure
     from app.main import create_app
-    from app.ws_transport import WS_PROTOCOL
+    from app.ws.transport import WS_PROTOCOL
 
     log_config = configure(args.log_format)
     log = logging.getLogger("app.serve")
@@ -55,7 +55,7 @@ def cmd_serve(args) -> int:
         log.warning("no --token: anyone who can reach %s:%s can use this server", args.host, args.port)
     # The app answers a message over 64 KiB with an error; uvicorn's own limit is higher so that it does
     # not close the connection first (app/config.py). One process: sessions live in it.
-    # WS_PROTOCOL: uvicorn's websocket protocol, a round's frames written to the socket at once (app/ws_transport.py).
+    # WS_PROTOCOL: uvicorn's websocket protocol, a round's frames written to the socket at once (app/ws/transport.py).
     uvicorn.run(create_app(config), host=args.host, port=args.port, ws=WS_PROTOCOL,
                 ws_max_size=TRANSPORT_MAX_MESSAGE_BYTES, ws_per_message_deflate=False, log_config=log_config,
                 log_level="info", access_log=True)

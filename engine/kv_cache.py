@@ -130,6 +130,36 @@ class SequenceKV:
         return self.store.kv, self.write_slots.start, self.read_slots
 
 
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """A KV pool as it stands now (what the page, /api/stats and the teaching views show of it)."""
+    name: str
+    kv_cache_dtype: str
+    block_size: int
+    num_blocks: int
+    used: int                   # blocks held by sequences
+    cached: int                 # free blocks that still hold a prefix-cache entry
+    bytes_per_token: int
+    block_states: str           # one letter a block: f(ree) c(ached) u(sed) s(hared)
+
+    @property
+    def key(self) -> tuple:
+        """(pool name, kv_cache_dtype, block_size): one KV cache manager."""
+        return (self.name, self.kv_cache_dtype, self.block_size)
+
+    def drawn(self, role: str | None = None, block_table=()) -> dict:
+        """The pool as a `kv` event carries it (docs/protocol.md), for one sequence's blocks (or none)."""
+        d = {"name": self.name, "num_blocks": self.num_blocks, "block_size": self.block_size,
+             "kv_cache_dtype": self.kv_cache_dtype, "bytes_per_token": self.bytes_per_token, "used": self.used,
+             "block_table": list(block_table), "block_states": self.block_states}
+        return d if role is None else {"role": role, **d}
+
+    def stats(self) -> dict:
+        """The pool as /api/stats lists it."""
+        return {"name": self.name, "kv_cache_dtype": self.kv_cache_dtype, "block_size": self.block_size,
+                "num_blocks": self.num_blocks, "used": self.used, "cached": self.cached}
+
+
 class KVCacheManager:
     """One model's paged KV cache in one dtype: a block pool, a store, and the sequences using them."""
 
@@ -149,6 +179,11 @@ class KVCacheManager:
         self.prefix_hits = 0
 
     # --- sequences ------------------------------------------------------------------------------
+    def snapshot(self) -> PoolSnapshot:
+        return PoolSnapshot(self.pool.name, self.dtype.name, self.block_size, self.pool.num_blocks,
+                            self.pool.num_used_blocks, len(self.pool.cached), self.bytes_per_token,
+                            self.pool.block_states())
+
     def new_sequence(self) -> Sequence:
         max_tokens = self.cfg.max_position_embeddings
         seq = Sequence(next(self._ids), max_tokens,

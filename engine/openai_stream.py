@@ -15,6 +15,7 @@ reports them (llama.cpp's `timings`, `usage`, vLLM's `metrics`), go beside them 
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -296,3 +297,26 @@ class _Received:
                 **f, "engine_timings": self.timings, "engine_usage": self.usage,
                 "engine_metrics": self.engine_metrics, "model": engine.describe(), "draft_model": None,
                 "settings": {**s.model_dump(), "model": engine.name}}
+
+
+API_KEY_ENV = "DECODING_PLAYGROUND_OPENAI_API_KEY"
+
+
+def configured_engines(specs: tuple[dict, ...], env=None) -> list[ExternalEngine]:
+    """ExternalEngines from `serve --openai-url URL [--openai-model NAME] [--openai-metrics-url URL]` (each a
+    dict: url, and optionally model, metrics_url, name, connect_s, stall_s, total_s). Only http(s) URLs; the
+    API key comes from the environment, never from the command line."""
+    env = os.environ if env is None else env
+    engines = []
+    for spec in specs:
+        url = spec["url"].rstrip("/")
+        for key in ("url", "metrics_url"):
+            value = spec.get(key)
+            if value is not None and not value.startswith(("http://", "https://")):
+                raise ValueError(f"--openai-{key.replace('_', '-')}: an http:// or https:// URL, got {value!r}")
+        name = spec.get("name") or f"{spec.get('model') or 'server'} · {url.split('://', 1)[1].split('/', 1)[0]}"
+        limits = StreamLimits(**{k: spec[k] for k in ("connect_s", "stall_s", "total_s") if k in spec})
+        engines.append(ExternalEngine(name, url, spec.get("model"), spec.get("metrics_url"),
+                                      env.get(API_KEY_ENV) or None, "openai", {"server": "OpenAI-compatible"},
+                                      limits))
+    return engines

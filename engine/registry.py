@@ -132,7 +132,7 @@ class InferenceEngine:
         num_blocks = self.blocks_per_pool or self.max_sessions * (ctx_blocks + 2)
         return KVCacheManager(lm.cfg, num_blocks, block_size, kv_cache_dtype, name=f"{lm.role}:{lm.name}")
 
-    def pool_stats(self) -> list[dict]:
-        return [{"name": m.pool.name, "kv_cache_dtype": m.dtype.name, "block_size": m.block_size,
-                 "num_blocks": m.pool.num_blocks, "used": m.pool.num_used_blocks,
-                 "cached": len(m.pool.cached)} for m in self.managers.values()]
+    def pool_snapshots(self) -> list:
+        """Every KV pool now (engine/kv_cache.py's PoolSnapshot). Safe from any thread: one C-level copy of
+        the managers (the engine thread may add a pool), and each snapshot may be a step old."""
+        return [m.snapshot() for m in list(self.managers.values())]

@@ -24,6 +24,7 @@ its requests are never chunked.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -32,6 +33,36 @@ from typing import Callable
 from .events import Error, PrefillProgress
 from .model import forward_batch
 from .runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner
+
+
+logger = logging.getLogger(__name__)
+
+
+def served_steps(session):
+    """`session.steps()` as a server serves it: a round boundary right after `started`, so that a session started
+    paused waits before its prefill, and an unexpected exception (an engine bug) ends this session with an
+    `error` event instead of escaping into the scheduler (and every other session's step)."""
+    gen = session.steps()
+    try:
+        yield next(gen)                       # started
+        yield ROUND_BOUNDARY
+        yield from gen
+    except Exception as e:  # noqa: BLE001
+        logger.exception("generation %s failed", session.id)
+        yield Error(f"internal error: {type(e).__name__}: {e}")
+    finally:
+        gen.close()
+
+
+class ServedSession:
+    """What the scheduler holds for a session: its id and its served steps."""
+    __slots__ = ("id", "session")
+
+    def __init__(self, session):
+        self.id, self.session = session.id, session
+
+    def steps(self):
+        return served_steps(self.session)
 
 
 @dataclass

@@ -524,11 +524,7 @@ class GenerationSession:
         drafter = "eagle" if isinstance(self.proposer, EagleProposer) else "draft"    # a head's pool is its own
         for role, runner in (("target", self.target), (drafter, getattr(self.proposer, "runner", None))):
             if isinstance(runner, PagedRunner):
-                m = runner.manager
-                pools.append({"role": role, "name": m.pool.name, "num_blocks": m.pool.num_blocks,
-                              "block_size": m.block_size, "kv_cache_dtype": m.dtype.name,
-                              "bytes_per_token": m.bytes_per_token, "used": m.pool.num_used_blocks,
-                              "block_table": runner.seq.block_table, "block_states": m.pool.block_states()})
+                pools.append(runner.manager.snapshot().drawn(role, runner.seq.block_table))
         return KVBlocks(self._drain_block_events(), pools)
 
     def kv_figures(self) -> dict:

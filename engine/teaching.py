@@ -14,7 +14,8 @@ A race of any two settings is engine/race.py.
 from __future__ import annotations
 
 from .jobs import Job, run_to_end
-from .registry import InferenceEngine
+from .kv_memory import paging_waste
+from .registry import SEQUENCE_TOKENS_BUDGET, InferenceEngine
 from .session import GenerationSession
 from .settings import FAULTS, GenerationSettings, SettingsError
 
@@ -97,3 +98,19 @@ def fault_comparison_steps(engine: InferenceEngine, prompt: str, settings: dict,
     return {"fault": fault, "settings": s, "reference": reference, "faulty": faulty,
             "divergence": first_divergence(reference["emitted_ids"], faulty["emitted_ids"])}
 
+
+def live_pools(engine: InferenceEngine) -> list[dict]:
+    """Every KV pool of the engine now: the sequences it holds, their tokens, and the waste of their blocks
+    beside what preallocating each sequence's whole context would have wasted. (On the server: an engine
+    thread call, between two steps.)"""
+    out = []
+    for mgr in list(engine.managers.values()):
+        lengths = [s.num_tokens for s in mgr.sequences.values() if s.num_tokens]
+        ctx = min(mgr.cfg.max_position_embeddings, SEQUENCE_TOKENS_BUDGET)
+        bs = mgr.block_size
+        out.append({"name": mgr.pool.name, "kv_cache_dtype": mgr.dtype.name, "block_size": bs,
+                    "sequences": len(lengths), "tokens": sum(lengths), "context": ctx,
+                    "slots": sum(-(-n // bs) * bs for n in lengths),
+                    "paged": paging_waste(lengths, bs, ctx) if lengths else None,
+                    "prealloc": paging_waste(lengths, None, ctx) if lengths else None})
+    return out

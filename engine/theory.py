@@ -79,3 +79,17 @@ def projected_verify_curve(acc: Accelerator, params: float, kv_bytes_per_token: 
         return roofline_step_seconds(acc, params * bytes_per_param, kv_bytes_per_token * context, 2 * params, n, batch)
     t1 = step(1)
     return {n: step(n) / t1 for n in ns}
+
+
+def accelerator_projections(alpha: float, gamma: int, target_params: float, target_kv_bytes_per_token: float,
+                            draft_params: float, draft_kv_bytes_per_token: float, context: int, ns, batch: int = 1,
+                            batches=()) -> list[dict]:
+    """For every accelerator: its projected verify curve t(n)/t(1) at `batch`, the speculative speed-up at
+    `batch` (`p`), and the speed-up at each of `batches` (`by_batch`). Projections, not measurements."""
+    def project(acc, b):
+        return projected_speedup(acc, alpha, gamma, target_params, draft_params, target_kv_bytes_per_token,
+                                 draft_kv_bytes_per_token, context, batch=b)
+
+    return [{"key": key, "acc": acc, "p": project(acc, batch), "by_batch": [project(acc, b) for b in batches],
+             "curve": projected_verify_curve(acc, target_params, target_kv_bytes_per_token, context, ns, batch)}
+            for key, acc in ACCELERATORS.items()]

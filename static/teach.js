@@ -27,7 +27,7 @@
     if (token && link && link.href.indexOf('token=') < 0) link.href = withToken(link.getAttribute('href'))
   }
 
-  // --- the recording of the run on screen (app/recording.py) ----------------------------------------------------
+  // --- the recording of the run on screen (app/views/recording.py) ----------------------------------------------------
   function recordingKey() {
     var stream = $('stream')
     return (stream && stream.dataset.recording) || ''
@@ -452,7 +452,7 @@
       .catch(function () { out.textContent = '–' })
   })
 
-  // --- replay: a recorded run's messages, swapped in at any speed (app/replay.py), no engine ----------------------
+  // --- replay: a recorded run's messages, swapped in at any speed (app/views/replay.py), no engine ----------------------
   var socket = null
   document.addEventListener('htmx:wsOpen', function (evt) { socket = evt.detail.socketWrapper })
   document.addEventListener('htmx:wsAfterMessage', function (evt) { socket = evt.detail.socketWrapper; syncInputs() })

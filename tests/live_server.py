@@ -17,7 +17,7 @@ from typing import Iterator
 import uvicorn
 
 from app.config import TRANSPORT_MAX_MESSAGE_BYTES as WS_MAX_SIZE
-from app.ws_transport import WS_PROTOCOL
+from app.ws.transport import WS_PROTOCOL
 
 SERVER_START_TIMEOUT_S = 30.0
 

@@ -1,4 +1,4 @@
-"""The engine thread (app/engine_thread.py) and admission control (app/admission.py), without a web server.
+"""The engine thread (app/ws/engine_thread.py) and admission control (app/ws/admission.py), without a web server.
 
 The engine thread runs the scheduler for every session; these tests drive it from an asyncio loop as the
 app does, with pacing objects standing in for connections. Waits are bounded.
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.admission import Admission, Busy
-from app.engine_thread import PARKED, EngineThread, SessionLink
+from app.ws.admission import Admission, Busy
+from app.ws.engine_thread import PARKED, EngineThread, SessionLink
 from app.metrics import ServerMetrics
 from engine.registry import InferenceEngine, ModelRegistry
 from engine.session import GenerationSession

@@ -240,7 +240,7 @@ def test_serve_options_override_the_environment(tmp_path, monkeypatch):
 def test_streamed_tokens_are_escaped_and_whitespace_made_visible():
     from types import SimpleNamespace
 
-    from app.html_view import piece, token_html
+    from app.views.fragments import piece, token_html
 
     t = SimpleNamespace(status="accepted", round=3, position=2, text='<img src=x onerror="a">', p=0.5, q=0.25,
                         accept_prob=1.0, r=None)
@@ -253,7 +253,7 @@ def test_streamed_tokens_are_escaped_and_whitespace_made_visible():
 
 
 def test_a_chat_template_collapses_and_the_prompt_last_line_runs_into_the_answer():
-    from app.html_view import macros
+    from app.views.templating import macros
 
     tokens = [{"id": 1, "text": "<|im_start|>", "template": True}, {"id": 2, "text": "user", "template": True},
               {"id": 3, "text": "\n", "template": True}, {"id": 4, "text": "Hi"}, {"id": 5, "text": " <b>"},
@@ -280,7 +280,7 @@ def test_a_chat_template_knows_where_the_user_text_sits():
 
 def test_a_draft_lane_chip_of_spaces_is_not_blank():
     """A chip stands alone: a token of spaces must show them (␣), and its text stays escaped."""
-    from app.html_view import macros
+    from app.views.templating import macros
 
     d = {"status": "accepted", "q": 1.0, "accept_prob": 1.0, "r": None}
     html = str(macros().lane({"round": 4, "method": "draft_model", "verdict": "",

@@ -84,7 +84,7 @@ def test_a_message_over_the_transport_limit_closes_with_1009(room_server):
 
 
 def test_the_rate_limit_answers_with_an_error_and_a_flood_is_closed(strict_server):
-    from app.connection import FLOOD_CLOSE_AFTER
+    from app.ws.socket import FLOOD_CLOSE_AFTER
 
     async def scenario():
         async with connect(strict_server) as c:
@@ -336,7 +336,7 @@ def test_the_log_formatter_and_the_query_redaction():
     RedactQuery().filter(record)
     line = StructuredFormatter().format(record)
     assert "secret" not in line and "abc" not in line and "GET /?…" in line
-    event = logging.LogRecord("app.connection", logging.INFO, __file__, 1, "generation_done", (), None)
+    event = logging.LogRecord("app.ws.connection", logging.INFO, __file__, 1, "generation_done", (), None)
     event.fields = {"session": "s1", "num_output_tokens": 5}
     assert json.loads(StructuredFormatter("json").format(event))["num_output_tokens"] == 5
     assert "event=generation_done session=s1 num_output_tokens=5" in StructuredFormatter().format(event)

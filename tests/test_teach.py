@@ -1,4 +1,4 @@
-"""The teaching views' endpoints (app/routers/teach.py), recordings and replay (app/recording.py, app/replay.py),
+"""The teaching views' endpoints (app/routers/teach/), recordings and replay (app/views/recording.py, app/views/replay.py),
 in memory. The seeds' figures are checked where the views show them; the browser tests are in tests/e2e."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.config import AppConfig
-from app.connection import Batch
-from app.html_view import HtmlView
+from app.protocol import Batch, RenderContext
+from app.views.html import HtmlView
 from app.main import create_app
 from app.presets import DEFAULT_PROMPT
-from app.recording import MAX_EVENTS, RECORDINGS, Recording, RecordingError, RecordingStore
-from app.replay import replay_frames, rounds_of
+from app.views.recording import MAX_EVENTS, RECORDINGS, Recording, RecordingError, RecordingStore
+from app.views.replay import replay_frames, rounds_of
 from engine.kv_memory import paging_waste, seed_request_mix
 from engine.session import GenerationSession
 
@@ -35,19 +35,14 @@ def engine(client):
     return client.app.state.playground.engine
 
 
-class _Conn:
-    paused = False
-    state = "running"
-
-    class run:
-        run_id = 1
+RUNNING = RenderContext(run_id=1, state="running")     # what the view knows of its connection
 
 
 def show_run(view: HtmlView, events) -> list[str]:
     """What the page's connection does with a run: its rounds rendered one message each."""
     out = []
     for chunk in rounds_of(events):
-        out += view.render([Batch(1, chunk)], _Conn)
+        out += view.render([Batch(1, chunk)], RUNNING)
     return out
 
 
@@ -59,7 +54,7 @@ def run_events(engine, **settings):
 @pytest.fixture(scope="module")
 def recorded(client, engine):
     """A sampled run as the live page showed it, and the view that recorded it."""
-    view = HtmlView(client.app.state.playground)
+    view = client.app.state.playground.view("html")
     view.form_prompt = PROMPT
     events = run_events(engine, temperature=1.0, seed=3, max_tokens=120)
     messages = show_run(view, events)
@@ -79,7 +74,7 @@ def test_the_page_view_records_each_run_once(recorded, client, engine):
     assert f'data-recording="{rec.key}"' in messages[0]                 # the stream says which recording it is
     assert f'/teach/recordings/{rec.key}.json' in messages[-1] and 'data-complete="1"' in messages[-1]
     # a second view of the same run (a room's broadcaster, a watcher) refers to it and records nothing
-    other = HtmlView(client.app.state.playground)
+    other = client.app.state.playground.view("html")
     show_run(other, events)
     assert other.recording is rec and len(rec.events) == len(events)
     # the pools as drawn after the run freed its blocks are kept for replay

@@ -25,7 +25,7 @@ def server(models_dir):
 
 
 def watch_id(key: str = KEY) -> str:
-    from app.rooms import watch_id_for
+    from app.watch.rooms import watch_id_for
     return watch_id_for(key)
 
 
@@ -122,24 +122,18 @@ def test_a_watchers_view_redraws_the_status_for_a_run_that_ends_as_the_one_befor
     from fastapi.testclient import TestClient
 
     from app.config import AppConfig
-    from app.connection import Batch
-    from app.html_view import HtmlView
     from app.main import create_app
+    from app.protocol import Batch, RenderContext
     from engine.session import GenerationSession
-
-    class Room:                     # what a view reads from its connection (a room answers the same)
-        paused, state = False, "running"
-        run = None
 
     with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character")),
                     base_url="http://localhost") as client:
         playground = client.app.state.playground
-        view = HtmlView(playground)
+        view = playground.view("html")
         statuses = []
         for run_id in (1, 2):
-            Room.run = type("Run", (), {"run_id": run_id})
             events = list(GenerationSession(playground.engine, PROMPT, {"max_tokens": 12}).events())
-            (message,) = view.render([Batch(run_id, events)], Room)
+            (message,) = view.render([Batch(run_id, events)], RenderContext(run_id, state="running"))
             statuses.append(re.search(r'<div id="run-status"[^>]*>', message).group(0))
     assert all('data-state="done"' in s for s in statuses)
     assert 'data-run="1"' in statuses[0] and 'data-run="2"' in statuses[1]

@@ -450,8 +450,9 @@ def test_an_engine_failure_is_reported_and_the_connection_and_server_stay_up(liv
 def test_a_client_that_never_reads_is_closed_before_it_costs_memory():
     """Answers to a client that sends but never reads (its socket full) pile up; past a bound it is closed (1008)."""
     from app.config import AppConfig
-    from app.connection import MAX_UNSENT_ITEMS, Connection
-    from app.json_view import JsonView
+    from app.views.json import JsonView
+    from app.ws.connection import Connection
+    from app.ws.socket import MAX_UNSENT_ITEMS
     from app.state import Playground
 
     class StuckSocket:                          # receives at once, never finishes a send

@@ -107,7 +107,7 @@ def test_a_run_streams_fragments_that_htmx_can_swap_by_id(live_server):
 def test_kv_changes_are_swapped_as_whole_segments_of_the_grid(live_server):
     """The first message draws the pool whole; later changes send each changed segment of KV_SEGMENT blocks
     as one element (never an element per block), with every block of the segment in it."""
-    from app.html_view import KV_SEGMENT
+    from app.views.kv_map import KV_SEGMENT
 
     async def scenario():
         async with websockets.connect(ws_url(live_server, "/ws"), open_timeout=10) as ws:

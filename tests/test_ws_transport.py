@@ -1,5 +1,5 @@
-"""How messages reach the socket: `CoalescingTransport` (app/ws_transport.py) and the JSON encoder of `/api/ws`
-(app/json_view.py). The end-to-end tests (tests/test_ws_api.py, tests/test_serving.py) run the real server
+"""How messages reach the socket: `CoalescingTransport` (app/ws/transport.py) and the JSON encoder of `/api/ws`
+(app/views/json.py). The end-to-end tests (tests/test_ws_api.py, tests/test_serving.py) run the real server
 with this transport; these check its rules one by one with a recording transport."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 
-from app.json_view import dumps
-from app.ws_transport import CoalescingTransport, CoalescingWebSocketProtocol
+from app.views.json import dumps
+from app.ws.transport import CoalescingTransport, CoalescingWebSocketProtocol
 from test_ws_api import run      # a fresh loop in its own thread: the browser tests keep one running here
 
 

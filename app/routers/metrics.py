@@ -15,17 +15,18 @@ def scrape_gauges(pg) -> list[tuple]:
         ("vllm:num_requests_running", "gauge", "Generations holding a slot (running or paused).", {}, pg.sessions),
         ("vllm:num_requests_waiting", "gauge", "Generations waiting for a slot.", {}, pg.admission.waiting),
     ]
-    for p in pg.pools():
-        labels = {"model_name": p["name"].split(":", 1)[-1], "pool": p["name"], "kv_cache_dtype": p["kv_cache_dtype"],
-                  "block_size": p["block_size"]}
+    pools = pg.pool_snapshots()
+    for p in pools:
+        labels = {"model_name": p.name.split(":", 1)[-1], "pool": p.name, "kv_cache_dtype": p.kv_cache_dtype,
+                  "block_size": p.block_size}
         rows.append(("vllm:kv_cache_usage_perc", "gauge", "Fraction of the pool's KV blocks in use (0..1).", labels,
-                     p["used"] / p["num_blocks"] if p["num_blocks"] else 0.0))
-    for p in pg.pools():
-        labels = {"pool": p["name"], "kv_cache_dtype": p["kv_cache_dtype"], "block_size": p["block_size"]}
-        rows.append(("playground_kv_blocks_used", "gauge", "KV blocks referenced by a sequence.", labels, p["used"]))
-    for p in pg.pools():
-        labels = {"pool": p["name"], "kv_cache_dtype": p["kv_cache_dtype"], "block_size": p["block_size"]}
-        rows.append(("playground_kv_blocks_total", "gauge", "KV blocks in the pool.", labels, p["num_blocks"]))
+                     p.used / p.num_blocks if p.num_blocks else 0.0))
+    for p in pools:
+        labels = {"pool": p.name, "kv_cache_dtype": p.kv_cache_dtype, "block_size": p.block_size}
+        rows.append(("playground_kv_blocks_used", "gauge", "KV blocks referenced by a sequence.", labels, p.used))
+    for p in pools:
+        labels = {"pool": p.name, "kv_cache_dtype": p.kv_cache_dtype, "block_size": p.block_size}
+        rows.append(("playground_kv_blocks_total", "gauge", "KV blocks in the pool.", labels, p.num_blocks))
     thread = pg.engine_thread
     rows += [
         ("playground_max_sessions", "gauge", "Generations allowed at once (--max-sessions).", {},

@@ -1,11 +1,11 @@
 """The HTML pages: `/` is the playground, `/embed` the same page without chrome, for iframes.
 
 Both take every setting, the prompt, `autoplay`, `speed`, `theme`, `hide` and `presenter` from the query
-string (app/page.py). `/embed` may be framed by the configured frame ancestors (default: anyone); its
+string (app/views/page.py). `/embed` may be framed by the configured frame ancestors (default: anyone); its
 websocket still accepts only the app's own origin, which an iframe of ours has.
 
 Each page gets a fresh presenter key in its websocket URL (a reconnect keeps it, so watchers keep
-following) and the link for watchers, `/watch/{watch_id}` (app/rooms.py); in workshop mode both carry the
+following) and the link for watchers, `/watch/{watch_id}` (app/watch/rooms.py); in workshop mode both carry the
 token.
 """
 
@@ -13,11 +13,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from app.deps import PlaygroundDep
-from app.page import page_context
-from app.routers import shootout, teach
-from app.rooms import new_key, watch_id_for
+from app.views.page import page_context
+from app.routers import teach
+from app.watch.rooms import new_key, watch_id_for
 from app.security import FRAME_ANCESTORS_SELF, content_security_policy
-from app.templating import templates
+from app.views.templating import templates
 from app.urls import with_token
 
 router = APIRouter(tags=["pages"])
@@ -47,6 +47,5 @@ def session_links(playground) -> dict:
             "embed_url": with_token("/embed", playground)}
 
 
-# The teaching views' endpoints (/teach/...) belong to the page: its views load them (app/routers/teach.py).
+# The teaching views' endpoints (/teach/...) belong to the page: its views load them (app/routers/teach/).
 router.include_router(teach.router)
-router.include_router(shootout.router)

@@ -2,7 +2,7 @@
 `/watch/{watch_id}/ws` (HTML fragments), and `/api/watch/{watch_id}` is the JSON twin (the events of
 `/api/ws`, preceded by `watching`, and `resync` before a fresh snapshot when a watcher fell behind).
 
-A presenter's page links here (its watch id is in the link; app/rooms.py). Watchers cost no engine work:
+A presenter's page links here (its watch id is in the link; app/watch/rooms.py). Watchers cost no engine work:
 the presenter's events are rendered once per room and kind and sent to everyone.
 """
 
@@ -12,11 +12,12 @@ from fastapi import APIRouter, HTTPException, Request, WebSocket, WebSocketExcep
 from fastapi.responses import HTMLResponse
 
 from app.deps import PlaygroundDep, get_playground
-from app.page import page_context
-from app.rooms import WATCH_ID_RE, Watcher
+from app.views.page import page_context
+from app.watch.rooms import WATCH_ID_RE
+from app.watch.watcher import Watcher
 from app.routers.ws import accept, check_origin
 from app.security import content_security_policy
-from app.templating import templates
+from app.views.templating import templates
 from app.urls import with_token
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ async def _serve_watcher(websocket: WebSocket, watch_id: str, kind: str) -> None
         raise WebSocketException(code=status.WS_1008_POLICY_VIOLATION, reason="a watch id is 16 hex digits")
     if not await accept(websocket):
         return
-    await Watcher(websocket, get_playground(websocket), kind, watch_id).serve()
+    playground = get_playground(websocket)
+    await Watcher(websocket, playground.config, playground.rooms, kind, watch_id).serve()
 
 
 @router.websocket("/watch/{watch_id}/ws")

@@ -2,8 +2,8 @@
 
 Both check the Origin header before accepting (a refused handshake is an HTTP 403), then refuse politely
 when the server already holds `max_connections` websockets (close 1013: htmx retries with backoff), and
-hand the connection to `app.connection.Connection` with their view. `?key=` (16-64 characters of
-A-Z a-z 0-9 _ -) names the presenter's session for watch mode (app/rooms.py); without one a fresh key is
+hand the connection to `app.ws.connection.Connection` with their view. `?key=` (16-64 characters of
+A-Z a-z 0-9 _ -) names the presenter's session for watch mode (app/watch/rooms.py); without one a fresh key is
 made. docs/protocol.md has the vocabulary.
 """
 
@@ -11,13 +11,11 @@ import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketException, status
 
-from app.connection import Connection
 from app.deps import get_playground
-from app.html_view import HtmlView
-from app.json_view import JsonView
 from app.logs import log_event
-from app.rooms import KEY_RE, new_key
 from app.security import origin_allowed
+from app.watch.rooms import KEY_RE, new_key
+from app.ws.connection import Connection
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["websockets"])
@@ -60,9 +58,9 @@ async def html_ws(websocket: WebSocket) -> None:
     if not await accept(websocket):
         return
     playground = get_playground(websocket)
-    view = HtmlView(playground)
+    view = playground.view("html")
     conn = Connection(websocket, playground, view, speed=view.default_speed, key=key)
-    view.hello(conn)
+    conn.notice("hello")                          # the page's connection indicator
     await conn.serve()
 
 
@@ -73,4 +71,5 @@ async def json_ws(websocket: WebSocket) -> None:
     if not await accept(websocket):
         return
     playground = get_playground(websocket)
-    await Connection(websocket, playground, JsonView(), speed=JsonView.default_speed, key=key).serve()
+    view = playground.view("json")
+    await Connection(websocket, playground, view, speed=view.default_speed, key=key).serve()

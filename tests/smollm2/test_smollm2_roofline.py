@@ -1,7 +1,8 @@
 """SmolLM2's roofline figures: the measured floor (one pass over its weight bytes) beside its measured step."""
-from app.html_view import model_line
-from app.routers.teach import measured_curve
+from app.views.fragments import model_line
+from engine.jobs import run_to_end
 from engine.layout import weights_of
+from engine.measure import verify_cost_steps
 
 
 def test_the_loaded_model_describes_its_weight_bytes_and_their_measured_stream(smollm2):
@@ -20,7 +21,7 @@ def test_the_model_line_shows_the_floor_beside_the_step():
 
 
 def test_the_cost_model_measures_the_floor_with_the_curve(smollm2_engine, smollm2):
-    here = measured_curve(smollm2_engine, smollm2.name)
+    here = run_to_end(verify_cost_steps(smollm2_engine.registry, smollm2))
     assert here["weight_bytes"] == smollm2.describe()["weight_bytes"]
     # a step reads every weight at least once: it cannot beat one bare pass by much (timing noise aside)
     assert 0 < here["floor_ms"] < 2 * here["target_ms"][1]

@@ -6,18 +6,17 @@ prompt with its settings, timed on the same engine (as the Race does); the run's
 against it. Figures from isolated timings (t(1), c on an idle engine) the view labels "estimated"."""
 from __future__ import annotations
 
-import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from app.deps import PlaygroundDep
-from app.recording import RECORDINGS
-from app.routers.teach import BusyError, _settings_from, _teaching_run, error_fragment, fragment
+from app.views.recording import RECORDINGS
+from app.routers.teach.common import RUNS, BusyError, error_fragment, fragment, run_job, settings_from
 from engine.settings import GenerationSettings, SettingsError
-from engine.shootout import shootout
-from engine.teaching import trace
+from engine.shootout import shootout_steps
+from engine.teaching import trace_steps
 
-router = APIRouter(prefix="/teach", tags=["teach"])
+router = APIRouter()
 SHOOTOUT_MAX_TOKENS = 64     # five whole runs of a large model; the table needs a few dozen rounds, not more
 
 
@@ -26,9 +25,9 @@ async def shootout_view(request: Request, playground: PlaygroundDep) -> HTMLResp
     if playground.engine is None:
         return error_fragment(request, playground.load_error or "no models loaded")
     try:
-        prompt, settings, _ = await _settings_from(request)
+        prompt, settings, _ = await settings_from(request)
         settings["max_tokens"] = min(GenerationSettings.parse(settings).max_tokens, SHOOTOUT_MAX_TOKENS)
-        r = await anyio.to_thread.run_sync(_teaching_run, shootout, playground.engine, prompt, settings)
+        r = await run_job(playground, shootout_steps(playground.engine, prompt, settings), RUNS)
     except (SettingsError, ValueError) as e:
         return error_fragment(request, str(e))
     except BusyError:
@@ -48,7 +47,7 @@ async def plain_json(playground: PlaygroundDep, recording: str = ""):
     if recording not in _plain:
         settings = {**rec.settings, "method": "none", "fault": "none"}
         try:
-            plain = await anyio.to_thread.run_sync(_teaching_run, trace, playground.engine, rec.prompt, settings)
+            plain = await run_job(playground, trace_steps(playground.engine, rec.prompt, settings), RUNS)
         except BusyError:
             return JSONResponse({"error": "another comparison is running: try again in a moment"}, status_code=503)
         except (SettingsError, ValueError) as e:

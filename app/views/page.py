@@ -8,14 +8,18 @@ that do not validate are ignored and listed on the page, so a broken link still 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 from app.presets import DEFAULT_PROMPT, PRESETS
-from app.state import Playground
+from app.protocol import CommandError
 from engine.kv_dtypes import KV_CACHE_DTYPES
 from engine.race import RACE_SETTINGS, default_values, form_text, race_choices
 from engine.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError
 from engine.theory import worked_table
+
+if TYPE_CHECKING:
+    from app.state import Playground
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
@@ -26,7 +30,7 @@ SPEEDS = [("0.5", "½ round/s"), ("1", "1 round/s"), ("2", "2 rounds/s"), ("5", 
           ("10", "10 rounds/s"), ("25", "25 rounds/s"), ("max", "full speed")]
 DEFAULT_SPEED = "5"
 THEMES = ("light", "dark")
-# The teaching views (templates/_teach.html, app/routers/teach.py): `?view=NAME` opens one.
+# The teaching views (templates/_teach.html, app/routers/teach/): `?view=NAME` opens one.
 VIEWS = [("inspector", "Inspector"), ("theory", "Theory"), ("distribution", "Distribution"), ("memory", "KV memory"),
          ("paging", "Paging"), ("faults", "Faults"), ("cost", "Cost model"), ("race", "Race"), ("shootout", "Shoot-out"), ("replay", "Replay")]
 VIEW_NAMES = tuple(name for name, _ in VIEWS)
@@ -284,7 +288,7 @@ def page_context(query, playground: Playground, embed: bool) -> dict:
         races = {name: {"label": RACE_LABELS[name], "choices": choices,
                         "default": [form_text(v) for v in default_values(registry, target, name)]}
                  for name, choices in race_choices(registry, target).items()}
-    targets += [{"name": name, "label": name} for name in playground.external]   # app/external.py
+    targets += [{"name": name, "label": name} for name in playground.external]   # app/ws/external.py
     return {
         "state": state, "embed": embed, "presets": PRESETS, "speeds": SPEEDS,
         "targets": targets, "model_options": options,
@@ -293,3 +297,14 @@ def page_context(query, playground: Playground, embed: bool) -> dict:
         "views": VIEWS, "view_links": view_links(query), "worked_table": worked_table(),
         "layouts": LAYOUTS, "races": races,
     }
+
+
+def form_field_value(name: str, value):
+    """A form field's value: text (numbers, booleans and null are taken as they are) or the last of a list
+    (a checkbox with its hidden "false" twin); anything else is a CommandError naming the field."""
+    if isinstance(value, list) and value:
+        value = value[-1]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    kind = "an object" if isinstance(value, dict) else "an empty list" if value == [] else "a list in a list"
+    raise CommandError(f"{name}: expected a text value, got {kind}", name)

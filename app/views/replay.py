@@ -1,40 +1,31 @@
-"""Replay: a recorded run (app/recording.py) as the messages the page received live, one per round, no engine.
+"""Replay: a recorded run (app/views/recording.py) as the messages the page received live, one per round, no engine.
 
-`replay_frames` runs the page's own view (app/html_view.py) over the recorded events, cut into rounds as the
+`replay_frames` runs the page's own view (app/views/html.py) over the recorded events, cut into rounds as the
 live connection delivered them; static/teach.js swaps the frames in at the speed the viewer picks. The same
 recording always gives the same frames.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
+import anyio
 
-from app.connection import Batch, Notice
-from app.html_view import HtmlView, macros
-from app.recording import Recording
-
-
-class _ReplayConnection:
-    """What HtmlView reads of a connection. The run id is the replay's own (the page starts its charts over
-    when it changes: a live run of this page has numbers)."""
-    paused = False
-    state = "running"
-
-    def __init__(self, run_id: str):
-        self.run = SimpleNamespace(run_id=run_id)
+from app.protocol import Batch, Notice, RenderContext
+from app.views.html import HtmlView
+from app.views.recording import Recording
+from app.views.templating import macros
 
 
 class ReplayView(HtmlView):
     """HtmlView over a recording: the same fragments the live page received, round by round."""
 
     def __init__(self, recording: Recording):
-        super().__init__(playground=None)
+        super().__init__()
         self.recording = recording
         self.form = {"method": recording.settings.get("method")}
 
     def _record(self, event) -> None:          # the events are the recording's own
         pass
 
-    def _engine_pool(self, key: tuple) -> dict | None:
+    def _pool_now(self, key: tuple) -> dict | None:
         """The pool as the live page drew it after the run (recorded), else its last state with this run's
         blocks given back."""
         snap = self.recording.snapshots.get(tuple(key))
@@ -71,8 +62,9 @@ def rounds_of(events: list) -> list[list]:
 
 def replay_frames(recording: Recording) -> list[str]:
     """The HTML messages of a replay, one per round (deterministic: the same recording, the same frames)."""
+    # the run id is the replay's own: the page starts its charts over when it changes (a live run's is a number)
     run_id = f"replay-{recording.key[:8]}"
-    view, conn = ReplayView(recording), _ReplayConnection(run_id)
+    view, ctx = ReplayView(recording), RenderContext(run_id, paused=False, state="running")
     frames = []
     for i, chunk in enumerate(rounds_of(recording.events)):
         items: list = [Batch(run_id, chunk)]
@@ -80,8 +72,14 @@ def replay_frames(recording: Recording) -> list[str]:
             what = f"“{recording.name}”" if recording.name else "a recorded run"
             items.insert(0, Notice("note", {"kind": "replay", "text": f"replay of {what}: no engine, the "
                                                                       "recorded events as the page showed them"}))
-        frames += view.render(items, conn)
+        frames += view.render(items, ctx)
     if not recording.complete:             # an export taken mid-run: say where it ends
         view.status.update(state="done", finish="the recording ends here")
         frames.append(str(macros().status(view._status_view())))
     return frames
+
+
+async def render_replay(recording: Recording) -> list[str]:
+    """`replay_frames` off the event loop: a long run is thousands of fragments, and rendering them reads no
+    engine state, so a worker thread does it while the event loop serves everyone else."""
+    return await anyio.to_thread.run_sync(replay_frames, recording)

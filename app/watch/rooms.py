@@ -7,7 +7,7 @@ the same key (htmx does, after a network blip) finds its watchers still there.
 
     Room        one presenter (or none, between reconnects), its watchers, the events of its current run
     Broadcaster one per room and kind (html | json): renders the presenter's items once for all watchers
-    Watcher     one viewer's websocket: the receiving half of `Socket` (read-only) and a queue of messages
+    Watcher     one viewer's websocket (app/watch/watcher.py): the receiving half of `Socket` and a queue
 
 NOTE (invariants):
 - The engine never knows about watchers: the presenter's connection hands each delivered round to its room
@@ -25,21 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import re
 import secrets
-from collections import deque
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import anyio
-from starlette.websockets import WebSocketDisconnect
 
-from app.connection import MIN_INTERVAL_S, Batch, Notice, Outbox, Socket
-from app.logs import log_event
-
-if TYPE_CHECKING:
-    from app.state import Playground
+from app.protocol import Batch, Notice, RenderContext, View
+from app.ws.socket import MIN_INTERVAL_S, Outbox
 
 logger = logging.getLogger(__name__)
 
@@ -109,33 +103,25 @@ class RunLog:
 
 
 class Room:
-    """One presenter and its watchers. Views render for the room as they would for a connection: it answers
-    `run`, `paused`, `speed` and `state` with its presenter's."""
+    """One presenter and its watchers. Views render for the room with its presenter's context."""
 
     def __init__(self, rooms: "Rooms", watch_id: str):
         self.rooms, self.watch_id = rooms, watch_id
         self.presenter = None
         self.current_run = None          # the presenter's latest run (kept when the presenter leaves)
-        self.watchers: set[Watcher] = set()
+        self.watchers: set = set()
         self.broadcasters: dict[str, Broadcaster] = {}
         self.log = RunLog()
-
-    # what a view reads from "its connection"
-    @property
-    def run(self):
-        return self.current_run
-
-    @property
-    def paused(self) -> bool:
-        return bool(self.presenter and self.presenter.paused)
 
     @property
     def speed(self):
         return self.presenter.speed if self.presenter else None
 
-    @property
-    def state(self) -> str:
-        return self.presenter.state if self.presenter else "idle"
+    def context(self) -> RenderContext:
+        """What the room's views know: the presenter's latest run, and its state while it is connected."""
+        p = self.presenter
+        return RenderContext(self.current_run.run_id if self.current_run else None, bool(p and p.paused),
+                             p.state if p else "idle", p.speed if p else None, self.watch_id)
 
     def run_started(self, run) -> None:
         self.current_run = run
@@ -149,19 +135,15 @@ class Room:
 
 class Broadcaster:
     def __init__(self, room: Room, kind: str):
-        from app.html_view import HtmlView
-        from app.json_view import JsonView
-
         self.room, self.kind = room, kind
-        self._make_view = (lambda: HtmlView(room.rooms.playground)) if kind == "html" else JsonView
-        self.view = self._make_view()
+        self.view = room.rooms.make_view(kind)
         self.outbox = Outbox()
-        self.watchers: set[Watcher] = set()
+        self.watchers: set = set()
         self.log = room.log.copy()
         self.version = 0
         self.renders = 0
         self._snapshot: tuple[int, list[str]] | None = None
-        self.view.render(self.log.batches(), room)        # the view's state is now that of the log
+        self.view.render(self.log.batches(), room.context())     # the view's state is now that of the log
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def stop(self) -> None:
@@ -170,7 +152,7 @@ class Broadcaster:
     def snapshot(self) -> list[str]:
         """The run so far as a fresh page (or program) needs it, rendered once per broadcast."""
         if self._snapshot is None or self._snapshot[0] != self.version:
-            view = self._make_view()
+            view = self.room.rooms.make_view(self.kind)
             items = self.log.batches()
             if self.kind == "html":
                 items.insert(0, Notice("hello", {}))     # the page's connection indicator
@@ -180,7 +162,7 @@ class Broadcaster:
                 items.append(Notice("state", {"state": p.state, "round": room.current_run.round, "speed": p.speed,
                                               "paused": p.paused}))
             try:
-                messages = view.render(items, room)
+                messages = view.render(items, room.context())
             except Exception:  # noqa: BLE001
                 logger.exception("rendering a snapshot failed")
                 messages = []
@@ -192,7 +174,7 @@ class Broadcaster:
             while True:
                 items = await self.outbox.take_all()
                 try:
-                    messages = self.view.render(items, self.room)
+                    messages = self.view.render(items, self.room.context())
                 except Exception:  # noqa: BLE001 - a rendering bug must not take the room down
                     logger.exception("rendering %d items for watchers failed", len(items))
                     messages = []
@@ -212,9 +194,13 @@ class Broadcaster:
 
 
 class Rooms:
-    def __init__(self, playground: "Playground"):
-        self.playground = playground
+    """Every room of the process. `make_view(kind)` makes a fresh view of a kind (html | json) for a room's
+    broadcaster (the composition root, app/state.py, hands it in)."""
+
+    def __init__(self, make_view: Callable[[str], View]):
+        self.make_view = make_view
         self.rooms: dict[str, Room] = {}
+        self.watchers = 0                  # open watcher websockets (app/watch/watcher.py)
 
     def _room(self, watch_id: str) -> Room:
         room = self.rooms.get(watch_id)
@@ -246,7 +232,7 @@ class Rooms:
                                                                       "their next run when they come back"}))
         self._drop_if_empty(room)
 
-    def join_watcher(self, watcher: "Watcher", watch_id: str) -> Room:
+    def join_watcher(self, watcher, watch_id: str) -> Room:
         room = self._room(watch_id)
         b = room.broadcasters.get(watcher.kind)
         if b is None:
@@ -257,7 +243,7 @@ class Rooms:
         watcher.push_snapshot()
         return room
 
-    def leave_watcher(self, watcher: "Watcher") -> None:
+    def leave_watcher(self, watcher) -> None:
         room, b = watcher.room, watcher.broadcaster
         if room is None:
             return
@@ -273,87 +259,3 @@ class Rooms:
             for b in room.broadcasters.values():
                 b.stop()
             self.rooms.pop(room.watch_id, None)
-
-
-class Watcher(Socket):
-    """A read-only viewer: the page's acknowledgements are read and ignored, anything else is answered with
-    an error; the messages it gets are its broadcaster's."""
-
-    def __init__(self, websocket, playground: "Playground", kind: str, watch_id: str):
-        super().__init__(websocket, playground)
-        self.kind, self.watch_id = kind, watch_id
-        self.room: Room | None = None
-        self.broadcaster: Broadcaster | None = None
-        self.queue: deque[str] = deque()
-        self.limit = WATCHER_QUEUE
-        self.resyncs = 0
-        self._ready = anyio.Event()
-
-    async def serve(self) -> None:
-        pg = self.playground
-        pg.watchers += 1
-        try:
-            if self.kind == "json":
-                room = pg.rooms.rooms.get(self.watch_id)
-                self.queue.append(json.dumps({"type": "watching", "watch_id": self.watch_id,
-                                              "presenter": bool(room and room.presenter)}))
-            pg.rooms.join_watcher(self, self.watch_id)
-            log_event(logger, "watcher_joined", watch_id=self.watch_id, kind=self.kind,
-                      watchers=len(self.room.watchers))
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                tg.start_soon(self._receiver)
-                tg.start_soon(self._sender)
-        finally:
-            pg.watchers -= 1
-            pg.rooms.leave_watcher(self)
-
-    def unsent(self) -> int:
-        return len(self.queue)
-
-    def push_snapshot(self) -> None:
-        snapshot = self.broadcaster.snapshot()
-        self.queue.extend(snapshot)
-        self.limit = WATCHER_QUEUE + len(snapshot)
-        self._ready.set()
-
-    def push(self, messages: list[str], broadcaster: Broadcaster) -> None:
-        if len(self.queue) + len(messages) > self.limit:
-            self.queue.clear()                 # too far behind: start again from the run so far
-            self.resyncs += 1
-            if self.kind == "json":
-                self.queue.append(json.dumps({"type": "resync", "watch_id": self.watch_id}))
-            self.push_snapshot()
-            return
-        self.queue.extend(messages)
-        self._ready.set()
-
-    async def _sender(self) -> None:
-        try:
-            while True:
-                while not self.queue:
-                    if self._ready.is_set():
-                        self._ready = anyio.Event()
-                    await self._ready.wait()
-                while self.queue:
-                    await self.ws.send_text(self.queue.popleft())
-                await anyio.sleep(0)
-        except (WebSocketDisconnect, OSError, RuntimeError):
-            self._tg.cancel_scope.cancel()
-
-    async def on_text(self, text: str) -> None:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None
-        if isinstance(data, dict) and data.keys() == {"ack"}:
-            return
-        self.error("watch mode is read-only: this page follows another person's session")
-
-    def error(self, message: str, setting: str | None = None) -> None:
-        if self.kind == "json":
-            self.queue.append(json.dumps({"type": "error", "message": message, "setting": setting}))
-        else:
-            from app.html_view import HtmlView
-            self.queue.extend(HtmlView(self.playground).render([Notice("error", {"message": message})], self.room))
-        self._ready.set()

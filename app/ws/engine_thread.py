@@ -36,9 +36,7 @@ import time
 from collections import deque
 from typing import Callable, Protocol
 
-from engine.events import Error
-from engine.runner import ROUND_BOUNDARY
-from engine.scheduler import MAX_NUM_BATCHED_TOKENS, Scheduler
+from engine.scheduler import MAX_NUM_BATCHED_TOKENS, Scheduler, ServedSession
 
 logger = logging.getLogger(__name__)
 
@@ -54,33 +52,6 @@ class Pacing(Protocol):
     speed: float | None          # rounds per second; None: full speed
     steps_granted: int           # step commands so far
     delivery_delay_s: float      # how long a round may wait to be posted with later ones (0: at once)
-
-
-def scheduled_steps(session):
-    """`session.steps()` as served: a round boundary right after `started`, so that a session started
-    paused waits before its prefill, and an unexpected exception (an engine bug) ends this session with an
-    `error` event instead of escaping into the scheduler (and every other session's step)."""
-    gen = session.steps()
-    try:
-        yield next(gen)                       # started
-        yield ROUND_BOUNDARY
-        yield from gen
-    except Exception as e:  # noqa: BLE001
-        logger.exception("generation %s failed", session.id)
-        yield Error(f"internal error: {type(e).__name__}: {e}")
-    finally:
-        gen.close()
-
-
-class _Scheduled:
-    """What the scheduler holds for a session: its id and its served steps."""
-    __slots__ = ("id", "session")
-
-    def __init__(self, session):
-        self.id, self.session = session.id, session
-
-    def steps(self):
-        return scheduled_steps(self.session)
 
 
 class SessionLink:
@@ -256,7 +227,7 @@ class EngineThread:
     def _add(self, session, link: SessionLink) -> None:
         link.thread = self
         self.links[session.id] = link
-        self.scheduler.add(_Scheduled(session), link.sink, link.may_continue)
+        self.scheduler.add(ServedSession(session), link.sink, link.may_continue)
 
     def _remove(self, session) -> None:
         self.links.pop(session.id, None)

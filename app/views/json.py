@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from app.connection import Batch, Command, CommandError, Connection, Notice, json_object, parse_speed
+from app.protocol import Batch, Command, CommandError, Notice, RenderContext, json_object, parse_speed
 
 
 class _Message(BaseModel):
@@ -90,8 +90,9 @@ def event_dict(event) -> dict:
 
 class JsonView:
     default_speed = None      # programs want full speed unless they ask for pacing
+    acks = False
 
-    def parse(self, text: str, conn: Connection) -> list[Command]:
+    def parse(self, text: str, ctx: RenderContext) -> list[Command]:
         data = json_object(text, "a message is a JSON object with a 'type'")
         try:
             msg = ClientMessage.validate_python(data)
@@ -106,17 +107,17 @@ class JsonView:
             return [Command("speed", speed=parse_speed(msg.speed))]
         return [Command(msg.type)]
 
-    def render(self, items: list, conn: Connection) -> list[str]:
+    def render(self, items: list, ctx: RenderContext) -> list[str]:
         out = []
-        current = conn.run.run_id if conn.run else None
+        current = ctx.run_id
         for item in items:
             if isinstance(item, Notice):
                 out.append(dumps({"type": item.type, **item.data}))
             elif isinstance(item, Batch) and item.run_id == current:
                 for event in item.events:
                     d = event_dict(event)
-                    if d["type"] == "started" and getattr(conn, "watch_id", None):
-                        d["watch_id"] = conn.watch_id     # /watch/{watch_id} and /api/watch/{watch_id} follow it
+                    if d["type"] == "started" and ctx.watch_id:
+                        d["watch_id"] = ctx.watch_id     # /watch/{watch_id} and /api/watch/{watch_id} follow it
                     elif d["type"] == "done":
                         d = {"type": "done", **d["summary"], "summary": d["summary"]}
                     out.append(dumps(d))

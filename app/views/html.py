@@ -8,192 +8,39 @@ Server messages: one per batch of items (coalesced), each top-level element with
 `hx-swap-oob`. Tokens are appended to #stream; the status, the draft lane, gauges and KV map segments are
 replaced by id, and only their latest state in a batch is sent. docs/protocol.md lists every id.
 
-NOTE (invariants): the view remembers per connection what it last rendered (gauge texts, each KV
-block's state) and sends only what changed; a KV pool seen for the first time (or another dtype /
-block size) is sent whole.
+NOTE (invariants): the view remembers per connection what it last rendered (gauge texts, the KV map:
+app/views/kv_map.py) and sends only what changed. It renders from data only: the items, the
+`RenderContext` and its `ViewSources`.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from markupsafe import Markup, escape
+from typing import Callable, Collection
 
-from app.connection import Batch, Command, CommandError, Connection, Notice, json_object, parse_speed
-from app.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, gauge_rows, model_options
-from app.recording import RECORDINGS
-from app.state import Playground
-from app.templating import templates
+from app.protocol import Batch, Command, CommandError, Notice, RenderContext, json_object, parse_speed
+from app.views.fragments import (fmt_metric, human_bytes, model_info_text, model_line, setting_text, status_view,
+                                 summary_text, token_html)
+from app.views.kv_map import KvMap
+from app.views.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_options
+from app.views.recording import RECORDINGS
+from app.views.templating import macros
+from engine.kv_cache import PoolSnapshot
+from engine.registry import ModelRegistry
 from engine.settings import LIVE_SETTINGS, excerpt
 
 METRICS = tuple(name for name, _, _ in GAUGES)
 ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")
-STATE_LETTERS = {"f": "free", "c": "cached", "u": "used", "s": "shared"}
-# The KV map is sent in segments of this many blocks: a round changes a few neighbouring blocks, and one
-# segment is one swapped element (htmx's work per message grows with the square of its top-level elements,
-# see templates/_fragments.html); a whole pool is a few hundred blocks.
-KV_SEGMENT = 32
-FULL_GRID_ABOVE = 4            # more changed segments than this: send the whole grid in one element
-SETTING_LABELS = {"num_speculative_tokens": "γ", "kv_cache_dtype": "KV dtype", "num_kv_heads": "KV heads",
-                  "enable_prefix_caching": "prefix caching", "kv_cache": "KV cache", "block_size": "block size",
-                  "temperature": "temperature", "top_p": "top-p", "method": "method", "max_tokens": "max tokens",
-                  "prompt_lookup_min": "n-gram min", "prompt_lookup_max": "n-gram max",
-                  "num_speculative_tokens_schedule": "γ schedule"}
-
-_macros = None
-_WHITESPACE = {"\n": '<span class="ws" aria-hidden="true">↵</span>\n',
-               "\t": '<span class="ws" aria-hidden="true">⇥</span>\t',
-               "<|endoftext|>": '<span class="eos">⟨end of text⟩</span>'}
-
-
-def piece(text: str) -> Markup:
-    """A token's text as HTML: escaped, with newline, tab and end of text made visible."""
-    special = _WHITESPACE.get(text)
-    return Markup(special) if special is not None else escape(text)
-
-
-def shown(text: str) -> Markup:
-    """A token standing alone (a draft-lane chip, the inspector, histograms): spaces made visible as ␣ (a chip
-    of blanks looks empty), newline and tab as the stream shows them."""
-    if text in _WHITESPACE:
-        return piece(text)
-    return Markup("").join(Markup('<span class="ws-vis">␣</span>') if ch == " " else escape(ch) for ch in text)
-
-
-def _p(x) -> str:
-    return "–" if x is None else f"{x:.3f}"
-
-
-def layers(model: dict) -> str:
-    n = model["num_hidden_layers"]
-    return f"{n} layer{'s' if n != 1 else ''}"
-
-
-def model_line(info: str, model: dict, step_ms: float | None) -> str:
-    """The model line, with a model's measured floor beside its measured decode step when it has one (a model
-    whose weights do not fit in the caches: its step streams them all, engine/layout.py)."""
-    floor = model.get("weights_stream_ms")
-    if floor is None:
-        return info
-    if step_ms is None:
-        gb_s = model["weight_bytes"] / floor / 1e6
-        return f"{info} · its {model['weight_bytes'] / 1e6:.0f} MB of weights stream in {floor:.1f} ms here ({gb_s:.0f} GB/s)"
-    return (f"{info} · decode {step_ms:.1f} ms, weights stream in {floor:.1f} ms: {floor / step_ms:.0%} of "
-            "this machine's memory bandwidth")
-
-
-def token_html(t) -> str:
-    """One streamed token. Built here rather than by a template macro: it is the hot path at full speed
-    (several macro calls per token); every value that is not a fixed string is escaped."""
-    title = f"{t.status} · p={_p(t.p)}"
-    if t.q is not None:
-        title += f" · q={_p(t.q)}"
-    if t.accept_prob is not None:
-        title += f" · min(1, p/q)={_p(t.accept_prob)}"
-    if t.r is not None:
-        title += f" · r={_p(t.r)}"
-    return (f'<span class="tok" data-token-status="{escape(t.status)}" data-round="{int(t.round)}" '
-            f'data-pos="{int(t.position)}" title="{escape(title)}">{piece(t.text)}</span>')
-
-
-ROLE_RE = re.compile(r"<\|im_start\|>(\w+)")
-
-
-def prompt_parts(prompt_tokens: list[dict]) -> dict:
-    """The prompt as the stream shows it: `head`, its lines up to the last line break (a block, compacted),
-    and `tail`, the line the answer continues. Each is a list of runs {"template", "texts", "label"}: a chat
-    template's runs collapse to their label (the roles they open) until clicked."""
-    cut = max((i + 1 for i, t in enumerate(prompt_tokens) if "\n" in t["text"]), default=0)
-    out = {}
-    for name, tokens in (("head", prompt_tokens[:cut]), ("tail", prompt_tokens[cut:])):
-        runs = []
-        for t in tokens:
-            template = bool(t.get("template"))
-            if not runs or runs[-1]["template"] != template:
-                runs.append({"template": template, "texts": []})
-            runs[-1]["texts"].append(t["text"])
-        for run in runs:
-            roles = ", ".join(ROLE_RE.findall("".join(run["texts"]))) or "end of turn"
-            run["label"] = f"chat template: {roles} · {len(run['texts'])} tokens"
-        out[name] = runs
-    return out
-
-
-templates.env.globals["piece"] = piece        # for templates/_fragments.html
-templates.env.globals["prompt_parts"] = prompt_parts
-templates.env.filters["shown"] = shown
-
-
-def kv_cell_html(c: dict) -> str:
-    """One KV block cell. Built here rather than by a template macro: a whole pool is hundreds of cells (a
-    macro call each was most of the time spent drawing the KV map)."""
-    event = f' data-event="{escape(c["event"])}"' if c["event"] else ""
-    mine = ' data-mine="1"' if c["mine"] else ""
-    return f'<i class="kv" data-kv-block="{int(c["id"])}" data-state="{escape(c["state"])}"{event}{mine}></i>'
-
-
-def kv_segment_html(role: str, k: int, cells: list, oob: bool = False) -> str:
-    """Segment `k` of a pool: KV_SEGMENT cells in a wrapper that takes no part in layout (CSS
-    display: contents), so that a change is one swapped element whatever the number of its blocks."""
-    attrs = ' hx-swap-oob="true"' if oob else ""
-    return (f'<span id="kv-{escape(role)}-s{int(k)}"{attrs} class="kv-seg">'
-            + "".join(kv_cell_html(c) for c in cells) + "</span>")
-
-
-def kv_grid_html(role: str, pool: dict, cells: list) -> str:
-    """A whole pool: every cell, in segments."""
-    segments = "".join(kv_segment_html(role, k, cells[k * KV_SEGMENT:(k + 1) * KV_SEGMENT])
-                       for k in range((len(cells) + KV_SEGMENT - 1) // KV_SEGMENT))
-    return (f'<div id="kv-{escape(role)}-grid" hx-swap-oob="true" class="kv-grid" data-pool="{escape(pool["name"])}" '
-            f'data-kv-cache-dtype="{escape(pool["kv_cache_dtype"])}" data-block-size="{escape(pool["block_size"])}">'
-            + segments + "</div>")
-
-
-def macros():
-    """The fragment macros of templates/_fragments.html (autoescaped: it is an .html template)."""
-    global _macros
-    if _macros is None:
-        _macros = templates.env.get_template("_fragments.html").module
-    return _macros
-
-
-def fmt_metric(name: str, value) -> str:
-    """A gauge's text: the plain current value (no unit, no thousands separator), or '–'."""
-    if value is None:
-        return "–"
-    if name in ("kv_cache_bytes", "kv_bytes_per_token", "kv_blocks_used"):
-        return str(int(value))
-    if name == "tokens_per_s":
-        return f"{value:.0f}"
-    if name in ("ttft_ms", "itl_ms"):
-        return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
-    return f"{value:.2f}"
-
-
-def human_bytes(n) -> str | None:
-    if n is None:
-        return None
-    for unit, size in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def setting_text(name: str, value) -> str:
-    label = SETTING_LABELS.get(name, name)
-    if isinstance(value, bool):
-        value = "on" if value else "off"
-    elif value is None:
-        value = "model's own"
-    return f"{label} = {value}"
 
 
 @dataclass
-class RenderedPool:
-    key: tuple                  # (pool name, kv_cache_dtype, block_size): one KV cache manager
-    states: str
-    table: frozenset
-    pool: dict
+class ViewSources:
+    """What the page's view reads besides the events: the models (for the form's choices) and the KV pools
+    as they are now (drawn after a run has freed its blocks)."""
+    registry: ModelRegistry | None = None
+    external: Collection[str] = ()                     # names of the external engines
+    pools: Callable[[], list[PoolSnapshot]] = list
+
 
 
 @dataclass
@@ -211,55 +58,41 @@ class Frame:
         self.appends.setdefault(target, []).append(html)
 
 
-def _form_value(name: str, value):
-    """A form field's value: text (numbers, booleans and null are taken as they are) or the last of a list
-    (a checkbox with its hidden "false" twin); anything else is a CommandError naming the field."""
-    if isinstance(value, list) and value:
-        value = value[-1]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    kind = "an object" if isinstance(value, dict) else "an empty list" if value == [] else "a list in a list"
-    raise CommandError(f"{name}: expected a text value, got {kind}", name)
-
-
 class HtmlView:
     default_speed = float(DEFAULT_SPEED)
     acks = True         # the page acknowledges what it has rendered ({"ack": n}, static/playground.js)
 
-    def __init__(self, playground: Playground):
-        self.playground = playground
+    def __init__(self, sources: ViewSources | None = None):
+        self.sources = sources or ViewSources()
         self.form: dict = {}
         self.form_prompt: str | None = None
-        self.kv: dict[str, RenderedPool] = {}
+        self.kv = KvMap()
         self.gauges: dict[str, str] = {}
         self.status = {"state": "idle", "round": 0, "tokens": 0, "gamma": None, "finish": None}
         self.lane: dict | None = None
         self.run_model_line: tuple[str, dict] | None = None     # the run's model line, and its model's figures
         self.run_id: int | None = None
-        self.external = False           # the run is on an external engine (app/external.py)
+        self.external = False           # the run is on an external engine (app/ws/external.py)
         self.recording = None           # the current run's events, kept for export, the inspector, replay
         self._recording_owner = False
         self._snapshotting = False
-        self._conn: Connection | None = None
+        self._ctx = RenderContext()
 
     # --- client messages -------------------------------------------------------------------------
-    def hello(self, conn: Connection) -> None:
-        conn.notice("hello")
-
-    def parse(self, text: str, conn: Connection) -> list[Command]:
+    def parse(self, text: str, ctx: RenderContext) -> list[Command | Notice]:
         data = json_object(text, "expected the playground form as a JSON object")
         if data.keys() == {"ack"}:              # the page has rendered this many of our messages
             if not isinstance(data["ack"], int) or isinstance(data["ack"], bool):
                 raise CommandError("ack: the number of messages rendered")
             return [Command("ack", ack=data["ack"])]
         data.pop("HEADERS", None)
-        fields = {k: _form_value(k, data[k]) for k in (*FORM_SETTINGS, "prompt", "speed", "action") if k in data}
+        fields = {k: form_field_value(k, data[k]) for k in (*FORM_SETTINGS, "prompt", "speed", "action") if k in data}
         action = fields.pop("action", None)
         settings = {k: fields[k] for k in FORM_SETTINGS if k in fields}
         prompt = fields.get("prompt")
         speed = parse_speed(fields["speed"]) if "speed" in fields else "keep"
         if action in (None, "", "settings"):
-            return self._form_changed(settings, prompt, speed, conn)
+            return self._form_changed(settings, prompt, speed, ctx)
         if action == "replay":
             # the page is about to swap in a replay (static/teach.js): end the run and forget what this view
             # has drawn, so that the next run draws everything afresh
@@ -269,43 +102,44 @@ class HtmlView:
         if action not in ACTIONS:
             raise CommandError(f"unknown action {excerpt(action)}; expected one of {', '.join(ACTIONS)}")
         if action in ("toggle", "start", "step") and prompt is not None:
-            starting = action == "start" or conn.state in ("idle", "done")
+            starting = action == "start" or ctx.state in ("idle", "done")
             if starting:
                 self.form, self.form_prompt = settings, prompt
         return [Command(action, prompt=prompt, settings=settings, speed=speed)]
 
-    def _form_changed(self, settings: dict, prompt: str | None, speed, conn: Connection) -> list[Command]:
+    def _form_changed(self, settings: dict, prompt: str | None, speed, ctx: RenderContext) -> list[Command | Notice]:
         old, self.form = self.form, settings
         old_prompt, self.form_prompt = self.form_prompt, prompt
-        commands = [Command("speed", speed=speed)] if speed != "keep" and speed != conn.speed else []
+        notices: list[Notice] = []
+        commands = [Command("speed", speed=speed)] if speed != "keep" and speed != ctx.speed else []
         # the first message has no baseline: the page was rendered with the default model or the URL's
-        if (settings.get("model") or "") != (old.get("model") or "") and self.playground.registry is not None:
-            conn.notice("model_options", model=settings.get("model") or None,
-                        num_kv_heads=settings.get("num_kv_heads"))
-        if conn.state not in ("running", "paused"):
-            return commands
+        if (settings.get("model") or "") != (old.get("model") or "") and self.sources.registry is not None:
+            notices.append(Notice("model_options", {"model": settings.get("model") or None,
+                                                    "num_kv_heads": settings.get("num_kv_heads")}))
+        if ctx.state not in ("running", "paused"):
+            return notices + commands
         changed = {k: v for k, v in settings.items() if old.get(k) != v}
         live = {k: v for k, v in changed.items() if k in LIVE_SETTINGS}
         for name in sorted(set(changed) - set(live)):
             value = str(changed[name] or "–")[:40]
-            conn.notice("note", kind="next_run", text=f"{name} = {value}: applies to the next run")
+            notices.append(Notice("note", {"kind": "next_run", "text": f"{name} = {value}: applies to the next run"}))
         if prompt is not None and old_prompt is not None and prompt != old_prompt:
-            conn.notice("note", kind="next_run", text="the new prompt applies to the next run")
+            notices.append(Notice("note", {"kind": "next_run", "text": "the new prompt applies to the next run"}))
         if live:
             commands.append(Command("settings", settings=live))
-        return commands
+        return notices + commands
 
     # --- server messages -------------------------------------------------------------------------
-    def render(self, items: list, conn: Connection) -> list[str]:
+    def render(self, items: list, ctx: RenderContext) -> list[str]:
         m = macros()
-        self._conn = conn
+        self._ctx = ctx
         frame = Frame()
         status_before = dict(self.status)
-        current = conn.run.run_id if conn.run else None
+        current = ctx.run_id
         recording, was_complete = self.recording, self.recording is None or self.recording.complete
         for item in items:
             if isinstance(item, Notice):
-                self._notice(item, frame, conn)
+                self._notice(item, frame)
             elif isinstance(item, Batch) and item.run_id == current:
                 for event in item.events:
                     self._record(event)
@@ -314,7 +148,7 @@ class HtmlView:
         self._snapshotting = self._recording_owner and self.recording.complete and (
             self.recording is not recording or not was_complete)
         if frame.kv_events or frame.kv_snapshot:
-            self._render_kv(frame)
+            self.kv.render(frame, self._pool_now, self.external)
         self._snapshotting = False
         if self.recording is not None and self.recording.complete and "run-recording" in frame.replace:
             frame.replace["run-recording"] = m.run_recording(self.recording)   # now with its final size
@@ -337,30 +171,10 @@ class HtmlView:
         return ["".join(parts)] if parts else []
 
     def _status_view(self) -> dict:
-        s = self.status
-        labels = {"idle": "Ready", "running": "Running", "paused": "Paused", "stopping": "Stopping",
-                  "done": "Done", "error": "Error"}
-        detail = []
-        if s["state"] == "queued":
-            return {"state": "queued", "round": 0, "label": "Waiting",
-                    "detail": f"all slots busy: number {s.get('position')} in line"}
-        prefill = s.get("prefill")                # (tokens computed, tokens) while prefilling in chunks
-        if prefill:
-            detail.append(f"prefill {prefill[0]:,} of {prefill[1]:,} tokens")
-        elif s["state"] != "idle":
-            detail.append(f"round {s['round']}")
-            detail.append(f"{s['tokens']} tokens")
-            if s["gamma"] is not None and s["state"] != "done":
-                detail.append(f"γ {s['gamma']}")
-            if s["finish"]:
-                detail.append({"length": "max tokens reached", "stop": "end of text", "cancelled": "stopped",
-                               "context": "context full"}.get(s["finish"], s["finish"]))
-        return {"state": s["state"], "round": s["round"], "label": labels.get(s["state"], s["state"]),
-                "detail": " · ".join(detail), "run": s.get("run"),
-                "prefill": prefill and f"{prefill[0]}/{prefill[1]}"}
+        return status_view(self.status)
 
     # --- notices -----------------------------------------------------------------------------------
-    def _notice(self, item: Notice, frame: Frame, conn: Connection) -> None:
+    def _notice(self, item: Notice, frame: Frame) -> None:
         m, d = macros(), item.data
         if item.type == "hello":
             frame.replace["conn"] = m.conn("connected")
@@ -378,11 +192,11 @@ class HtmlView:
         elif item.type == "settings_queued":
             text = ", ".join(setting_text(k, v) for k, v in d["changes"].items())
             frame.append("notes", m.note("settings_queued", f"{text}: queued, applies at the next round"))
-        elif item.type == "model_options" and d["model"] in self.playground.external:
+        elif item.type == "model_options" and d["model"] in self.sources.external:
             frame.append("notes", m.note("model", f"{d['model']}: an external engine; KV cache dtype, KV heads, "
                                                   "block size and drafter are set by the server at start-up"))
         elif item.type == "model_options":
-            opts = model_options(self.playground.registry, d["model"])
+            opts = model_options(self.sources.registry, d["model"])
             value = d["num_kv_heads"] if d["num_kv_heads"] in {v["value"] for v in opts["variants"]} else ""
             frame.replace["f-num_kv_heads"] = m.kv_heads_select(opts, value)
             method = self.form.get("method") or opts["default_method"]
@@ -417,7 +231,7 @@ class HtmlView:
 
     # --- engine events -----------------------------------------------------------------------------
     def _record(self, event) -> None:
-        """Keep the run's events (app/recording.py): the first view of a run records it, the others (a room's
+        """Keep the run's events (app/views/recording.py): the first view of a run records it, the others (a room's
         watchers) refer to that recording."""
         if event.type == "started":
             self.recording, self._recording_owner = RECORDINGS.claim(event.session_id, self.form_prompt)
@@ -430,7 +244,7 @@ class HtmlView:
         gamma = e.settings["num_speculative_tokens"] if e.settings["method"] != "none" else None
         # the run's id is part of its status: a run that ends as the one before did (same rounds and tokens,
         # rendered in one message by a watcher's broadcaster) still redraws the status as its own
-        self.status = {"state": "paused" if self._conn.paused else "running", "round": 0, "tokens": 0,
+        self.status = {"state": "paused" if self._ctx.paused else "running", "round": 0, "tokens": 0,
                        "gamma": gamma, "finish": None, "run": run_id}
         frame.replace["stream"] = m.stream(e.prompt_tokens, run_id, self.recording.key if self.recording else "")
         frame.replace["run-recording"] = m.run_recording(self.recording)
@@ -445,19 +259,7 @@ class HtmlView:
         frame.metrics = {}
         md = e.model
         self.external = bool(md.get("external"))
-        if self.external:                # a server the operator configured (app/external.py)
-            threads = f", {md['threads']} thread(s)" if md.get("threads") else ""
-            pub = md.get("published") or {}
-            says = ", ".join(f"{k} {pub[k]}" for k in ("model_ftype", "n_ctx", "total_slots") if pub.get(k))
-            info = (f"{md['name']}: an external engine ({md['engine']}{threads}); its KV cache dtype, KV heads, "
-                    "block map and drafter are set by the server at start-up"
-                    + (f" · the server says: {says}" if says else ""))
-        else:
-            info = (f"{md['name']}: {layers(md)} × width {md['hidden_size']}, {md['num_attention_heads']} query "
-                    f"heads, {md['num_key_value_heads']} KV heads ({md['attention']})")
-        if e.draft_model and e.settings["method"] == "draft_model":
-            dm = e.draft_model
-            info += f" · draft model ({dm['name']}): {layers(dm)} × width {dm['hidden_size']}"
+        info = model_info_text(e.model, e.settings, e.draft_model)
         self.run_model_line = (info, md)
         frame.replace["model-info"] = m.model_info(model_line(info, md, None))
         frame.append("notes", m.note("started", f"new run: {len(e.prompt_tokens)} prompt tokens, "
@@ -548,21 +350,8 @@ class HtmlView:
     def _on_done(self, e, frame: Frame, run_id: int) -> None:
         s = e.summary
         self.status.update(state="done", finish=s.get("finish_reason"), tokens=s["num_output_tokens"])
-        clock = "as received from the engine" if self.external else "of engine time"
-        parts = [f"{s['num_output_tokens']} tokens in {s['elapsed_s'] * 1e3:.0f} ms {clock}"]
-        if s.get("tokens_per_s"):
-            parts.append(f"{s['tokens_per_s']:.0f} tokens/s")
-        if s.get("acceptance_rate") is not None:
-            parts.append(f"acceptance rate {s['acceptance_rate']:.2f}" + (
-                f", mean acceptance length {s['mean_acceptance_length']:.2f}"
-                if s.get("mean_acceptance_length") is not None else ""))
-        if s.get("target_forward_calls") is not None:
-            parts.append(f"{s['target_forward_calls']} target forwards")
-        if s.get("engine_tokens_per_s"):
-            parts.append(f"{s['engine_tokens_per_s']:.0f} tokens/s by the engine's own clock")
-        title = {"length": "Done: max tokens.", "stop": "Done: end of text.", "cancelled": "Stopped.",
-                 "context": "Done: context full."}.get(s.get("finish_reason"), "Done.")
-        frame.replace["summary"] = macros().summary({"title": title, "text": " · ".join(parts)})
+        title, text = summary_text(s, self.external)
+        frame.replace["summary"] = macros().summary({"title": title, "text": text})
         if s.get("server_metrics_moved"):      # an external engine's own /metrics, before and after this run
             moved = ", ".join(f"{k} +{v:g}" for k, v in s["server_metrics_moved"].items() if v)
             frame.append("notes", macros().note("server_metrics", f"the engine's /metrics during this run: {moved}"))
@@ -590,84 +379,12 @@ class HtmlView:
             frame.replace["gauge-grid"] = macros().gauge_grid(rows)
 
     # --- the KV block map --------------------------------------------------------------------------
-    def _engine_pool(self, key: tuple) -> dict | None:
+    def _pool_now(self, key: tuple) -> dict | None:
         """The current state of a pool this view has drawn (after the session freed its blocks)."""
-        engine = self.playground.engine
-        for mgr in list(engine.managers.values()) if engine else []:
-            if (mgr.pool.name, mgr.dtype.name, mgr.block_size) == key:
-                pool = {"name": mgr.pool.name, "num_blocks": mgr.pool.num_blocks, "block_size": mgr.block_size,
-                        "kv_cache_dtype": mgr.dtype.name, "bytes_per_token": mgr.bytes_per_token,
-                        "used": mgr.pool.num_used_blocks, "block_table": [], "block_states": mgr.pool.block_states()}
-                if self._snapshotting:
-                    self.recording.snapshots[key] = pool       # a replay draws the pool as this page did
-                return pool
-        return None
-
-    def _render_kv(self, frame: Frame) -> None:
-        pools: dict[str, dict] = {}
-        if frame.kv_events:
-            # the drafter's pool (a draft model's, or an EAGLE head's own) is drawn in the draft slot, under its name
-            pools = {("draft" if p["role"] == "eagle" else p["role"]): p for p in frame.kv_events[-1].pools}
-        if frame.kv_snapshot or frame.kv_events:
-            for role, old in self.kv.items():
-                if role not in pools or frame.kv_snapshot:
-                    snap = self._engine_pool(old.key)
-                    if snap is not None and (role not in pools or frame.kv_snapshot):
-                        pools[role] = snap
-        last_event: dict[tuple, str] = {}
-        for e in frame.kv_events:
-            for be in e.events:
-                last_event[(be["pool"], be["block_id"])] = be["kind"]
-        m = macros()
-        for role in ("target", "draft"):
-            pool = pools.get(role)
-            if pool is None:
-                if role in self.kv or not self.kv:
-                    why = (" (an external engine: its KV cache is the server's own, not shown here)" if self.external
-                           else " (method: no drafter with a cache)" if role == "draft" else " (KV cache off: recomputing)")
-                    frame.replace[f"kv-{role}-grid"] = m.kv_unused(role, f"No {role} KV cache in use" + why)
-                    frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, None)
-                    self.kv.pop(role, None)
-                continue
-            key = (pool["name"], pool["kv_cache_dtype"], pool["block_size"])
-            states, table = pool["block_states"], frozenset(pool["block_table"])
-            old = self.kv.get(role)
-            cells = []
-            full = old is None or old.key != key
-            for i, letter in enumerate(states):
-                mine = i in table
-                ev = last_event.get((pool["name"], i)) if not full else None
-                if not full and ev is None and old.states[i] == letter and ((i in old.table) == mine):
-                    continue
-                if ev is None and not full and old.states[i] != letter:
-                    ev = _transition(old.states[i], letter)
-                cells.append({"id": i, "state": STATE_LETTERS[letter], "event": ev, "mine": mine})
-            if full:
-                frame.replace[f"kv-{role}-grid"] = kv_grid_html(role, pool, cells)
-            elif cells:            # the changed segments whole, with this frame's events on the changed cells
-                segments = sorted({c["id"] // KV_SEGMENT for c in cells})
-                changed = {c["id"]: c for c in cells}
-                cells = [changed.get(i) or {"id": i, "state": STATE_LETTERS[s], "event": None, "mine": i in table}
-                         for i, s in enumerate(states)]
-                if len(segments) > FULL_GRID_ABOVE:
-                    frame.replace[f"kv-{role}-grid"] = kv_grid_html(role, pool, cells)
-                else:
-                    for k in segments:
-                        segment = cells[k * KV_SEGMENT:(k + 1) * KV_SEGMENT]
-                        frame.replace[f"kv-{role}-s{k}"] = kv_segment_html(role, k, segment, oob=True)
-            if full or frame.kv_snapshot:      # not every round: each top-level element costs the browser
-                frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, pool)
-            self.kv[role] = RenderedPool(key, states, table, pool)
-
-
-def _transition(old: str, new: str) -> str | None:
-    """The block event a change of state implies, when the engine reported none (e.g. after close)."""
-    if new in "fc" and old in "us":
-        return "free"
-    if new == "u" and old in "fc":
-        return "cache_hit" if old == "c" else "allocate"
-    if new == "s":
-        return "share"
-    if new == "c" and old == "f":
-        return "cache"
-    return None
+        snap = next((p for p in self.sources.pools() if p.key == key), None)
+        if snap is None:
+            return None
+        pool = snap.drawn()
+        if self._snapshotting:
+            self.recording.snapshots[key] = pool       # a replay draws the pool as this page did
+        return pool

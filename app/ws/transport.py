@@ -31,7 +31,7 @@ import asyncio
 
 from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 
-WS_PROTOCOL = "app.ws_transport:CoalescingWebSocketProtocol"
+WS_PROTOCOL = "app.ws.transport:CoalescingWebSocketProtocol"
 GIVE_UP_S = 2.0           # how long a closing connection may wait for a peer that does not read
 
 

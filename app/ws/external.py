@@ -9,7 +9,6 @@ events and delivers them as the engine thread would: one chunk's events at a tim
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -17,36 +16,20 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
+from app.logs import log_event
+from app.protocol import CommandError
+from app.ws.admission import Busy
+from app.ws.engine_thread import PARKED
+from app.ws.run import OUTBOX_MAX_BATCHES, Run, next_run_id
 from engine.events import Done
 from engine.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
-from engine.openai_stream import ExternalEngine, StreamLimits, stream_chat, validated
+from engine.openai_stream import ExternalEngine, stream_chat, validated
 from engine.server_metrics import fetch_server_config, fetch_server_metrics
 
 logger = logging.getLogger(__name__)
 
 HOLD_POLL_S = 0.02                  # how often a held external run re-checks its gate
 METRICS_POLL_S = 1.0                # how often a running external run reads its engine's /metrics
-API_KEY_ENV = "DECODING_PLAYGROUND_OPENAI_API_KEY"
-
-
-def configured_engines(specs: tuple[dict, ...], env=None) -> list[ExternalEngine]:
-    """ExternalEngines from `serve --openai-url URL [--openai-model NAME] [--openai-metrics-url URL]` (each a
-    dict: url, and optionally model, metrics_url, name, connect_s, stall_s, total_s). Only http(s) URLs; the
-    API key comes from the environment, never from the command line."""
-    env = os.environ if env is None else env
-    engines = []
-    for spec in specs:
-        url = spec["url"].rstrip("/")
-        for key in ("url", "metrics_url"):
-            value = spec.get(key)
-            if value is not None and not value.startswith(("http://", "https://")):
-                raise ValueError(f"--openai-{key.replace('_', '-')}: an http:// or https:// URL, got {value!r}")
-        name = spec.get("name") or f"{spec.get('model') or 'server'} · {url.split('://', 1)[1].split('/', 1)[0]}"
-        limits = StreamLimits(**{k: spec[k] for k in ("connect_s", "stall_s", "total_s") if k in spec})
-        engines.append(ExternalEngine(name, url, spec.get("model"), spec.get("metrics_url"),
-                                      env.get(API_KEY_ENV) or None, "openai", {"server": "OpenAI-compatible"},
-                                      limits))
-    return engines
 
 
 def start_embedded_llamacpp(threads: int) -> list[EmbeddedLlamaCpp]:
@@ -100,7 +83,6 @@ class ExternalSession:
     close = cancel
 
     def update_settings(self, changes: dict) -> None:
-        from app.connection import CommandError
         raise CommandError(f"settings: {self.engine.name} takes its settings once, at start; "
                            "they apply to the next start", next(iter(changes), None))
 
@@ -141,7 +123,6 @@ class ExternalLink:
             if why != self.held:
                 self.held = why
                 if why == "paused":
-                    from app.engine_thread import PARKED
                     deliver(PARKED)
             await anyio.sleep(HOLD_POLL_S)
 
@@ -198,12 +179,10 @@ async def run_external(session: ExternalSession, link: ExternalLink, deliver) ->
 async def start_external(conn, engine: ExternalEngine, prompt: str | None, settings: dict, paused: bool) -> None:
     """`Connection.start` for a configured external engine: validate, then run it in the connection's task
     group, with a slot of the same admission control as our own generations."""
-    from app.connection import OUTBOX_MAX_BATCHES, Run, _run_ids
-
     validated(prompt, settings)                      # raises SettingsError: answered, nothing started
     await conn.end_run()
     session = ExternalSession(engine, prompt, dict(settings))
-    run = conn.run = Run(next(_run_ids), session, sent_settings=dict(settings))
+    run = conn.run = Run(next_run_id(), session, sent_settings=dict(settings))
     conn.paused = paused
     run.link = ExternalLink(session, conn, OUTBOX_MAX_BATCHES)
     if conn.room is not None:
@@ -212,9 +191,6 @@ async def start_external(conn, engine: ExternalEngine, prompt: str | None, setti
 
 
 async def _external_run_task(conn, run, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-    from app.admission import Busy
-    from app.logs import log_event
-
     pg = conn.playground
     admitted = False
     try:

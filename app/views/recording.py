@@ -2,7 +2,7 @@
 
 A `Recording` is one run's engine events in order (the objects of engine/events.py; their JSON form is
 `to_dict()`), plus the KV pools as the page drew them after the run had freed its blocks. Exported, it is
-a JSON file (`to_json`) that `from_json` reads back; app/replay.py turns it into the very messages the page
+a JSON file (`to_json`) that `from_json` reads back; app/views/replay.py turns it into the very messages the page
 received, one per round, without an engine.
 
 NOTE (invariants):

@@ -1,0 +1,94 @@
+"""What every teaching view's endpoint shares: its fragments, the form as htmx sends it, numbers from a query,
+and engine jobs at most one of a kind at a time (so a room of viewers cannot queue engine work here)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from urllib.parse import parse_qsl
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+
+from app.views.page import FORM_SETTINGS
+from app.views.recording import RECORDINGS
+from app.views.templating import templates
+from engine.settings import SettingsError
+
+MAX_FORM_BYTES = 64 * 1024
+
+
+def fragment(request: Request, name: str, **context) -> HTMLResponse:
+    return templates.TemplateResponse(request, f"teach/{name}.html", context)
+
+
+def error_fragment(request: Request, message: str) -> HTMLResponse:
+    """An error, with status 200: htmx does not swap a 4xx answer."""
+    return fragment(request, "error", message=message)
+
+
+class BusyError(RuntimeError):
+    pass
+
+
+class OneAtATime:
+    """At most one job of a kind at a time (event loop only; a second one is told to wait)."""
+
+    def __init__(self):
+        self.busy = False
+
+    @contextmanager
+    def taken(self):
+        if self.busy:
+            raise BusyError()
+        self.busy = True
+        try:
+            yield
+        finally:
+            self.busy = False
+
+
+RUNS = OneAtATime()        # faults, race, shoot-out, the Theory view's plain run
+CURVES = OneAtATime()
+
+
+async def run_job(playground, job, kind: OneAtATime):
+    """A job (engine/jobs.py) on the engine thread, its steps between the other sessions' (BusyError while
+    another of its kind runs)."""
+    try:
+        with kind.taken():
+            return await playground.engine_thread.submit(job)
+    finally:
+        job.close()           # never started (busy), or done: a no-op
+
+
+async def form_fields(request: Request) -> dict:
+    """A form as htmx sends it (url-encoded): text values, the last of repeated names (a checkbox and its
+    hidden twin). Parsed here: starlette's form parser needs python-multipart, which nothing else needs."""
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        raise SettingsError("form", f"at most {MAX_FORM_BYTES // 1024} KiB")
+    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+
+
+async def settings_from(request: Request) -> tuple[str, dict, dict]:
+    """The prompt, the generation settings and all fields of a teaching form."""
+    fields = await form_fields(request)
+    return fields.get("prompt", ""), {k: fields[k] for k in FORM_SETTINGS if k in fields}, fields
+
+
+def number(text: str, default, kind=float, low=None, high=None):
+    """A query value as the page sends it (possibly empty): parsed, clamped, or the default."""
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        return default
+    if value != value:           # NaN
+        return default
+    return min(max(value, low), high)
+
+
+def model_of(recording: str | None, model: str | None) -> str | None:
+    """The target a view is about: the recorded run's, else the form's (None: the default target)."""
+    rec = RECORDINGS.get(recording) if recording else None
+    if rec is not None and rec.started is not None:
+        return rec.started.model.get("name")
+    return model or None

@@ -1,0 +1,145 @@
+"""The receiving half every websocket of the app shares (`Socket`), and the outbox its sender takes from.
+
+A presenter's connection (app/ws/connection.py) and a watcher (app/watch/) both read through `Socket`:
+it enforces the message size, the message rate and UTF-8, answers bad input with an error item, and
+closes the socket only for policy violations (a flood of messages, a client that never reads).
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import anyio
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from app.config import MAX_MESSAGE_BYTES, AppConfig
+from app.logs import log_event
+from app.security import TokenBucket
+
+logger = logging.getLogger(__name__)
+
+MAX_UNSENT_ITEMS = 512          # a client that sends but never reads is closed (1008) before it costs memory
+FLOOD_CLOSE_AFTER = 2000        # messages over the rate limit without a pause: the connection is closed (1008)
+RATE_ERROR_EVERY_S = 1.0        # at most one "rate limit" error a second
+CLOSE_WAIT_S = 5.0              # at most this long for a close the server decided (the transport gives up sooner)
+# At full speed a sender coalesces: what arrives while it waits goes out as one message, at most one every
+# MIN_INTERVAL_S for a page (at most 10 a second: each costs the browser a fixed amount of work, taken from
+# the engine when no core is free). Watchers' broadcasters (app/watch/) keep the same pace.
+MIN_INTERVAL_S = 1 / 10
+
+
+class Outbox:
+    """Items for the sender, in order. Never waits: the engine thread's gate bounds the rounds in it."""
+
+    def __init__(self):
+        self.items: deque = deque()
+        self._ready = anyio.Event()
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        self._ready.set()
+
+    put_notice = put_batch = put
+
+    async def take_all(self) -> list:
+        while not self.items:
+            if self._ready.is_set():
+                self._ready = anyio.Event()
+            await self._ready.wait()
+        return self.take_now()
+
+    def take_now(self) -> list:
+        items = list(self.items)
+        self.items.clear()
+        return items
+
+
+class Socket:
+    """The receiving half every websocket of the app shares: limits first, then `on_text`.
+
+    NOTE: a message over MAX_MESSAGE_BYTES, binary that is not UTF-8, or a message over the rate limit is
+    answered with an error (the rate error at most once a second) and otherwise ignored. A client that goes
+    over the rate FLOOD_CLOSE_AFTER times without once letting its bucket fill up again is closed (1008).
+    """
+
+    def __init__(self, websocket: WebSocket, config: AppConfig):
+        self.ws, self.config = websocket, config
+        cfg = config
+        self.bucket = TokenBucket(cfg.messages_per_s, cfg.message_burst)
+        self.last_message_at = anyio.current_time()
+        self.closed: int | None = None
+        self._dropped = 0
+        self._last_rate_error = -1e9
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    def error(self, message: str, setting: str | None = None) -> None:
+        raise NotImplementedError
+
+    async def on_text(self, text: str) -> None:
+        raise NotImplementedError
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close the websocket (if it is still open) and end every task of this connection."""
+        if self.closed is None:
+            self.closed = code
+            log_event(logger, "ws_closed_by_server", code=code, reason=reason)
+            await self.release()
+            # bounded: the transport gives up on a peer that does not read (app/ws/transport.py)
+            with anyio.move_on_after(CLOSE_WAIT_S, shield=True):
+                try:
+                    await self.ws.close(code=code, reason=reason[:120])
+                except (RuntimeError, OSError, WebSocketDisconnect):
+                    pass
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    def unsent(self) -> int:
+        return 0
+
+    async def release(self) -> None:
+        """Give back what this connection holds (before its close, which may take a moment)."""
+
+    async def _receiver(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                self._tg.cancel_scope.cancel()
+                return
+            text = message.get("text")
+            if text is None and message.get("bytes") is not None:
+                try:
+                    text = message["bytes"].decode("utf-8")
+                except UnicodeDecodeError:
+                    text = None
+                    if self._admit():
+                        self.error("binary messages must be UTF-8 JSON text")
+                    continue
+            if text is None:
+                continue
+            if self.unsent() > MAX_UNSENT_ITEMS:
+                await self.close(1008, "too many unanswered messages: read what the server sends")
+                return
+            if not self._admit():
+                if self._dropped > FLOOD_CLOSE_AFTER:
+                    await self.close(1008, "message rate limit exceeded")
+                    return
+                continue
+            if len(text) > MAX_MESSAGE_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
+                self.error(f"message too large: at most {MAX_MESSAGE_BYTES} bytes")
+                continue
+            self.last_message_at = anyio.current_time()
+            await self.on_text(text)
+
+    def _admit(self) -> bool:
+        """Rate limit: True if this message may be handled."""
+        now = anyio.current_time()
+        if self.bucket.take(now):
+            if self.bucket.level >= self.bucket.burst - 1:
+                self._dropped = 0          # it was quiet long enough for the bucket to fill up again
+            return True
+        self._dropped += 1
+        if now - self._last_rate_error >= RATE_ERROR_EVERY_S:
+            self._last_rate_error = now
+            self.error(f"rate limit: at most {self.bucket.rate:g} messages a second "
+                       f"(bursts of {self.bucket.burst}); this message was ignored")
+        return False

@@ -1,0 +1,127 @@
+"""The layers of docs/architecture.md, read from the code's imports with `ast` (nothing is imported).
+
+Fails when app/ imports cli/, when engine/ imports app/ or cli/, when a module imports itself back through a
+circle inside app/ or engine/, or when a function imports a module of the project (the usual way around a
+circle; cli/'s commands may import lazily, to keep the command line's start-up short)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("app", "engine", "cli")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def resolve(node: ast.ImportFrom, module: str, is_package: bool, known: dict) -> list[str]:
+    """The project modules an import names (`from . import x` names x when x is a module)."""
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[:len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    out = []
+    for alias in node.names:
+        sub = f"{target}.{alias.name}"
+        out.append(sub if sub in known else target)
+    return out
+
+
+def imports(path: Path, module: str, known: dict) -> list[tuple[str, int, bool]]:
+    """(imported module, line, inside a function) for every import of a project module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+
+    def visit(node, in_function: bool, in_type_checking: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue                        # for annotations only: never executed
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            names = []
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                names = resolve(child, module, path.name == "__init__.py", known)
+            for name in names:
+                while name and name not in known and "." in name:
+                    name = name.rsplit(".", 1)[0]
+                if name in known:
+                    found.append((name, child.lineno, in_function))
+            visit(child, inner, in_type_checking)
+
+    visit(tree, False, False)
+    return found
+
+
+def graph() -> dict[str, list[tuple[str, int, bool]]]:
+    known = modules()
+    return {m: imports(p, m, known) for m, p in known.items()}
+
+
+def layer(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_layers_import_downwards_only():
+    forbidden = {("app", "cli"), ("engine", "app"), ("engine", "cli")}
+    wrong = [f"{m} (line {line}) imports {target}" for m, found in graph().items() for target, line, _ in found
+             if (layer(m), layer(target)) in forbidden]
+    assert wrong == []
+
+
+def test_no_import_circles_in_app_or_engine():
+    g = {m: sorted({t for t, _, _ in found if layer(t) == layer(m) and t != m})
+         for m, found in graph().items() if layer(m) in ("app", "engine")}
+    # Tarjan's strongly connected components: any component of more than one module is a circle
+    index, low, stack, on_stack, circles, counter = {}, {}, [], set(), [], [0]
+
+    def connect(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(g):
+        if v not in index:
+            connect(v)
+    assert circles == []
+
+
+def test_no_project_imports_inside_functions_in_app_or_engine():
+    """An import inside a function is how a circle hides: app/ and engine/ import at the top.
+    (engine/training/ is the training command line's, which imports lazily like cli/.)"""
+    inside = [f"{m} (line {line}) imports {target}" for m, found in graph().items() for target, line, in_function
+              in found if in_function and layer(m) in ("app", "engine") and not m.startswith("engine.training")]
+    assert inside == []
+
+
+def test_the_reader_sees_imports():
+    """The test itself: a known import is found, relative and absolute (so an empty graph cannot pass)."""
+    g = graph()
+    assert any(t == "engine.registry" for t, _, _ in g["engine.session"])
+    assert any(layer(t) == "engine" for t, _, _ in g["app.main"] + g["app.protocol"])
