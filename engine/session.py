@@ -12,6 +12,9 @@ NOTE (invariants between rounds):
   boundary, which a SettingsApplied event reports.
 - Engine time (every figure shown) counts only this session's computation, never the time the
   consumer of the generator spends between events (pacing, rendering, network).
+
+By concern: this module holds the round loop; engine/live_settings.py the settings changed while it runs,
+engine/inspector.py the token inspector's annotations, engine/session_figures.py its metrics and summary.
 """
 from __future__ import annotations
 
@@ -24,18 +27,18 @@ from typing import Iterator
 import numpy as np
 
 from .block_pool import KVCacheFullError
-from .events import (DraftProposed, Done, Error, Event, KVBlocks, Metrics, Prefill, RoundDone, SettingsApplied,
-                     Started, TokenResult)
-from .heads import METHODS as HEAD_METHODS
+from .events import DraftProposed, Done, Error, Event, Metrics, Prefill, RoundDone, Started, TokenResult
 from .heads import EagleProposer, FeatureLog, MedusaProposer
-from .kv_dtypes import kv_bytes_per_token
+from .inspector import InspectorAnnotations
+from .live_settings import LiveSettings
 from .metrics import SpecDecodeStats
 from .model import ContextLengthError
 from .proposers import DraftModelProposer, NgramProposer
 from .registry import InferenceEngine, LoadedModel
 from .runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, RecomputeRunner
-from .sampling import probs_from_logits, sample, softmax, top_k_rows
-from .settings import LIVE_SETTINGS, MAX_PROMPT_CHARS, GenerationSettings, SettingsError
+from .sampling import probs_from_logits, sample
+from .session_figures import SessionFigures
+from .settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
 from .speculative import verify, verify_greedy
 from .tokenizer import StreamDecoder
 
@@ -43,7 +46,7 @@ MAX_GAMMA = 16
 _ids = itertools.count(1)
 
 
-class GenerationSession:
+class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
     def __init__(self, engine: InferenceEngine, prompt: str, settings: GenerationSettings | dict | None = None,
                  session_id: str | None = None):
         if not isinstance(settings, GenerationSettings):
@@ -100,25 +103,6 @@ class GenerationSession:
         self._ensure_pools(settings)
 
     # --- control, callable from any thread ---------------------------------------------------------
-    def update_settings(self, changes: dict) -> GenerationSettings:
-        """Validate now (raises SettingsError), apply at the next round boundary."""
-        for name in sorted(set(changes) - LIVE_SETTINGS):
-            if name not in GenerationSettings.model_fields:
-                raise SettingsError(name, f"unknown setting; known: {', '.join(GenerationSettings.model_fields)}")
-            if GenerationSettings.parse({name: changes[name]}, base=self.settings) != self.settings:
-                raise SettingsError(name, "cannot change during a generation; start a new one")
-        with self._pending_lock:
-            merged = {**self._pending, **{k: v for k, v in changes.items() if k in LIVE_SETTINGS}}
-            new = GenerationSettings.parse(merged, base=self.settings)
-            if new.num_kv_heads is not None:
-                self._check_kv_heads(new.num_kv_heads)
-            if new.method == "draft_model" and self.draft_lm is None:
-                raise SettingsError("method", self._no_draft_reason())
-            self._check_heads(new.method, self.variants[new.num_kv_heads] if new.num_kv_heads is not None
-                              else self.target_lm)
-            self._pending = merged
-        return new
-
     def cancel(self) -> None:
         self._cancel.set()
 
@@ -368,35 +352,6 @@ class GenerationSession:
         self._unshown.append(([event], (logits if p is None else p)[None], p is None, None, False, None))
         return event
 
-    def _annotate(self) -> None:
-        """Fill in what the token inspector shows: p(x), q(x) and the top-5 of p, q and the residual.
-
-        Display, not decoding: it runs after the round's engine time is taken. p is softmax of the
-        target's logits when greedy (the decision itself used point masses), else the sampling
-        distribution; likewise q (softmax of the draft's logits when greedy).
-        """
-        for events, p_source, p_is_logits, q_source, q_is_logits, residual in self._unshown:
-            n = max(e.position for e in events)                                    # rows shown
-            p = p_source[:n]                                                       # [positions, V]
-            q = None if q_source is None else q_source[:n]                         # [drafts, V]
-            if q is not None and p_is_logits and q_is_logits:   # one softmax and one top-5 for both: per-call
-                both = softmax(np.concatenate([p, q]))           # overhead is most of this work
-                p, q = both[:len(p)], both[len(p):]
-            else:
-                p = softmax(p) if p_is_logits else p
-                q = softmax(q) if q is not None and q_is_logits else q
-            tops = self._top_rows(p if q is None else np.concatenate([p, q]))
-            for e in events:
-                i = e.position - 1
-                e.p, e.top_p = float(p[i, e.id]), tops[i]
-                if q is not None and i < len(q):
-                    e.top_q = tops[len(p) + i]
-                    if e.status != "bonus":
-                        e.q = float(q[i, e.id])
-                if e.status == "resampled" and residual is not None:
-                    e.residual_top = self._top_rows(residual[None])[0]
-        self._unshown.clear()
-
     def _emit(self, new_tokens: list[int], statuses: list[str], token_events: list[TokenResult]) -> int:
         """Append output tokens, stopping exactly at EOS, max_tokens or the context limit; returns how many.
 
@@ -423,141 +378,7 @@ class GenerationSession:
     def _after_round(self) -> list[Event]:
         return [self._kv_event(), Metrics(self.metrics())]
 
-    # --- live settings -----------------------------------------------------------------------------
-    def _check_kv_heads(self, n: int) -> None:
-        if n not in self.variants:
-            note = self.target_lm.meta.get("num_kv_heads_note")   # e.g. a pretrained model's fixed GQA
-            raise SettingsError("num_kv_heads", f"{n} is not available for this model"
-                                f"{f' ({note})' if note else ''}; choose one of {sorted(self.variants)}")
-
-    def _check_heads(self, method: str, target: LoadedModel) -> None:
-        if method in HEAD_METHODS and method not in self.engine.registry.heads_for(target):
-            have = self.engine.registry.heads_for(target)
-            raise SettingsError("method", f"{target.name} has no {method} head"
-                                f"{f' (it has: {sorted(have)})' if have else ''}; heads are trained per target "
-                                f"(decoding-playground train-heads)")
-
-    def _no_draft_reason(self) -> str:
-        return (f"no draft model shares this target's vocabulary ({self.target_lm.name}: "
-                f"{self.target_lm.cfg.vocab_size:,} tokens); use method ngram or none")
-
-    def _take_pending(self) -> GenerationSettings | None:
-        """The settings changed since the last round (None if nothing changed), their KV pools made."""
-        with self._pending_lock:
-            changes, self._pending = self._pending, {}
-        if not changes:
-            return None
-        new = GenerationSettings.parse(changes, base=self.settings)
-        self._ensure_pools(new)
-        return new
-
-    def _apply_pending(self, new: GenerationSettings | None):  # generator -> list[Event]
-        if new is None:
-            return []
-        old = self.settings
-        changed = {k: v for k, v in new.model_dump().items() if v != getattr(old, k)}
-        if not changed:
-            return []
-        self.settings = new
-        notes, t = [], time.perf_counter()
-        if "num_speculative_tokens" in changed:
-            self.k = new.num_speculative_tokens
-        if "enable_prefix_caching" in changed:
-            for r in (self.target, getattr(self.proposer, "runner", None)):
-                if isinstance(r, PagedRunner):
-                    r.prefix_caching = new.enable_prefix_caching
-        if {"num_kv_heads", "kv_cache"} & changed.keys() or (
-                not new.kv_cache and {"kv_cache_dtype", "block_size"} & changed.keys()):
-            if "num_kv_heads" in changed and new.num_kv_heads is not None:
-                self.target_lm = self.variants[new.num_kv_heads]
-            self.target.free()
-            self.target = self._make_runner(self.target_lm)
-            if new.kv_cache:
-                yield ForwardRequest(self.target, self.tokens[:-1], last_only=True)   # may run in chunks
-                self.features.record(self.target)
-                self.target.commit()
-                notes.append(f"target {self.target_lm.name} ({self.target_lm.cfg.attention_kind}) re-prefilled "
-                             f"{len(self.tokens) - 1} tokens")
-            else:
-                self.target.token_ids = list(self.tokens[:-1])   # nothing to compute until the next step
-                notes.append("KV cache off: every step recomputes the whole sequence")
-            if isinstance(self.proposer, DraftModelProposer):
-                self.proposer.free()
-                self.proposer = self._make_proposer()
-        elif {"kv_cache_dtype", "block_size"} & changed.keys() and isinstance(self.target, PagedRunner):
-            for holder in (self, self.proposer):
-                runner = getattr(holder, "target" if holder is self else "runner", None)
-                if isinstance(runner, PagedRunner) and (holder is self or isinstance(holder, DraftModelProposer)):
-                    lm = self.target_lm if holder is self else self.draft_lm
-                    moved = runner.move_to(self.engine.manager(lm, new.kv_cache_dtype, new.block_size))
-                    self._seq_ids.add((moved.manager.pool.name, moved.seq.seq_id))
-                    if holder is self:
-                        self.target = moved
-                    else:
-                        holder.runner = moved
-            notes.append(f"KV cache re-quantized to {new.kv_cache_dtype}, block size {new.block_size}: "
-                         f"{kv_bytes_per_token(self.target_lm.cfg, new.kv_cache_dtype):,} bytes/token")
-        if {"method", "prompt_lookup_min", "prompt_lookup_max"} & changed.keys():
-            if self.proposer is not None:
-                self.proposer.free()
-            self.proposer = self._make_proposer()
-            notes.append(f"proposer: {new.method}")
-        cost_ms = (time.perf_counter() - t) * 1e3
-        return [SettingsApplied(changed, notes, cost_ms)]
-
     # --- figures -----------------------------------------------------------------------------------
     @property
     def num_output_tokens(self) -> int:
         return len(self.tokens) - len(self.prompt_ids)
-
-    def _top_rows(self, p) -> list:  # [n, V] -> per row [[id, text, prob]] x 5
-        text = self.tokenizer.token_text
-        return [[[i, text(i), prob] for i, prob in row] for row in top_k_rows(p)]
-
-    def _drain_block_events(self) -> list[dict]:
-        """Take this session's block events from the pools it uses; other sessions' stay for them."""
-        return [{"kind": e.kind, "block_id": e.block_id, "pool": e.pool}
-                for mgr in self.engine.managers.values() for e in mgr.pool.drain_events(self._seq_ids)]
-
-    def _kv_event(self) -> KVBlocks:
-        pools = []
-        drafter = "eagle" if isinstance(self.proposer, EagleProposer) else "draft"    # a head's pool is its own
-        for role, runner in (("target", self.target), (drafter, getattr(self.proposer, "runner", None))):
-            if isinstance(runner, PagedRunner):
-                pools.append(runner.manager.snapshot().drawn(role, runner.seq.block_table))
-        return KVBlocks(self._drain_block_events(), pools)
-
-    def kv_figures(self) -> dict:
-        s, cfg = self.settings, self.target_lm.cfg
-        bpt = kv_bytes_per_token(cfg, s.kv_cache_dtype) if s.kv_cache else 0
-        held = self.target.num_tokens if s.kv_cache else 0
-        blocks = len(self.target.seq.blocks) if isinstance(self.target, PagedRunner) else 0
-        return {"dtype": s.kv_cache_dtype if s.kv_cache else "none", "num_kv_heads": cfg.num_key_value_heads,
-                "block_size": s.block_size, "bytes_per_token": bpt, "bytes_used": held * bpt,
-                "blocks_allocated": blocks, "bytes_allocated": blocks * s.block_size * bpt}
-
-    def metrics(self) -> dict:
-        m = self.stats.summary(self.num_output_tokens)
-        kv = self.kv_figures()
-        m.update(kv_cache_bytes=kv["bytes_used"], kv_bytes_per_token=kv["bytes_per_token"],
-                 kv_blocks_used=kv["blocks_allocated"], num_output_tokens=self.num_output_tokens,
-                 num_speculative_tokens=self.k)
-        return m
-
-    def summary(self) -> dict:
-        out_ids = self.tokens[len(self.prompt_ids):]
-        cfg = self.target_lm.cfg
-        m = self.stats.summary(self.num_output_tokens)
-        return {
-            "text": self.tokenizer.decode(out_ids), "num_output_tokens": len(out_ids),
-            "finish_reason": self.finish_reason,
-            "tokens": [{**t, "text": text} for t, text in   # stream pieces: joined, they are `text`
-                       zip(self.stats.token_statuses(self.tokenizer, out_ids), self.tokenizer.stream_texts(out_ids))],
-            **m, "kv_cache": self.kv_figures(),
-            "model": {"name": self.target_lm.name, "num_hidden_layers": cfg.num_hidden_layers,
-                      "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
-                      "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-                      "vocab_size": cfg.vocab_size},
-            "draft_model": self.draft_lm.name if self.draft_lm and self.settings.method == "draft_model" else None,
-            "settings": self.settings.model_dump(),
-        }
