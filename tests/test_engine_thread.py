@@ -315,3 +315,38 @@ def test_a_waiter_cancelled_as_it_gets_the_slot_passes_it_on():
         assert adm.running == 1 and adm.waiting == 0
 
     run(scenario())
+
+
+def test_a_teaching_job_runs_between_the_sessions_steps_and_they_keep_generating(registry):
+    """A fault comparison submitted as a job (engine/jobs.py) gets the same answer as run alone, while a session
+    started after it keeps delivering rounds before the job has finished: no engine work waits for a whole job."""
+    from engine.jobs import run_to_end
+    from engine.teaching import fault_comparison_steps
+
+    engine = InferenceEngine(registry, max_sessions=8)
+    settings = {"max_tokens": 24, "method": "draft_model", "num_speculative_tokens": 3}
+    alone = run_to_end(fault_comparison_steps(engine, PROMPTS[0], settings, "no_truncate"))
+
+    async def scenario():
+        thread = EngineThread(engine, asyncio.get_running_loop(), ServerMetrics(), max_num_batched_tokens=None)
+        thread.start()
+        job = thread.submit(fault_comparison_steps(engine, PROMPTS[0], settings, "no_truncate"))
+        session = GenerationSession(engine, PROMPTS[1], {**settings, "max_tokens": 60})
+        rounds_before_job_done = []
+        collector = Collector()
+        job.add_done_callback(lambda _: rounds_before_job_done.append(len(collector.batches)))
+        await thread.add(session, SessionLink(session, pacing(), collector))
+        result = await asyncio.wait_for(job, 60)
+        await asyncio.wait_for(collector.ended.wait(), 60)
+        cancelled = thread.submit(fault_comparison_steps(engine, PROMPTS[2], settings, "no_truncate"))
+        cancelled.cancel()                              # its request went away: the thread drops the job
+        await asyncio.sleep(0.2)
+        left = len(thread._jobs)
+        await thread.stop()
+        return result, rounds_before_job_done[0], left
+
+    result, rounds, left = run(scenario())
+    assert result["faulty"]["emitted_ids"] == alone["faulty"]["emitted_ids"]
+    assert result["divergence"] == alone["divergence"]
+    assert rounds >= 2, "the session delivered no round while the job ran"
+    assert left == 0 and blocks_used(engine) == 0
