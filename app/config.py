@@ -20,9 +20,13 @@ built by `decoding-playground serve` from its options:
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.paths import PROJECT_DIR
 from engine.openai_stream import configured_engines
@@ -103,25 +107,40 @@ class AppConfig:
 
     @classmethod
     def from_env(cls, env=None) -> "AppConfig":
-        env = os.environ if env is None else env
-        kwargs = {}
-        if env.get(ENV_PREFIX + "MODELS_DIR"):
-            kwargs["models_dir"] = Path(env[ENV_PREFIX + "MODELS_DIR"])
-        if env.get(ENV_PREFIX + "ALLOWED_ORIGINS"):
-            kwargs["allowed_origins"] = tuple(o for o in env[ENV_PREFIX + "ALLOWED_ORIGINS"].split(",") if o.strip())
-        for name, var, kind in (("max_sessions", "MAX_SESSIONS", int), ("max_queue", "MAX_QUEUE", int),
-                                ("max_connections", "MAX_CONNECTIONS", int),
-                                ("idle_timeout_s", "IDLE_TIMEOUT", float),
-                                ("max_num_batched_tokens", "MAX_NUM_BATCHED_TOKENS", int)):
-            if env.get(ENV_PREFIX + var):
-                kwargs[name] = kind(env[ENV_PREFIX + var])
-        if env.get(ENV_PREFIX + "ALLOWED_HOSTS"):
-            hosts = env[ENV_PREFIX + "ALLOWED_HOSTS"].split(",")
-            kwargs["allowed_hosts"] = tuple(h.strip() for h in hosts if h.strip())
-        if env.get(ENV_PREFIX + "TOKEN"):
-            kwargs["token"] = env[ENV_PREFIX + "TOKEN"]
-        if env.get(ENV_PREFIX + "FRAME_ANCESTORS"):
-            kwargs["embed_frame_ancestors"] = env[ENV_PREFIX + "FRAME_ANCESTORS"]
-        if env.get(ENV_PREFIX + "DEMO"):
-            kwargs["demo"] = env[ENV_PREFIX + "DEMO"]
-        return cls(**kwargs)
+        """The configuration the environment (or the mapping `env`) gives, defaults elsewhere."""
+        read = EnvSettings() if env is None else EnvSettings.from_mapping(env)
+        return cls(**{name: value for name, value in read.model_dump().items() if value is not None})
+
+
+def _names(value):
+    """A comma-separated list in one variable, as a tuple; empty items are dropped."""
+    return tuple(v.strip() for v in value.split(",") if v.strip()) if isinstance(value, str) else value
+
+
+class EnvSettings(BaseSettings):
+    """The DECODING_PLAYGROUND_* variables (unset or empty: the default), under AppConfig's field names."""
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore",
+                                      populate_by_name=True)
+
+    models_dir: Path | None = None
+    allowed_origins: Annotated[tuple[str, ...] | None, NoDecode] = None
+    allowed_hosts: Annotated[tuple[str, ...] | None, NoDecode] = None
+    max_sessions: int | None = None
+    max_queue: int | None = None
+    max_connections: int | None = None
+    idle_timeout_s: float | None = Field(None, validation_alias=AliasChoices(ENV_PREFIX + "IDLE_TIMEOUT",
+                                                                             "idle_timeout"))
+    token: str | None = None
+    max_num_batched_tokens: int | None = None
+    embed_frame_ancestors: str | None = Field(None, validation_alias=AliasChoices(ENV_PREFIX + "FRAME_ANCESTORS",
+                                                                                  "frame_ancestors"))
+    demo: str | None = None
+
+    _split_names = field_validator("allowed_origins", "allowed_hosts", mode="before")(_names)
+
+    @classmethod
+    def from_mapping(cls, env) -> "EnvSettings":
+        """The same from a mapping instead of the process's environment."""
+        n = len(ENV_PREFIX)
+        values = {k[n:].lower(): v for k, v in env.items() if k.upper().startswith(ENV_PREFIX) and v}
+        return cls.model_validate(values)

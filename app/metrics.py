@@ -1,8 +1,8 @@
 """`/metrics`: the server's figures in the Prometheus text format (0.0.4), with vLLM's names where one exists.
 
-Written by hand (a few counters, gauges and histograms) rather than with prometheus_client, whose output
-format it follows: a counter family `vllm:prefix_cache_queries` is exposed as the sample
-`vllm:prefix_cache_queries_total`, a histogram as `_bucket{le=...}`, `_sum` and `_count`.
+Through prometheus_client, as vLLM does: a counter family `vllm:prefix_cache_queries` is exposed as the
+sample `vllm:prefix_cache_queries_total`, a histogram as `_bucket{le=...}`, `_sum` and `_count`; the
+gauges read at scrape time (sessions, pools, the engine thread) come from the router's rows.
 
 | name | type | what |
 |---|---|---|
@@ -18,14 +18,20 @@ format it follows: a counter family `vllm:prefix_cache_queries` is exposed as th
 | vllm:e2e_request_latency_seconds | histogram | start message -> done (runs started paused are left out) |
 | playground_* | | websocket connections, watchers, rooms, KV blocks per pool, scheduler steps and batches |
 
-NOTE (threads): counters and histograms are updated in the engine thread (`observe`) and read on the
-event loop (`render`); one lock makes each update and each read whole.
+NOTE (threads): counters and histograms are updated in the engine thread (`observe`) and read by a scrape
+(`render`); prometheus_client's own locks make each update and read whole. Each ServerMetrics has its own
+registry (a test process builds many servers).
 """
 from __future__ import annotations
 
-import math
 import threading
-from collections import defaultdict
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+
+disable_created_metrics()       # no `_created` samples: vLLM's dashboards do not read them
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 # vLLM's buckets, with the small ones a CPU engine needs in front
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -34,135 +40,97 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0
                5.0, 7.5, 10.0)
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                240.0, 480.0, 960.0)
+MODEL = ("model_name",)
 
 
-def _escape(value) -> str:
-    return str(value).replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+class _ScrapeRows:
+    """A collector of the (name, type, help, labels, value) rows handed to `render`."""
 
+    def __init__(self):
+        self.rows: list[tuple] = []
 
-def _labels(labels: dict) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
-
-
-def _num(x) -> str:
-    if isinstance(x, float):
-        if math.isinf(x):
-            return "+Inf" if x > 0 else "-Inf"
-        return repr(x)
-    return str(x)
-
-
-class Histogram:
-    def __init__(self, buckets):
-        self.buckets = tuple(buckets)
-        self.counts = [0] * len(self.buckets)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, x: float) -> None:
-        for i, le in enumerate(self.buckets):
-            if x <= le:
-                self.counts[i] += 1
-                break
-        self.sum += x
-        self.count += 1
-
-    def lines(self, name: str, labels: dict) -> list[str]:
-        out, cumulative = [], 0
-        for le, n in zip(self.buckets, self.counts):
-            cumulative += n
-            out.append(f"{name}_bucket{_labels({**labels, 'le': _num(float(le))})} {cumulative}")
-        out.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {self.count}")
-        out.append(f"{name}_sum{_labels(labels)} {_num(self.sum)}")
-        out.append(f"{name}_count{_labels(labels)} {self.count}")
-        return out
+    def collect(self):
+        families: dict[str, object] = {}
+        for name, kind, help_, labels, value in self.rows:
+            family = families.get(name)
+            if family is None:
+                make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                family = families[name] = make(name, help_, labels=list(labels))
+            family.add_metric([str(v) for v in labels.values()], value)
+        return list(families.values())
 
 
 class ServerMetrics:
-    """Request and speculative-decoding figures, keyed by the target model's name."""
+    """Request and speculative-decoding figures, by the target model's name."""
 
     def __init__(self):
-        self.lock = threading.Lock()
-        self.counters: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
-        self.histograms: dict[str, dict[tuple, Histogram]] = defaultdict(dict)
-
-    def inc(self, name: str, labels: tuple, value: float = 1) -> None:
-        self.counters[name][labels] += value
-
-    def hist(self, name: str, labels: tuple, buckets, x: float) -> None:
-        h = self.histograms[name].get(labels)
-        if h is None:
-            h = self.histograms[name][labels] = Histogram(buckets)
-        h.observe(x)
+        r = self.registry = CollectorRegistry()
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up.",
+                                      MODEL, registry=r)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in prompt tokens found cached.",
+                                   MODEL, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens prefilled.", MODEL, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Output tokens generated.", MODEL, registry=r)
+        self.request_success = Counter("vllm:request_success", "Finished generations, by finish reason.",
+                                       MODEL + ("finished_reason",), registry=r)
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "Speculative rounds that proposed draft tokens.",
+                              MODEL, registry=r)
+        self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", MODEL, registry=r)
+        self.accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", MODEL,
+                                       registry=r)
+        self.accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted draft tokens per position.", MODEL + ("position",), registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Start message to first token (queue included).",
+                              MODEL, buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "One round's latency under load (pacing excluded).",
+                             MODEL, buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Start message to the end of the generation.",
+                             MODEL, buckets=E2E_BUCKETS, registry=r)
+        self._scrape = _ScrapeRows()
+        self._scrape_lock = threading.Lock()
+        r.register(self._scrape)
 
     def observe(self, link, event, now: float) -> None:
         """One engine event of a served generation (engine thread)."""
-        model = (("model_name", link.model_name),)
+        model = link.model_name
         t = event.type
-        with self.lock:
-            if t == "prefill":
-                self.inc("vllm:prefix_cache_queries", model, event.num_tokens)
-                self.inc("vllm:prefix_cache_hits", model, event.num_cached_tokens)
-                self.inc("vllm:prompt_tokens", model, event.num_tokens)
-            elif t == "token":
-                if event.status != "rejected":
-                    self.inc("vllm:generation_tokens", model)
-                if event.status == "accepted":
-                    self.inc("vllm:spec_decode_num_accepted_tokens_per_pos",
-                             model + (("position", str(event.position - 1)),))
-            elif t == "round":
-                if event.num_draft_tokens:
-                    self.inc("vllm:spec_decode_num_drafts", model)
-                    self.inc("vllm:spec_decode_num_draft_tokens", model, event.num_draft_tokens)
-                    self.inc("vllm:spec_decode_num_accepted_tokens", model, event.num_accepted)
-            elif t == "metrics":
-                if link.first_token_at is None:
-                    link.first_token_at = now
-                    if link.requested_at is not None:
-                        self.hist("vllm:time_to_first_token_seconds", model, TTFT_BUCKETS, now - link.requested_at)
-                else:
-                    self.hist("vllm:inter_token_latency_seconds", model, ITL_BUCKETS, now - link.round_started_at)
-            elif t in ("done", "error"):
-                reason = event.summary.get("finish_reason") if t == "done" else "error"
-                self.inc("vllm:request_success", model + (("finished_reason", reason or "unknown"),))
+        if t == "prefill":
+            self.prefix_queries.labels(model).inc(event.num_tokens)
+            self.prefix_hits.labels(model).inc(event.num_cached_tokens)
+            self.prompt_tokens.labels(model).inc(event.num_tokens)
+        elif t == "token":
+            if event.status != "rejected":
+                self.generation_tokens.labels(model).inc()
+            if event.status == "accepted":
+                self.accepted_per_pos.labels(model, str(event.position - 1)).inc()
+        elif t == "round":
+            if event.num_draft_tokens:
+                self.drafts.labels(model).inc()
+                self.draft_tokens.labels(model).inc(event.num_draft_tokens)
+                self.accepted_tokens.labels(model).inc(event.num_accepted)
+        elif t == "metrics":
+            if link.first_token_at is None:
+                link.first_token_at = now
                 if link.requested_at is not None:
-                    self.hist("vllm:e2e_request_latency_seconds", model, E2E_BUCKETS, now - link.requested_at)
+                    self.ttft.labels(model).observe(now - link.requested_at)
+            else:
+                self.itl.labels(model).observe(now - link.round_started_at)
+        elif t in ("done", "error"):
+            reason = event.summary.get("finish_reason") if t == "done" else "error"
+            self.request_success.labels(model, reason or "unknown").inc()
+            if link.requested_at is not None:
+                self.e2e.labels(model).observe(now - link.requested_at)
 
-    # --- the text format ---------------------------------------------------------------------------
-    HELP = {
-        "vllm:prefix_cache_queries": ("counter", "Prefix cache queries, in prompt tokens looked up."),
-        "vllm:prefix_cache_hits": ("counter", "Prefix cache hits, in prompt tokens found cached."),
-        "vllm:prompt_tokens": ("counter", "Prompt tokens prefilled."),
-        "vllm:generation_tokens": ("counter", "Output tokens generated."),
-        "vllm:request_success": ("counter", "Finished generations, by finish reason."),
-        "vllm:spec_decode_num_drafts": ("counter", "Speculative rounds that proposed draft tokens."),
-        "vllm:spec_decode_num_draft_tokens": ("counter", "Draft tokens proposed."),
-        "vllm:spec_decode_num_accepted_tokens": ("counter", "Draft tokens accepted."),
-        "vllm:spec_decode_num_accepted_tokens_per_pos": ("counter", "Accepted draft tokens per position."),
-        "vllm:time_to_first_token_seconds": ("histogram", "Start message to first token (queue included)."),
-        "vllm:inter_token_latency_seconds": ("histogram", "One round's latency under load (pacing excluded)."),
-        "vllm:e2e_request_latency_seconds": ("histogram", "Start message to the end of the generation."),
-    }
+    def value(self, sample: str, **labels) -> float | None:
+        """One sample's value now (e.g. `vllm:generation_tokens_total`, model_name=...), None if it has none."""
+        return self.registry.get_sample_value(sample, labels)
 
     def render(self, gauges: list[tuple[str, str, str, dict, float]]) -> str:
-        """The exposition text: `gauges` are (name, type, help, labels, value) rows read at scrape time."""
-        lines: list[str] = []
-        seen: set[str] = set()
-        for name, kind, help_, labels, value in gauges:
-            if name not in seen:
-                seen.add(name)
-                lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
-            sample = f"{name}_total" if kind == "counter" else name
-            lines.append(f"{sample}{_labels(labels)} {_num(value)}")
-        with self.lock:
-            for name, (kind, help_) in self.HELP.items():
-                lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
-                if kind == "counter":
-                    for labels, value in sorted(self.counters.get(name, {}).items()):
-                        lines.append(f"{name}_total{_labels(dict(labels))} {_num(value)}")
-                else:
-                    for labels, h in sorted(self.histograms.get(name, {}).items()):
-                        lines += h.lines(name, dict(labels))
-        return "\n".join(lines) + "\n"
+        """The exposition text (format 0.0.4): `gauges` are (name, type, help, labels, value) rows read at
+        scrape time."""
+        with self._scrape_lock:
+            self._scrape.rows = gauges
+            try:
+                return generate_latest(self.registry).decode()
+            finally:
+                self._scrape.rows = []

@@ -258,21 +258,25 @@ def test_metrics_count_what_the_sessions_report(registry):
         return [c.events[-1].summary for c in collectors]
 
     summaries = run(scenario())
-    model = (("model_name", summaries[0]["model"]["name"]),)
-    counters = metrics.counters
-    assert counters["vllm:spec_decode_num_draft_tokens"][model] == sum(s["num_draft_tokens"] for s in summaries)
-    assert counters["vllm:spec_decode_num_accepted_tokens"][model] == sum(s["num_accepted_tokens"] for s in summaries)
-    assert counters["vllm:spec_decode_num_drafts"][model] == sum(s["num_drafts"] for s in summaries)
-    assert counters["vllm:generation_tokens"][model] == sum(s["num_output_tokens"] for s in summaries)
-    per_pos = [counters["vllm:spec_decode_num_accepted_tokens_per_pos"].get(model + (("position", str(i)),), 0)
+    model = summaries[0]["model"]["name"]
+    value = metrics.value
+    assert value("vllm:spec_decode_num_draft_tokens_total", model_name=model) == \
+        sum(s["num_draft_tokens"] for s in summaries)
+    assert value("vllm:spec_decode_num_accepted_tokens_total", model_name=model) == \
+        sum(s["num_accepted_tokens"] for s in summaries)
+    assert value("vllm:spec_decode_num_drafts_total", model_name=model) == sum(s["num_drafts"] for s in summaries)
+    assert value("vllm:generation_tokens_total", model_name=model) == sum(s["num_output_tokens"] for s in summaries)
+    per_pos = [value("vllm:spec_decode_num_accepted_tokens_per_pos_total", model_name=model, position=str(i)) or 0
                for i in range(3)]
     assert per_pos == [sum(s["accepted_per_position"][i] if i < len(s["accepted_per_position"]) else 0
                            for s in summaries) for i in range(3)]
-    assert metrics.histograms["vllm:time_to_first_token_seconds"][model].count == 3
+    assert value("vllm:time_to_first_token_seconds_count", model_name=model) == 3
     text = metrics.render([])
-    assert "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter" in text
-    assert f'vllm:spec_decode_num_draft_tokens_total{{model_name="{summaries[0]["model"]["name"]}"}}' in text
-    assert 'vllm:time_to_first_token_seconds_bucket{model_name=' in text and 'le="+Inf"} 3' in text
+    # prometheus_client's text format (as vLLM's /metrics): a counter's TYPE line names its `_total` sample,
+    # `le` comes first among a bucket's labels, values are floats
+    assert "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter" in text
+    assert f'vllm:spec_decode_num_draft_tokens_total{{model_name="{model}"}}' in text
+    assert f'vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="{model}"}} 3.0' in text
 
 
 # --- admission ------------------------------------------------------------------------------------------------

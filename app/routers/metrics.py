@@ -4,9 +4,9 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from app.deps import PlaygroundDep
+from app.metrics import CONTENT_TYPE
 
 router = APIRouter(tags=["metrics"])
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def scrape_gauges(pg) -> list[tuple]:
