@@ -29,17 +29,12 @@ import json
 import os
 import random
 import re
-import signal
 import socket
 import statistics
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
-from pathlib import Path
 
-from cli.bench_serve import get_json
+from cli.served import Server, common_arguments, get_json
 from engine.scheduler import MAX_NUM_BATCHED_TOKENS
 
 PROMPT = "def main(argv):\n    "
@@ -49,7 +44,6 @@ LONG_TEXT = ("Explain, step by step, what this function does, which inputs break
              "            merged[-1][1] = max(merged[-1][1], end)\n        else:\n"
              "            merged.append([start, end])\n    return merged\n\n")
 SMOLLM2 = "smollm2-135m"
-START_TIMEOUT_S = 120.0
 
 
 def add_parser(bench_subparsers) -> None:
@@ -60,77 +54,8 @@ def add_parser(bench_subparsers) -> None:
     bp.add_argument("--budgets", default=f"0,16,{MAX_NUM_BATCHED_TOKENS},64,256",
                     help="prefill budgets compared, --max-num-batched-tokens of a server each (0: whole prefills)")
     bp.add_argument("--parts", default="stuck,prefill,fuzz", help="which parts to run (default all)")
-    bp.add_argument("--models-dir", default=None, help="models to serve (default: the server's default)")
-    bp.add_argument("--json", action="store_true", help="print the results as JSON")
-    bp.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    common_arguments(bp)
     bp.set_defaults(func=run)
-
-
-# --- the server and its log ------------------------------------------------------------------------------------
-class Server:
-    """`decoding-playground serve ARGS` on a free port; its JSON log lines are kept with their arrival times."""
-
-    def __init__(self, *args: str, models_dir: str | None = None):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(self.port), "--log-format", "json", *args]
-        if models_dir:
-            cmd += ["--models-dir", str(models_dir)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
-                                     cwd=Path(__file__).resolve().parent.parent)
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log: list[tuple[float, dict]] = []
-        threading.Thread(target=self._read_log, daemon=True).start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                get_json(self.base + "/healthz")
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("the server did not start (try: decoding-playground serve)") from None
-                time.sleep(0.1)
-
-    def _read_log(self) -> None:
-        for line in self.proc.stderr:
-            if line.startswith("{"):
-                try:
-                    self.log.append((time.monotonic(), json.loads(line)))
-                except ValueError:
-                    pass
-
-    def logged(self, **fields) -> float | None:
-        """When a log line with these fields arrived (None: not yet)."""
-        return next((t for t, line in list(self.log) if all(line.get(k) == v for k, v in fields.items())), None)
-
-    def stats(self) -> dict:
-        return get_json(self.base + "/api/stats")
-
-    def ws(self, path: str = "/api/ws") -> str:
-        return f"ws://127.0.0.1:{self.port}{path}"
-
-    def stop(self, timeout: float = 15.0) -> float | None:
-        """SIGTERM; the seconds until the process ended (None: it did not, and was killed)."""
-        if self.proc.poll() is not None:
-            return 0.0
-        t = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-            return time.monotonic() - t
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None
-
-    def __enter__(self) -> "Server":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 async def poll(predicate, timeout: float, every: float = 0.02):

@@ -229,24 +229,7 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
                     eng.append(engine_run(engine, settings))
                     sock.append(ws_run(base_url, settings))
                     web.append(browser_run(page, base_url, settings, quiet=wait_until_quiet))
-                ratios = [w["tokens_per_s"] / e["tokens_per_s"] for e, w in zip(eng, web)]
-                cases.append({
-                    "case": label, "settings": settings, "tokens": web[-1]["tokens"],
-                    "engine_tokens_per_s": statistics.median(e["tokens_per_s"] for e in eng),
-                    "engine_own_tokens_per_s": statistics.median(e["engine_tokens_per_s"] for e in eng),
-                    "browser_tokens_per_s": statistics.median(w["tokens_per_s"] for w in web),
-                    "ws_tokens_per_s": statistics.median(s["tokens_per_s"] for s in sock),
-                    "ws_ratio": statistics.median(s["tokens_per_s"] / e["tokens_per_s"] for e, s in zip(eng, sock)),
-                    "ratio": statistics.median(ratios), "ratio_min": min(ratios),
-                    "browser_vs_ws": statistics.median(w["tokens_per_s"] / s["tokens_per_s"]
-                                                       for s, w in zip(sock, web)),
-                    "first_token_ms": statistics.median(w["first_token_ms"] for w in web),
-                    "chromium_cpu_ms": statistics.median(w["chromium_cpu_s"] * 1e3 for w in web),
-                    "messages": statistics.median(w["messages"] for w in web),
-                    "long_tasks": sum(w["long_tasks"] for w in web),
-                    "max_long_task_ms": max(w["max_long_task_ms"] for w in web),
-                    "runs": {"engine": eng, "websocket": sock, "browser": web},
-                })
+                cases.append(case_figures(label, settings, eng, sock, web))
         finally:
             browser.close()
     return {"command": f"decoding-playground bench page --max-tokens {max_tokens} --repeats {repeats}",
@@ -254,6 +237,28 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
             "models_dir": str(config.models_dir), "models": models, "prompt": PROMPT, "cases": cases,
             "load_average": [round(x, 2) for x in load_before], "busy_processes": busy_before,
             "ok": all(c["ratio"] >= GOAL_RATIO and c["max_long_task_ms"] <= GOAL_LONG_TASK_MS for c in cases)}
+
+
+def case_figures(label: str, settings: dict, eng: list, sock: list, web: list) -> dict:
+    """One case's medians over its interleaved runs: the engine alone, `/ws` without a browser, the page."""
+    ratios = [w["tokens_per_s"] / e["tokens_per_s"] for e, w in zip(eng, web)]
+    return {
+        "case": label, "settings": settings, "tokens": web[-1]["tokens"],
+        "engine_tokens_per_s": statistics.median(e["tokens_per_s"] for e in eng),
+        "engine_own_tokens_per_s": statistics.median(e["engine_tokens_per_s"] for e in eng),
+        "browser_tokens_per_s": statistics.median(w["tokens_per_s"] for w in web),
+        "ws_tokens_per_s": statistics.median(s["tokens_per_s"] for s in sock),
+        "ws_ratio": statistics.median(s["tokens_per_s"] / e["tokens_per_s"] for e, s in zip(eng, sock)),
+        "ratio": statistics.median(ratios), "ratio_min": min(ratios),
+        "browser_vs_ws": statistics.median(w["tokens_per_s"] / s["tokens_per_s"]
+                                           for s, w in zip(sock, web)),
+        "first_token_ms": statistics.median(w["first_token_ms"] for w in web),
+        "chromium_cpu_ms": statistics.median(w["chromium_cpu_s"] * 1e3 for w in web),
+        "messages": statistics.median(w["messages"] for w in web),
+        "long_tasks": sum(w["long_tasks"] for w in web),
+        "max_long_task_ms": max(w["max_long_task_ms"] for w in web),
+        "runs": {"engine": eng, "websocket": sock, "browser": web},
+    }
 
 
 def busy_processes() -> list[str]:

@@ -29,14 +29,12 @@ import datetime as dt
 import json
 import os
 import re
-import socket
 import statistics
-import subprocess
-import sys
 import time
-import urllib.request
 from contextlib import contextmanager
-from pathlib import Path
+
+from cli.bench_serve_report import main_markdown, ms, sweep_markdown
+from cli.served import Server, common_arguments, get_json
 
 PROMPTS = ["def fibonacci(n):\n    ", "class Stack:\n    def __init__(self", "import os\nimport sys\n\ndef main(",
            "for i in range(10):\n    print(", "def parse_args(argv):\n    parser = ", "x = [1, 2, 3]\ny = ",
@@ -59,9 +57,7 @@ def add_parser(bench_subparsers) -> None:
     bp.add_argument("--repeats", type=int, default=5,
                     help="alone / all-at-once pairs, interleaved (default 5; tokens/s: the median)")
     bp.add_argument("--sweep", action="store_true", help="γ in {none, 2, 4, 6} x concurrency in {1, 4, 16}")
-    bp.add_argument("--models-dir", default=None, help="models to serve (default: the server's default)")
-    bp.add_argument("--json", action="store_true", help="print the results as JSON")
-    bp.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    common_arguments(bp)
     bp.set_defaults(func=run)
 
 
@@ -69,40 +65,9 @@ def add_parser(bench_subparsers) -> None:
 @contextmanager
 def server(max_sessions: int, models_dir: str | None):
     """`decoding-playground serve` on a free port of 127.0.0.1; yields its base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--max-sessions", str(max_sessions),
-           "--max-queue", str(max_sessions), "--max-connections", "2000", "--log-format", "json"]
-    if models_dir:
-        cmd += ["--models-dir", models_dir]
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    log = open(os.devnull, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, cwd=Path(__file__).resolve().parent.parent)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                get_json(base + "/healthz")
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the server did not start (try: decoding-playground serve)")
-                time.sleep(0.1)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
+    with Server("--max-sessions", str(max_sessions), "--max-queue", str(max_sessions), "--max-connections", "2000",
+                models_dir=models_dir, start_timeout_s=START_TIMEOUT_S) as srv:
+        yield srv.base
 
 
 def blocks_left(base: str, timeout_s: float = 10.0) -> dict:
@@ -347,8 +312,8 @@ def run_sweep(args) -> dict:
                 r = merge([asyncio.run(many(ws_base, concurrency, settings)) for _ in range(args.repeats)])
                 if gamma == "none":
                     baseline = r["tokens_per_s"]
-                rows.append({"gamma": gamma, "concurrency": concurrency, "tpot_ms": _ms(r["tpot_s"]),
-                             "itl_p50_ms": _ms(r["itl_s"]["p50"]), "itl_p99_ms": _ms(r["itl_s"]["p99"]),
+                rows.append({"gamma": gamma, "concurrency": concurrency, "tpot_ms": ms(r["tpot_s"]),
+                             "itl_p50_ms": ms(r["itl_s"]["p50"]), "itl_p99_ms": ms(r["itl_s"]["p99"]),
                              "tokens_per_s": r["tokens_per_s"], "mean_acceptance_length": r["mean_acceptance_length"],
                              "ratio": r["tokens_per_s"] / baseline if baseline and r["tokens_per_s"] else None,
                              "errors": r["errors"]})
@@ -358,81 +323,10 @@ def run_sweep(args) -> dict:
             "machine": machine()}
 
 
-def _ms(x):
-    return None if x is None else x * 1e3
-
-
 def machine() -> dict:
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {"cpus": os.cpu_count(), "loadavg_1m": round(load[0], 2) if load else None,
             "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M")}
-
-
-# --- output ----------------------------------------------------------------------------------------------
-def _f(x, fmt="{:.1f}") -> str:
-    return "–" if x is None else fmt.format(x)
-
-
-def main_markdown(r: dict) -> str:
-    a, c, s = r["alone"], r["concurrent"], r["settings"]
-    targets = []
-    lines = [f"{r['machine']['date']}, {r['machine']['cpus']} cores, 1-minute load {r['machine']['loadavg_1m']} at "
-             f"the end of the run; settings {json.dumps(s)}, full speed, `/api/ws`; {c['repeats']} interleaved repeats "
-             f"({a['repeats']} runs alone; tokens/s: the median; latencies: all runs pooled).", "",
-             "| | clients | errors | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | TPOT (ms) |",
-             "|---|---|---|---|---|---|---|"]
-    for label, x in (("one alone", a), (f"{c['clients']} at once", c)):
-        lines.append(f"| {label} | {x['clients']} | {x['errors']} | {_f(x['tokens_per_s'])} | "
-                     f"{_f(_ms(x['ttft_s']['p50']))} / {_f(_ms(x['ttft_s']['p99']))} | "
-                     f"{_f(_ms(x['itl_s']['p50']))} / {_f(_ms(x['itl_s']['p99']))} | {_f(_ms(x['tpot_s']))} |")
-    ratio = r.get("ratio_to_alone")
-    targets.append(f"aggregate tokens/s = {_f(ratio, '{:.2f}')}x one alone (target >= 2x)")
-    targets.append(f"p99 ITL {_f(_ms(c['itl_s']['p99']))} ms (target <= 250 ms)")
-    targets.append(f"{c['errors']} errors (target 0)")
-    targets.append(f"KV blocks in use after every client left: {r['after_all_left']['kv_blocks_used']} (target 0)")
-    lines += [""] + [f"- {t}" for t in targets]
-    if "watch" in r:
-        w = r["watch"]
-        lag = w["lag_after_presenter_done_s"]
-        lines.append(f"- {w['watchers']} watchers of one session on `/watch/{{id}}/ws`: {w['connected']} connected, "
-                     f"{w['errors']} errors (target 0); they saw `done` {_f(_ms(lag['p50']))} ms (p50) / "
-                     f"{_f(_ms(lag['p99']))} ms (p99) after the presenter; blocks in use after: "
-                     f"{r['after_watchers_left']['kv_blocks_used']}")
-    lines.append("- TTFT: `start` sent -> first output token received; ITL: gaps between the arrivals of one client's "
-                 "rounds (a round ends with its `metrics`; with speculation it brings several tokens); TPOT: "
-                 "(done - first token) / (output tokens - 1); all on the client's clock.")
-    g = r.get("engine_alone")
-    if g:
-        lines.append(f"- the engine alone (engine/scheduler.py's `Scheduler` in a loop in the bench's process, no server, "
-                     f"same prompts, settings and interleaving): one session {_f(g['alone_tokens_per_s'])} tok/s, "
-                     f"{c['clients']} at once {_f(g['concurrent_tokens_per_s'])} tok/s = {_f(g['ratio'], '{:.2f}')}x; "
-                     f"the server reaches {_f(100 * a['tokens_per_s'] / g['alone_tokens_per_s'], '{:.0f}')}% and "
-                     f"{_f(100 * c['tokens_per_s'] / g['concurrent_tokens_per_s'], '{:.0f}')}% of them")
-    e = r.get("server", {})
-    if e.get("batches"):
-        lines.append(f"- engine thread: {e['batches']} batched computations served {e['batched_requests']} forward "
-                     f"requests ({e['batched_requests'] / e['batches']:.1f} per batch)")
-    if c["error_messages"]:
-        lines.append(f"- errors seen: {'; '.join(c['error_messages'])}")
-    return "\n".join(lines)
-
-
-def sweep_markdown(r: dict) -> str:
-    lines = [f"`bench serve --sweep`, {r['machine']['date']}, {r['machine']['cpus']} cores, 1-minute load "
-             f"{r['machine']['loadavg_1m']} at the end; {r['max_tokens']} output tokens per client, full speed, "
-             f"{r['repeats']} repeats per cell (tokens/s: the median). "
-             "Ratio: output tokens/s over no speculation at the same concurrency. ITL is per round (a round "
-             "brings 1 token without speculation, up to γ + 1 with it); TPOT per token.", "",
-             "| γ | concurrency | TPOT (ms) | ITL p50 / p99 (ms) | output tok/s | mean acceptance length | ratio "
-             "| errors |",
-             "|---|---|---|---|---|---|---|---|"]
-    for row in r["rows"]:
-        lines.append(f"| {row['gamma']} | {row['concurrency']} | {_f(row['tpot_ms'])} | {_f(row['itl_p50_ms'])} / "
-                     f"{_f(row['itl_p99_ms'])} | {_f(row['tokens_per_s'])} | "
-                     f"{_f(row['mean_acceptance_length'], '{:.2f}')} | {_f(row['ratio'], '{:.2f}')} | "
-                     f"{row['errors']} |")
-    lines.append(f"\nKV blocks in use after the sweep: {r['kv_blocks_used_after']}.")
-    return "\n".join(lines)
 
 
 def run(args) -> int:

@@ -22,6 +22,7 @@ import statistics
 import numpy as np
 
 from engine.measure import curve_at, verify_curve
+from engine.theory import expected_tokens_per_round
 from engine.registry import InferenceEngine
 from engine.session import GenerationSession
 
@@ -78,7 +79,6 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
     temps = (0.0,) if quick else TEMPERATURES
     by_temperature = []
     for temp in temps:
-        rows = []
         base_runs, spec_runs = [], {k: [] for k in ks}     # per repeat: the summaries of its generations
         for _ in range(repeats):    # prompt by prompt: the baseline, then every k, so that noise hits all alike
             base_sum, spec_sum = [], {k: [] for k in ks}
@@ -90,40 +90,52 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
             base_runs.append(base_sum)
             for k in ks:
                 spec_runs[k].append(spec_sum[k])
-        base_text = [x["text"] for x in base_runs[-1]]
         base_t = statistics.median(elapsed(run) for run in base_runs)
         t1 = statistics.median(in_run_ms(run, 1) for run in base_runs)
-        for k in ks:
-            s = spec_runs[k][-1]     # counts from the last repeat
-            # each repeat's in-run figures and prediction, then their median, as for the measured speedup (the
-            # median of each repeat's ratio: a prompt's baseline runs right before its speculative runs)
-            c_runs = [sum(x["draft_time_s"] for x in run) * 1e3 / sum(x["draft_forward_calls"] for x in run)
-                      / in_run_ms(base, 1) for run, base in zip(spec_runs[k], base_runs)]
-            v_runs = [in_run_ms(run, k + 1) / in_run_ms(base, 1) for run, base in zip(spec_runs[k], base_runs)]
-            c_run, v_run = statistics.median(c_runs), statistics.median(v_runs)
-            accepted = sum(x["num_accepted_tokens"] for x in s)
-            proposed = sum(x["num_draft_tokens"] for x in s)
-            drafts = sum(x["num_drafts"] for x in s)
-            # rounds that ended in a rejection: every judged-and-rejected token stops its round
-            rejected = sum(x["num_drafts"] for x in s) - sum(
-                sum(1 for t in x["tokens"] if t["status"] == "bonus") for x in s)
-            alpha = accepted / (accepted + rejected) if accepted + rejected else 0.0
-            out_tokens = sum(x["num_output_tokens"] for x in s)
-            target_calls = sum(x["target_forward_calls"] - 1 for x in s)    # minus the prefill
-            e = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
-            rows.append({
-                "k": k, "alpha": alpha, "accepted_per_proposed": accepted / proposed,
-                "mean_acceptance_length": 1 + accepted / drafts,
-                "tokens_per_target_call": out_tokens / target_calls, "formula_E": e,
-                "flat_verify_bound": e / (k * c_run + 1),
-                "c_in_run": c_run, "verify_ratio_in_run": v_run,
-                "curve_prediction": statistics.median(e / (k * cr + vr) for cr, vr in zip(c_runs, v_runs)),
-                "isolated_curve_prediction": e / (k * c + curve_at(curve, k + 1) / curve[1]),
-                "speedup": statistics.median(elapsed(b) / elapsed(r) for b, r in zip(base_runs, spec_runs[k])),
-                "identical_to_greedy": [x["text"] for x in s] == base_text if temp == 0 else None,
-            })
+        rows = [_draft_model_row(k, spec_runs[k], base_runs, temp, c, curve) for k in ks]
         by_temperature.append({"temperature": temp, "baseline_s": base_t, "t1_in_run_ms": t1,
                                "baseline_tok_s": len(prompts) * max_tokens / base_t, "rows": rows})
+    ngram = _ngram_sweep(engine, max_tokens, repeats)
+    return {"target": target.name, "draft": draft.name, "c": c, "draft_step_ms": draft_step,
+            "verify_curve_ms": curve, "verify_curve_ratio": {n: v / curve[1] for n, v in curve.items()},
+            "prompts": prompts, "max_tokens": max_tokens, "repeats": repeats, "by_temperature": by_temperature, "ngram": ngram}
+
+
+def _draft_model_row(k: int, runs: list, base_runs: list, temp: float, c: float, curve: dict) -> dict:
+    """One k of the draft-model sweep at one temperature: its figures from the summaries of every repeat
+    (`runs`, beside the baselines of the same repeats)."""
+    s = runs[-1]     # counts from the last repeat
+    # each repeat's in-run figures and prediction, then their median, as for the measured speedup (the
+    # median of each repeat's ratio: a prompt's baseline runs right before its speculative runs)
+    c_runs = [sum(x["draft_time_s"] for x in run) * 1e3 / sum(x["draft_forward_calls"] for x in run)
+              / in_run_ms(base, 1) for run, base in zip(runs, base_runs)]
+    v_runs = [in_run_ms(run, k + 1) / in_run_ms(base, 1) for run, base in zip(runs, base_runs)]
+    c_run, v_run = statistics.median(c_runs), statistics.median(v_runs)
+    accepted = sum(x["num_accepted_tokens"] for x in s)
+    proposed = sum(x["num_draft_tokens"] for x in s)
+    drafts = sum(x["num_drafts"] for x in s)
+    # rounds that ended in a rejection: every judged-and-rejected token stops its round
+    rejected = sum(x["num_drafts"] for x in s) - sum(
+        sum(1 for t in x["tokens"] if t["status"] == "bonus") for x in s)
+    alpha = accepted / (accepted + rejected) if accepted + rejected else 0.0
+    out_tokens = sum(x["num_output_tokens"] for x in s)
+    target_calls = sum(x["target_forward_calls"] - 1 for x in s)    # minus the prefill
+    e = expected_tokens_per_round(alpha, k)
+    return {
+        "k": k, "alpha": alpha, "accepted_per_proposed": accepted / proposed,
+        "mean_acceptance_length": 1 + accepted / drafts,
+        "tokens_per_target_call": out_tokens / target_calls, "formula_E": e,
+        "flat_verify_bound": e / (k * c_run + 1),
+        "c_in_run": c_run, "verify_ratio_in_run": v_run,
+        "curve_prediction": statistics.median(e / (k * cr + vr) for cr, vr in zip(c_runs, v_runs)),
+        "isolated_curve_prediction": e / (k * c + curve_at(curve, k + 1) / curve[1]),
+        "speedup": statistics.median(elapsed(b) / elapsed(r) for b, r in zip(base_runs, runs)),
+        "identical_to_greedy": [x["text"] for x in s] == [x["text"] for x in base_runs[-1]] if temp == 0 else None,
+    }
+
+
+def _ngram_sweep(engine: InferenceEngine, max_tokens: int, repeats: int) -> list[dict]:
+    """n-gram lookup at every k on a prompt that repeats itself and one that does not."""
     ngram = []
     for name, prompt in (("repeating", REPEATING_PROMPT), ("non_repeating", NON_REPEATING_PROMPT)):
         ratios, last = {k: [] for k in NGRAM_KS}, {}
@@ -144,9 +156,7 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
                  "identical_to_greedy": last[k][0]["text"] == base[0]["text"]} for k in NGRAM_KS]
         best = max(rows, key=lambda r: r["speedup"])
         ngram.append({"prompt": name, "best_k": best["k"], "speedup": best["speedup"], "rows": rows})
-    return {"target": target.name, "draft": draft.name, "c": c, "draft_step_ms": draft_step,
-            "verify_curve_ms": curve, "verify_curve_ratio": {n: v / curve[1] for n, v in curve.items()},
-            "prompts": prompts, "max_tokens": max_tokens, "repeats": repeats, "by_temperature": by_temperature, "ngram": ngram}
+    return ngram
 
 
 def elapsed(summaries) -> float:

@@ -71,7 +71,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="decoding-playground",
                                 description="Watch an LLM decode: KV cache, paged blocks, speculative decoding.")
     sub = p.add_subparsers(dest="command", required=True)
+    add_serve_parser(sub)
+    add_bench_parsers(sub)
 
+    from cli import fetch, generate
+    generate.add_parsers(sub)
+    fetch.add_parser(sub)
+
+    try:
+        from engine.training import cli as training_cli
+    except ImportError:
+        training_cli = None
+    if training_cli is not None and hasattr(training_cli, "add_parser"):
+        training_cli.add_parser(sub)
+        from engine.training import head_cli
+        head_cli.add_parser(sub)
+    return p
+
+
+def add_serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="serve the playground page")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000)
@@ -111,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--llamacpp-threads", type=int, default=1, metavar="N", help="llama.cpp's threads (default 1)")
     s.set_defaults(func=cmd_serve)
 
+
+def add_bench_parsers(sub) -> None:
     b = sub.add_parser("bench", help="measure the engine (results also go to docs/benchmarks.md)")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     be = bsub.add_parser("engine", help="decode, prefill, prefix reuse, GQA attention, KV bytes")
@@ -131,20 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench_engines.add_parser(bsub)
     from cli import bench_faults
     bench_faults.add_parser(bsub)
-
-    from cli import fetch, generate
-    generate.add_parsers(sub)
-    fetch.add_parser(sub)
-
-    try:
-        from engine.training import cli as training_cli
-    except ImportError:
-        training_cli = None
-    if training_cli is not None and hasattr(training_cli, "add_parser"):
-        training_cli.add_parser(sub)
-        from engine.training import head_cli
-        head_cli.add_parser(sub)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -143,6 +143,18 @@ def page_state(query, playground: Playground) -> PageState:
     """Validate the query string (a starlette QueryParams or a dict) into the page's state."""
     model = query.get("model")
     state = PageState(values=demo_defaults(playground, model), defaults=demo_defaults(playground, model))
+    valid = _url_settings(query, playground, state.warnings)
+    for name, value in valid.items():
+        state.values[name] = form_value(name, value)
+    _url_presentation(query, state)
+    if playground.registry is not None:
+        state.race = race_state(query, playground.registry, target_of(playground.registry, valid.get("model")),
+                                state.warnings)
+    return state
+
+
+def _url_settings(query, playground: Playground, warnings: list[str]) -> dict:
+    """The generation settings of the URL that are valid here (each one refused is a warning)."""
     valid: dict = {}
     for name in FORM_SETTINGS:
         if name not in query:
@@ -151,26 +163,28 @@ def page_state(query, playground: Playground) -> PageState:
         try:
             parsed = GenerationSettings.parse({name: raw})
         except SettingsError as e:
-            state.warnings.append(f"ignored {name}={raw!r} from the URL: {e}")
+            warnings.append(f"ignored {name}={raw!r} from the URL: {e}")
             continue
         valid[name] = getattr(parsed, name)
     try:                                                 # cross-field rules (e.g. lookup min <= max)
         GenerationSettings.parse(valid)
     except SettingsError as e:
-        state.warnings.append(f"ignored {e.setting} from the URL: {e}")
+        warnings.append(f"ignored {e.setting} from the URL: {e}")
         valid.pop(e.setting, None)
     registry = playground.registry
     if registry is not None:
         if valid.get("model") is not None and valid["model"] not in {m.name for m in registry.targets} \
                 and valid["model"] not in playground.external:
-            state.warnings.append(f"ignored model={valid.pop('model')!r} from the URL: not a target model here")
+            warnings.append(f"ignored model={valid.pop('model')!r} from the URL: not a target model here")
         target = target_of(registry, valid.get("model"))
         if valid.get("num_kv_heads") is not None and valid["num_kv_heads"] not in registry.variants(target):
-            state.warnings.append(f"ignored num_kv_heads={valid.pop('num_kv_heads')} from the URL: "
-                                  f"{target.name} has variants {sorted(registry.variants(target))}")
-    for name, value in valid.items():
-        state.values[name] = form_value(name, value)
+            warnings.append(f"ignored num_kv_heads={valid.pop('num_kv_heads')} from the URL: "
+                            f"{target.name} has variants {sorted(registry.variants(target))}")
+    return valid
 
+
+def _url_presentation(query, state: PageState) -> None:
+    """The prompt, autoplay, speed, theme, presenter mode, hidden parts, layout and view of the URL."""
     if "prompt" in query:
         prompt = query.get("prompt", "")
         if len(prompt) > MAX_PROMPT_CHARS:
@@ -212,9 +226,6 @@ def page_state(query, playground: Playground) -> PageState:
             state.warnings.append(f"ignored view={view!r} from the URL: one of {', '.join(VIEW_NAMES)}")
         elif not (state.hidden(view) or state.hidden("views")):
             state.view = view
-    if registry is not None:
-        state.race = race_state(query, registry, target_of(registry, valid.get("model")), state.warnings)
-    return state
 
 
 def race_state(query, registry, target, warnings: list[str]) -> dict:
