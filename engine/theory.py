@@ -5,6 +5,8 @@ of draft tokens per round (vLLM's num_speculative_tokens), c the cost of one dra
 """
 from __future__ import annotations
 
+import bisect
+import statistics
 from dataclasses import dataclass
 
 
@@ -93,3 +95,84 @@ def accelerator_projections(alpha: float, gamma: int, target_params: float, targ
     return [{"key": key, "acc": acc, "p": project(acc, batch), "by_batch": [project(acc, b) for b in batches],
              "curve": projected_verify_curve(acc, target_params, target_kv_bytes_per_token, context, ns, batch)}
             for key, acc in ACCELERATORS.items()]
+
+
+@dataclass(frozen=True)
+class RoundPoint:
+    """One round of a run as the Theory view counts it (a `round` event's figures)."""
+    target_ms: float
+    draft_ms: float
+    emitted: int
+    drafted: int
+    accepted: int
+
+
+def run_alpha(points) -> float | None:
+    """α of a run: accepted draft tokens / draft tokens judged (a rejection ends its round, so the tokens
+    after it were never judged). None if nothing was proposed."""
+    accepted = tested = 0
+    for p in points:
+        if p.drafted:
+            accepted += p.accepted
+            tested += p.accepted + (p.accepted < p.drafted)
+    return accepted / tested if tested else None
+
+
+def run_series(points, t1_ms: float | None, verify_ratio: dict | None, draft_model_c: float | None,
+               method: str) -> dict:
+    """The Theory view's figures after each round of a run, measured beside predicted: tokens per target call
+    and E with the α so far; the speed-up as E / (γc + 1) (flat verify), E / (γc + t(γ+1)/t(1)) (the measured
+    curve) and estimated (tokens per call × t(1) ÷ the median round's forward time: a round now and then is
+    slowed by the machine); acceptance per draft position beside α^i; and the summary of the whole run.
+
+    Rounds with different γ are weighted by how many there were. c is the draft model's step measured with the
+    curve for method draft_model (`draft_model_c`), else the run's own proposal time per draft token / t(1)."""
+    counts: dict[int, int] = {}
+    n = emitted = accepted = tested = drafted = draft_steps = 0
+    draft_ms, round_ms = 0.0, []
+    out = {"tokens": [], "e": [], "flat": [], "curve": [], "measured": []}
+    c = 0.0
+    for p in points:
+        n += 1
+        emitted += p.emitted
+        bisect.insort(round_ms, p.target_ms + p.draft_ms)
+        counts[p.drafted] = counts.get(p.drafted, 0) + 1
+        if p.drafted:
+            accepted += p.accepted
+            drafted += p.drafted
+            tested += p.accepted + (p.accepted < p.drafted)
+            draft_ms += p.draft_ms
+            draft_steps += p.drafted
+        out["tokens"].append(emitted / n)
+        if not tested:
+            for key in ("e", "flat", "curve", "measured"):
+                out[key].append(None)
+            continue
+        alpha = accepted / tested
+        c = draft_model_c if method == "draft_model" and draft_model_c else (
+            draft_ms / draft_steps / t1_ms if t1_ms and draft_steps else 0.0)
+        sum_e = sum(m * expected_tokens_per_round(alpha, k) for k, m in counts.items())
+        flat = sum(m * (k * c + 1) for k, m in counts.items())
+        ratios = [(verify_ratio or {}).get(k + 1) for k in counts]
+        curve = (sum(m * (k * c + r) for (k, m), r in zip(counts.items(), ratios))
+                 if t1_ms and None not in ratios else None)
+        median = statistics.median(round_ms)
+        out["e"].append(sum_e / n)
+        out["flat"].append(sum_e / flat if t1_ms else None)
+        out["curve"].append(sum_e / curve if curve else None)
+        out["measured"].append(t1_ms * (emitted / n) / median if t1_ms and median else None)
+    alpha = accepted / tested if tested else None
+    proposing = sum(m for k, m in counts.items() if k)
+    gamma = drafted / proposing if proposing else None
+    positions = []
+    for j in range(1, max(counts, default=0) + 1):
+        tried = sum(1 for p in points if p.drafted >= j)
+        ok = sum(1 for p in points if p.drafted >= j and p.accepted >= j)
+        positions.append({"position": j, "rate": ok / tried if tried else None,
+                          "formula": alpha ** j if alpha is not None else None})
+    last = {key: values[-1] if values else None for key, values in out.items()}
+    summary = {"rounds": n, "alpha": alpha, "acceptance_rate": accepted / drafted if drafted else None,
+               "gamma": gamma, "c": c if t1_ms and draft_steps else None, "t1_ms": t1_ms,
+               "verify_ratio": (verify_ratio or {}).get(round(gamma) + 1) if gamma is not None else None,
+               **{key: last[key] for key in ("tokens", "e", "flat", "curve", "measured")}}
+    return {**out, "positions": positions, "summary": summary}

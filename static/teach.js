@@ -9,12 +9,7 @@
   function teach() { return $('teach') }
   function openName() { var t = teach(); return t ? t.dataset.open : '' }
 
-  // --- the formulas of engine/theory.py (Leviathan et al.), for the live charts -------------------------------
-  function expectedTokens(alpha, gamma) {          // E = (1 - a^(g+1)) / (1 - a): tokens per target call
-    if (alpha >= 1) return gamma + 1
-    return (1 - Math.pow(alpha, gamma + 1)) / (1 - alpha)
-  }
-  window.teach = { expectedTokens: expectedTokens, openView: function (name) { openView(name) } }
+  window.teach = { openView: function (name) { openView(name) } }
 
   // --- workshop mode: the server's token (in the page's address) goes with every request of the views --------------
   var token = new URLSearchParams(location.search).get('token')
@@ -36,8 +31,7 @@
     tokenLinks()
     var rec = $('teach-recording')
     if (rec) rec.value = recordingKey()
-    var alpha = $('teach-alpha'), gamma = $('teach-gamma')
-    if (alpha) alpha.value = theory.alpha === null ? '' : theory.alpha.toFixed(2)
+    var gamma = $('teach-gamma')                       // (α: the server takes the run's own, from the recording)
     var g = $('f-num_speculative_tokens')
     if (gamma && g) gamma.value = g.value
   }
@@ -79,7 +73,7 @@
       syncInputs()
       polled.forEach(function (el) { htmx.trigger(el, 'teach-poll') })
     }, 1000)
-    if (name === 'theory') { theory.colors = null; fetchCurve(); scheduleTheory() }
+    if (name === 'theory') { theory.colors = null; fetchSeries() }
   }
 
   document.addEventListener('click', function (ev) {
@@ -136,25 +130,19 @@
     inspector.hoverTimer = setTimeout(function () { inspect(t) }, 120)
   })
 
-  // --- theory: every round the page receives (the latency chart's feed), against the formulas -------------------
-  var MAX_ROUNDS = 4096
-  var theory = { reset: null, points: [], alpha: null, curve: null, curveFor: null, pending: false, colors: null }
+  // --- theory: every round the page receives (the latency chart's feed), against the formulas --------------------
+  // The figures are the server's (/teach/theory.json: engine/theory.py over the run's recorded rounds); this
+  // counts the rounds the page has received and draws what the server computed for that many.
+  var theory = { reset: null, rounds: 0, series: null, asked: -1, loading: false, pending: false, colors: null }
 
   function onRounds(reset, packed) {
     if (reset !== null && reset !== theory.reset) {
-      theory.reset = reset; theory.points = []; theory.curveFor = null     // the new run may use another model
-      if (openName() === 'theory') fetchCurve()
+      theory.reset = reset; theory.rounds = 0; theory.series = null; theory.asked = -1
     }
     packed.forEach(function (item) {
-      item.split(',').forEach(function (p) {
-        var f = p.split(':')
-        if (f.length < 6) return
-        theory.points.push({ round: +f[0], target: +f[1], draft: +f[2], emitted: +f[3], drafted: +f[4], accepted: +f[5] })
-      })
+      item.split(',').forEach(function (p) { if (p.split(':').length >= 6) theory.rounds++ })
     })
-    if (theory.points.length > MAX_ROUNDS) theory.points.splice(0, theory.points.length - MAX_ROUNDS)
-    summarize()
-    if (openName() === 'theory') scheduleTheory()
+    if (openName() === 'theory') fetchSeries()
   }
 
   function watchChartFeed() {
@@ -185,104 +173,28 @@
     }).observe(host, { childList: true, subtree: true })
   }
 
-  function verifyRatio(n) {                 // t(n) / t(1) from the measured curve
-    var c = theory.curve
-    if (!c) return null
-    var t = c.target_ms[n] || c.target_ms[String(n)]
-    return t ? t / c.target_ms['1'] : null
-  }
-
-  // c, one draft step in target steps: the draft model's as measured with the curve (both on an idle engine);
-  // for n-gram lookup and the draft heads (EAGLE, Medusa) this run's own proposal time per draft token over t(1)
-  function draftCost(draftMs, draftSteps, t1) {
-    var lane = $('draft-lane'), method = lane && lane.dataset.method       // the last round's drafter (replays too)
-    if (!method || method === 'none' || method === 'prefill') method = $('f-method') ? $('f-method').value : 'draft_model'
-    if (method === 'draft_model' && theory.curve && theory.curve.c) return theory.curve.c
-    return t1 && draftSteps ? draftMs / draftSteps / t1 : 0
-  }
-
-  function insertSorted(sorted, v) {
-    var lo = 0, hi = sorted.length
-    while (lo < hi) { var mid = (lo + hi) >> 1; if (sorted[mid] < v) lo = mid + 1; else hi = mid }
-    sorted.splice(lo, 0, v)
-  }
-
-  // Cumulative figures after each round: measured and predicted tokens per call and speed-up. The measured
-  // speed-up is tokens per target call × t(1) ÷ the median round's forward time (draft + target): the median,
-  // because a round now and then is slowed by the machine (the first ones, the browser, other viewers).
-  function series() {
-    var pts = theory.points, out = { tokens: [], e: [], measured: [], flat: [], curve: [] }
-    var counts = {}, n = 0, emitted = 0, accepted = 0, tested = 0, drafted = 0, draftMs = 0, draftSteps = 0
-    var roundMs = []
-    var t1 = theory.curve ? theory.curve.target_ms['1'] : null
-    for (var i = 0; i < pts.length; i++) {
-      var p = pts[i]
-      n++; emitted += p.emitted
-      insertSorted(roundMs, p.target + p.draft)
-      counts[p.drafted] = (counts[p.drafted] || 0) + 1
-      if (p.drafted > 0) {
-        accepted += p.accepted; drafted += p.drafted
-        tested += p.accepted + (p.accepted < p.drafted ? 1 : 0)
-        draftMs += p.draft; draftSteps += p.drafted
-      }
-      var alpha = tested ? accepted / tested : null
-      out.tokens.push(emitted / n)
-      if (alpha === null) { out.e.push(null); out.flat.push(null); out.curve.push(null); out.measured.push(null); continue }
-      var sumE = 0, flatDen = 0, curveDen = 0, c = draftCost(draftMs, draftSteps, t1)
-      var curveOk = !!t1
-      for (var k in counts) {
-        var kk = +k, m = counts[k]
-        sumE += m * expectedTokens(alpha, kk)
-        flatDen += m * (kk * c + 1)
-        var ratio = verifyRatio(kk + 1)
-        if (ratio === null) curveOk = false; else curveDen += m * (kk * c + ratio)
-      }
-      out.e.push(sumE / n)
-      out.flat.push(t1 ? sumE / flatDen : null)
-      out.curve.push(curveOk ? sumE / curveDen : null)
-      var median = roundMs.length % 2 ? roundMs[roundMs.length >> 1]
-        : (roundMs[roundMs.length / 2 - 1] + roundMs[roundMs.length / 2]) / 2
-      out.measured.push(t1 && median ? t1 * (emitted / n) / median : null)
-    }
-    var last = out.tokens.length - 1
-    out.summary = {
-      rounds: n, alpha: tested ? accepted / tested : null, acceptanceRate: drafted ? accepted / drafted : null,
-      gamma: pts.filter(function (p) { return p.drafted > 0 }).length ? drafted / pts.filter(function (p) { return p.drafted > 0 }).length : null,
-      c: t1 && draftSteps ? draftCost(draftMs, draftSteps, t1) : null, t1: t1,
-      e: last >= 0 ? out.e[last] : null, flat: last >= 0 ? out.flat[last] : null,
-      curve: last >= 0 ? out.curve[last] : null, measured: last >= 0 ? out.measured[last] : null
-    }
-    var pos = []
-    pts.forEach(function (p) {
-      for (var j = 1; j <= p.drafted; j++) {
-        pos[j] = pos[j] || { tried: 0, accepted: 0 }
-        pos[j].tried++
-        if (p.accepted >= j) pos[j].accepted++
-      }
-    })
-    out.positions = pos
-    return out
-  }
-
-  function summarize() {
-    var tested = 0, accepted = 0
-    theory.points.forEach(function (p) {
-      if (p.drafted > 0) { accepted += p.accepted; tested += p.accepted + (p.accepted < p.drafted ? 1 : 0) }
-    })
-    theory.alpha = tested ? accepted / tested : null
-  }
-
-  function fetchCurve() {
+  // One request at a time; when it returns, the rounds that arrived meanwhile are asked for next. The first
+  // request of a model waits for its verify-cost curve (measured once, on the server's engine thread).
+  function fetchSeries() {
     var key = recordingKey()
-    var wanted = key || 'default'
-    if (theory.curveFor === wanted) return
-    theory.curveFor = wanted
-    fetch(withToken('/teach/curve.json' + (key ? '?recording=' + encodeURIComponent(key) : '')))
+    if (theory.loading || !key || (theory.asked === theory.rounds && theory.series)) { scheduleTheory(); return }
+    var rounds = theory.rounds, reset = theory.reset
+    theory.loading = true
+    fetch(withToken('/teach/theory.json?recording=' + encodeURIComponent(key) + '&rounds=' + rounds))
       .then(function (r) { return r.ok ? r.json() : null })
       .then(function (data) {
-        if (data && data.target_ms) { theory.curve = data; scheduleTheory() } else theory.curveFor = null
+        theory.loading = false
+        if (reset !== theory.reset) { fetchSeries(); return }       // a new run began meanwhile
+        if (data && data.summary) {
+          theory.series = data
+          theory.asked = data.measured_curve ? rounds : -1                    // without the curve yet: ask again
+        }
+        scheduleTheory()
+        if (openName() === 'theory' && (theory.rounds !== rounds || !(data && data.measured_curve))) {
+          setTimeout(fetchSeries, data && data.measured_curve ? 0 : 500)
+        }
       })
-      .catch(function () { theory.curveFor = null })
+      .catch(function () { theory.loading = false })
   }
 
   function scheduleTheory() {
@@ -357,7 +269,10 @@
     theory.pending = false
     if (openName() !== 'theory') return
     var colors = theory.colors = theory.colors || readColors()
-    var s = series(), sum = s.summary
+    var s = theory.series || { tokens: [], e: [], flat: [], curve: [], measured: [], positions: [], summary: {
+      rounds: 0, alpha: null, acceptance_rate: null, gamma: null, c: null, t1_ms: null, verify_ratio: null,
+      e: null, flat: null, curve: null, measured: null, tokens: null } }
+    var sum = s.summary
     var speculative = sum.alpha !== null
     // tokens per target call
     var g = setupCanvas($('theory-tokens'))
@@ -377,7 +292,7 @@
       g.ctx.strokeStyle = colors['--muted']; g.ctx.setLineDash([2, 3]); g.ctx.beginPath()
       g.ctx.moveTo(g.left, y1); g.ctx.lineTo(g.W - g.right, y1); g.ctx.stroke(); g.ctx.setLineDash([])
       if (!speculative) emptyText(g, colors, 'needs a speculative run')
-      else if (!theory.curve) emptyText(g, colors, 'measuring this machine’s verify cost…')
+      else if (!s.measured_curve) emptyText(g, colors, 'measuring this machine’s verify cost…')
       line(g, s.flat, maxS, colors['--theory-formula'], [6, 4])
       line(g, s.curve, maxS, colors['--theory-curve'], [2, 3])
       line(g, s.measured, maxS, colors['--theory-measured'])
@@ -385,15 +300,15 @@
     g = setupCanvas($('theory-positions'))
     if (g) {
       axes(g, 1, colors, '')
-      var pos = s.positions, k = pos.length - 1
+      var pos = s.positions, k = pos.length
       if (k < 1) emptyText(g, colors, 'needs a speculative run')
       var plotW = g.W - g.left - g.right, ph = g.H - g.top - g.bottom, step = plotW / Math.max(k, 1)
       for (var i = 1; i <= k; i++) {
-        var rate = pos[i].accepted / pos[i].tried, x = g.left + (i - 1) * step
+        var rate = pos[i - 1].rate || 0, x = g.left + (i - 1) * step
         g.ctx.fillStyle = colors['--theory-measured']
         g.ctx.fillRect(x + step * 0.15, g.top + ph - rate * ph, step * 0.7, rate * ph)
-        if (sum.alpha !== null) {
-          var ya = g.top + ph - Math.pow(sum.alpha, i) * ph
+        if (pos[i - 1].formula !== null) {
+          var ya = g.top + ph - pos[i - 1].formula * ph
           g.ctx.fillStyle = colors['--theory-formula']
           g.ctx.fillRect(x + step * 0.08, ya - 1.5, step * 0.84, 3)
         }
@@ -404,11 +319,9 @@
     var figures = $('theory-figures')
     if (figures) {
       figures.dataset.rounds = sum.rounds
-      var gammaNow = sum.gamma === null ? null : Math.round(sum.gamma)
       var values = {
-        alpha: fmt(sum.alpha, 3), acceptance_rate: fmt(sum.acceptanceRate, 3), gamma: fmt(sum.gamma, 2),
-        c: fmt(sum.c, 3), verify_ratio: gammaNow === null ? '–' : fmt(verifyRatio(gammaNow + 1), 2),
-        t1: sum.t1 ? sum.t1.toFixed(3) + ' ms' : '–'
+        alpha: fmt(sum.alpha, 3), acceptance_rate: fmt(sum.acceptance_rate, 3), gamma: fmt(sum.gamma, 2),
+        c: fmt(sum.c, 3), verify_ratio: fmt(sum.verify_ratio, 2), t1: sum.t1_ms ? sum.t1_ms.toFixed(3) + ' ms' : '–'
       }
       figures.querySelectorAll('[data-figure]').forEach(function (dd) { dd.textContent = values[dd.dataset.figure] })
     }
@@ -425,9 +338,9 @@
     if (note) {
       note.textContent = !sum.rounds ? 'Run a generation with a draft model or n-gram lookup (or replay one): each round adds a point.'
         : !speculative ? 'This run proposes nothing (method none, or no n-gram found): choose a draft model or n-gram lookup.'
-          : sum.rounds + ' rounds. Measured tokens per call: ' + fmt(s.tokens[s.tokens.length - 1], 2) +
+          : sum.rounds + ' rounds. Measured tokens per call: ' + fmt(sum.tokens, 2) +
             '; E with the measured α: ' + fmt(sum.e, 2) + '. Estimated speed-up: tokens per call × t(1) ÷ the median ' +
-            'round’s forward time, t(1) and c timed on an idle engine' + (theory.curve ? ' (' + theory.curve.model + ')' : '') +
+            'round’s forward time, t(1) and c timed on an idle engine' + (s.model ? ' (' + s.model + ')' : '') +
             '; a busy machine pulls it down. “Measure against plain decoding” times plain decoding of the same prompt ' +
             'and settings on the same engine, as the Race does.'
     }

@@ -79,7 +79,15 @@ def test_theory_view_follows_the_run(live_server, page, artifacts_dir):
     # (to their precisions: the figure has 3 decimals, the gauge 2)
     assert float(page.inner_text("#theory-figures [data-figure=acceptance_rate]")) == \
         pytest.approx(float(page.inner_text("#m-acceptance_rate")), abs=0.005 + 0.0005 + 1e-9)
-    assert page.evaluate("window.teach.expectedTokens(0.8, 4)") == pytest.approx(expected_tokens_per_round(0.8, 4))
+    # the figures are the server's (engine/theory.py over the recorded rounds): the page draws what it is sent,
+    # and with γ the same in every proposing round E is Leviathan's formula at the run's α
+    key = page.get_attribute("#stream", "data-recording")
+    series = page.evaluate(f"fetch('/teach/theory.json?recording={key}').then(r => r.json())")
+    assert float(page.inner_text("#theory-run-row [data-col=e]")) == pytest.approx(series["summary"]["e"], abs=0.005)
+    assert float(page.inner_text("#theory-figures [data-figure=alpha]")) == \
+        pytest.approx(series["summary"]["alpha"], abs=0.0005 + 1e-9)
+    if series["summary"]["gamma"] == 3 and all(p["formula"] is not None for p in series["positions"]):
+        assert series["summary"]["e"] <= expected_tokens_per_round(series["summary"]["alpha"], 3) + 1e-9
     alpha = float(page.inner_text("#theory-figures [data-figure=alpha]"))
     assert 0 < alpha < 1 and float(page.inner_text("#theory-run-row [data-col=e]")) > 1
     page.screenshot(path=str(artifacts_dir / "teach-theory-dark.png"))

@@ -65,3 +65,29 @@ def test_projected_verify_curve_is_flat_until_compute_bound():
     assert busy[5] > 2                                                   # under load verification is not free
     p = projected_speedup(acc, 0.8, 4, 8.03e9, 1.24e9, 128 * KIB, 32 * KIB, 512, batch=256)
     assert p["verify_ratio"] == pytest.approx(busy[5])                   # the same model as projected_speedup
+
+
+def test_a_runs_series_puts_its_measured_rounds_beside_the_formulas():
+    """engine/theory.py's run_series (the Theory view's figures): α counts the judged drafts (a rejection ends
+    its round), E is Leviathan's formula at that α, the speed-ups divide it by the cost of a round."""
+    from engine.theory import RoundPoint, run_alpha, run_series, speedup_flat_verify
+
+    # γ = 3: all accepted (3 + bonus), one rejected at position 2 (1 accepted), one plain round without drafts
+    points = [RoundPoint(2.0, 0.3, 4, 3, 3), RoundPoint(2.0, 0.3, 2, 3, 1), RoundPoint(1.0, 0.0, 1, 0, 0)]
+    r = run_series(points, t1_ms=1.0, verify_ratio={1: 1.0, 4: 2.0}, draft_model_c=0.1, method="draft_model")
+    alpha = (3 + 1) / (3 + 2)                                   # 4 accepted of 5 judged
+    assert run_alpha(points) == pytest.approx(alpha) == pytest.approx(r["summary"]["alpha"])
+    assert r["tokens"] == pytest.approx([4.0, 3.0, 7 / 3])
+    e = (2 * expected_tokens_per_round(alpha, 3) + 1) / 3       # weighted by rounds of each γ
+    assert r["summary"]["e"] == pytest.approx(e)
+    assert r["summary"]["flat"] == pytest.approx(3 * e / (2 * (3 * 0.1 + 1) + 1))
+    assert r["summary"]["curve"] == pytest.approx(3 * e / (2 * (3 * 0.1 + 2.0) + 1))
+    assert r["summary"]["measured"] == pytest.approx(1.0 * (7 / 3) / 2.3)   # t(1) x tokens per call / median round
+    assert r["e"][0] == pytest.approx(expected_tokens_per_round(1.0, 3)) and r["e"][0] == 4
+    assert speedup_flat_verify(alpha, 3, 0.1) == pytest.approx(expected_tokens_per_round(alpha, 3) / 1.3)
+    assert [p["rate"] for p in r["positions"]] == [1.0, 0.5, 0.5]
+    assert [p["formula"] for p in r["positions"]] == pytest.approx([alpha, alpha ** 2, alpha ** 3])
+    assert r["summary"]["gamma"] == 3 and r["summary"]["verify_ratio"] == 2.0 and r["summary"]["c"] == 0.1
+    # nothing proposed: no α, no predictions
+    plain = run_series(points[2:], 1.0, {1: 1.0}, None, "none")
+    assert plain["summary"]["alpha"] is None and plain["e"] == [None] and plain["positions"] == []

@@ -7,10 +7,12 @@ from fastapi.responses import HTMLResponse
 
 from app.deps import PlaygroundDep
 from app.routers.teach.common import BusyError, error_fragment, fragment, model_of, number
-from app.routers.teach.theory import verify_cost
+from app.routers.teach.theory import recorded_rounds, verify_cost
+from app.views.recording import RECORDINGS
 from engine.kv_memory import PUBLIC_CONFIGS
 from engine.measure import CURVE_NS
-from engine.theory import ACCELERATORS, accelerator_projections, expected_tokens_per_round, speedup_from_curve
+from engine.theory import (ACCELERATORS, accelerator_projections, expected_tokens_per_round, run_alpha,
+                           speedup_from_curve)
 
 router = APIRouter()
 
@@ -22,10 +24,13 @@ PROJECTION_DRAFT = "Llama-3.2-1B"
 async def cost(request: Request, playground: PlaygroundDep, model: str = "", recording: str = "",
                accelerator: str = "H100-SXM", target: str = "Llama-3.1-8B", alpha: str = "", gamma: str = "",
                batch: str = "", context: str = "") -> HTMLResponse:
-    """`alpha` and `gamma` default to the page's run (static/teach.js fills them in), else 0.8 and 4."""
+    """`alpha` defaults to the α of the page's run (`recording`), `gamma` to the page's γ (static/teach.js fills
+    it in), else 0.8 and 4."""
     if playground.engine is None:
         return error_fragment(request, playground.load_error or "no models loaded")
-    alpha = number(alpha, 0.8, float, 0.0, 0.99)
+    rec = RECORDINGS.get(recording) if recording and not alpha.strip() else None
+    run = run_alpha(recorded_rounds(rec, None)[0]) if rec is not None else None
+    alpha = number(alpha, 0.8 if run is None else min(run, 0.99), float, 0.0, 0.99)
     gamma = number(gamma, 4, int, 1, 16)
     batch = number(batch, 1, int, 1, 4096)
     context = number(context, 512, int, 1, 131072)
