@@ -1,18 +1,19 @@
 """One websocket connection: receive commands, run a generation on the engine thread, stream its events.
 
 Both websocket endpoints use this handler; they differ only in their `View` (how messages are parsed and
-how events are rendered: HTML fragments for htmx, or JSON objects). Watchers (app/watch/rooms.py) share the
-receiving half (`Socket`).
+how events are rendered: HTML fragments for htmx, or JSON objects). Watchers (app/watch/watcher.py) share the
+receiving half (`Socket`, app/ws/socket.py).
 
 Tasks of one connection, in one anyio task group (cancelled together when the client goes):
-- the receiver reads every client message at once, also while a generation streams (uvicorn stops
-  reading a socket the app does not receive from, and then pings fail); it enforces the message size,
-  the message rate and UTF-8, and answers bad input with an error item;
-- the sender takes everything in the outbox at once, lets the view coalesce it into few messages (one
-  per frame when the engine is fast) and sends them;
-- a run task per generation: it waits for a slot (admission control, app/ws/admission.py), hands the session
-  to the engine thread (app/ws/engine_thread.py), and when the generation ends, or is ended, makes sure its
-  KV blocks are freed and its slot given back;
+- the receiver (app/ws/socket.py) reads every client message at once, also while a generation streams
+  (uvicorn stops reading a socket the app does not receive from, and then pings fail); it enforces the
+  message size, the message rate and UTF-8, and answers bad input with an error item;
+- the sender (app/ws/sender.py) takes everything in the outbox at once, lets the view coalesce it into few
+  messages (one per frame when the engine is fast) and sends them;
+- a run task per generation (`run_admitted`): it waits for a slot (admission control, app/ws/admission.py),
+  hands the session to the engine thread (app/ws/engine_thread.py) or streams it from an external engine
+  (app/ws/external.py), and when the generation ends, or is ended, makes sure its KV blocks are freed and
+  its slot given back;
 - the idle watch stops a generation that has made no progress and heard nothing for `idle_timeout_s`.
 
 The engine thread runs the rounds. Pacing (pause, step, speed) and backpressure are its gate for this
@@ -289,21 +290,41 @@ class Connection(PacedSender, Socket):
 
     # --- the run -------------------------------------------------------------------------------------
     async def _run_task(self, run: Run, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """Wait for a slot, hand the session to the engine thread, wait for its end.
+        """A generation of our engine: once admitted, the engine thread runs it until it ends (or is ended)."""
+        engine_thread = self.playground.engine_thread
 
-        NOTE: however it ends (done, error, stop, reset, a new start, disconnect, busy), the `finally`
-        removes the session from the engine thread (which frees its blocks; a no-op if it ended by itself)
-        and then gives its slot back, shielded from cancellation.
+        async def generate() -> None:
+            try:
+                await engine_thread.add(run.session, run.link)
+            except Exception as e:  # noqa: BLE001 - a bug: say so on this connection, keep it open
+                logger.exception("handing generation %s to the engine thread failed", run.session.id)
+                self.error(f"internal error: {type(e).__name__}: {e}")
+                return
+            await run.ended_event.wait()
+
+        async def release() -> None:
+            await engine_thread.remove(run.session)   # frees its blocks; a no-op if it ended by itself
+
+        await self.run_admitted(run, generate, release, _described(run.session), task_status=task_status)
+
+    async def run_admitted(self, run: Run, generate, release, described: dict, *,
+                           task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Wait for a slot (admission control, app/ws/admission.py), then `await generate()`.
+
+        NOTE: however it ends (done, error, stop, reset, a new start, disconnect, busy), the `finally` awaits
+        `release()` (the session's blocks or stream go) and then gives its slot back, shielded from
+        cancellation. A start beyond the line closes the connection with 1013. Our engine's runs and an
+        external engine's (app/ws/external.py) both wait here.
         """
-        pg = self.playground
+        admission = self.playground.admission
         admitted = False
         try:
             with run.scope:
                 task_status.started()
                 try:
-                    await pg.admission.acquire(lambda position: self._queued(run, position))
+                    await admission.acquire(lambda position: self._queued(run, position))
                 except Busy as e:
-                    log_event(logger, "refused_busy", running=pg.admission.running, waiting=pg.admission.waiting)
+                    log_event(logger, "refused_busy", running=admission.running, waiting=admission.waiting)
                     self.run = None
                     await self.close(1013, str(e))
                     return
@@ -312,21 +333,15 @@ class Connection(PacedSender, Socket):
                 run.last_progress_at = anyio.current_time()
                 if run.position:
                     self._state_notice()
-                log_event(logger, "generation_started", session=run.session.id, **_described(run.session))
-                try:
-                    await pg.engine_thread.add(run.session, run.link)
-                except Exception as e:  # noqa: BLE001 - a bug: say so on this connection, keep it open
-                    logger.exception("handing generation %s to the engine thread failed", run.session.id)
-                    self.error(f"internal error: {type(e).__name__}: {e}")
-                    return
-                await run.ended_event.wait()
+                log_event(logger, "generation_started", session=run.session.id, **described)
+                await generate()
         finally:
             with anyio.CancelScope(shield=True):
                 try:
-                    await pg.engine_thread.remove(run.session)
+                    await release()
                 finally:
                     if admitted:
-                        pg.admission.release()
+                        admission.release()
                     run.ended = True
                     run.finished.set()
 

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
-from app.logs import log_event
 from app.protocol import CommandError
-from app.ws.admission import Busy
 from app.ws.engine_thread import PARKED
 from app.ws.run import OUTBOX_MAX_BATCHES, Run, next_run_id
 from engine.events import Done
@@ -187,32 +185,11 @@ async def start_external(conn, engine: ExternalEngine, prompt: str | None, setti
     run.link = ExternalLink(session, conn, OUTBOX_MAX_BATCHES)
     if conn.room is not None:
         conn.room.run_started(run)
-    await conn._tg.start(_external_run_task, conn, run)
 
+    async def generate() -> None:
+        await run_external(session, run.link, lambda item: conn._deliver(run, item))
 
-async def _external_run_task(conn, run, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-    pg = conn.playground
-    admitted = False
-    try:
-        with run.scope:
-            task_status.started()
-            try:
-                await pg.admission.acquire(lambda position: conn._queued(run, position))
-            except Busy as e:
-                conn.run = None
-                await conn.close(1013, str(e))
-                return
-            admitted = True
-            run.queued = False
-            run.last_progress_at = anyio.current_time()
-            if run.position:
-                conn._state_notice()
-            log_event(logger, "generation_started", session=run.session.id, **run.session.described())
-            await run_external(run.session, run.link, lambda item: conn._deliver(run, item))
-    finally:
-        with anyio.CancelScope(shield=True):
-            run.session.close()
-            if admitted:
-                pg.admission.release()
-            run.ended = True
-            run.finished.set()
+    async def release() -> None:
+        session.close()
+
+    await conn._tg.start(conn.run_admitted, run, generate, release, session.described())
