@@ -188,9 +188,8 @@ def gqa_attention(quick: bool) -> list[dict]:
         fns[kv_heads] = step
         rows.append({"kv_heads": kv_heads, "cache_mb_fp32": store.nbytes() / 2 ** 20})
     # Steady state, as the seed's median of 51 consecutive steps: after the MHA step has streamed its
-    # 32 MB through the shared L3, the MQA step needs ~10 calls to return to its own speed (measured
-    # 2026-11-29: 0.71 ms on the first call, 0.45 ms from the tenth), so each turn starts with 10
-    # untimed calls. "cold" is the first call after the other configurations ran: each layer of a deep
+    # 32 MB through the shared L3, the MQA step needs ~10 calls to return to its own speed
+    # (docs/benchmarks.md), so each turn starts with 10 untimed calls. "cold" is the first call after the other configurations ran: each layer of a deep
     # model reads its own KV once per step, so there the KV comes from memory.
     steady = interleaved(fns, 5 if quick else 15, runs={k: 3 for k in fns}, warm=10)
     cold = interleaved(fns, 11 if quick else 51, warm=0)

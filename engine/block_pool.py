@@ -85,8 +85,7 @@ class BlockPool:
         right after `after` before: then its cached content continues `after`'s chain as an earlier
         sequence wrote it (a re-run of a prompt: the prompt's blocks are hits, the rest of the last run
         follows them), a hit only for a request that repeats that sequence, and evicting it out of LRU order
-        keeps the re-run's table one slice (a decode step at 400 tokens 0.964 ms with a gather, 0.831 ms
-        with a slice, target-mha, 2026-11-29).
+        keeps the re-run's table one slice, which a decode step reads faster than a gather (docs/benchmarks.md).
         """
         if n > len(self.free_queue):
             raise KVCacheFullError(

@@ -103,9 +103,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # step of models this small costs numpy's per-call overhead per layer more than arithmetic, so the
     # draft's cost relative to the target is set mostly by their layer counts: 6 target layers, one draft
     # layer (4 and 2 layers: ~0.22 target steps). The draft's MLP width trades cost for acceptance: with
-    # the lean one-token step (model.decode) an MLP of 768 made a draft step 0.108-0.111 target steps and
-    # 384 0.089-0.094 (2026-11-29, same process, interleaved), at greedy acceptance 0.753 against 0.743
-    # (k = 4, after distillation; 0.666 for 384 before it).
+    # the lean one-token step (model.decode) the 384-wide MLP costs a fifth less than 768 for about the same
+    # greedy acceptance after distillation (the figures: docs/benchmarks.md, issue 20's section).
     "target-mha": dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6,
                        num_key_value_heads=6, intermediate_size=512, vocab_size=99,
                        max_position_embeddings=512, eos_token_id=0),

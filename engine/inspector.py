@@ -1,9 +1,21 @@
 """The token inspector's figures of a session's round: p(x), q(x) and the top-5 of p, q and the residual."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .sampling import softmax, top_k_rows
+
+
+class Unshown(NamedTuple):
+    """A round's token events whose inspector figures are filled in after the round (outside engine time)."""
+    events: list                # TokenResult, positions 1..n
+    p_source: object            # [rows, V] the target's logits (p_is_logits) or its sampling distribution
+    p_is_logits: bool
+    q_source: object            # [drafts, V] the drafter's, likewise, or None
+    q_is_logits: bool
+    residual: object            # [V] the residual a resampled token was drawn from, or None
 
 
 class InspectorAnnotations:

@@ -42,8 +42,8 @@ class KVStore:
         shape = (2, cfg.num_key_value_heads, self.num_slots, cfg.head_dim)
         L = cfg.num_hidden_layers
         # Written now (np.full), not only allocated: np.zeros maps pages lazily, and the first write to each
-        # page (a new block's K/V, for every KV head) faults inside a generation's measured forward: a fresh
-        # pool made a 62-token prefill of target-mha ~2 ms slower, and sometimes ~50 ms (measured 2026-11-29).
+        # page (a new block's K/V, for every KV head) faults inside a generation's measured forward, which
+        # then counts the kernel's page faults as engine time (docs/benchmarks.md).
         self.kv = [np.full(shape, 0, dtype.storage) for _ in range(L)]
         if dtype.scale == "per_token_head":     # [2, nkv, num_slots] float16
             self.scale = [np.full(shape[:3], 0, np.float16) for _ in range(L)]

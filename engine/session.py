@@ -29,7 +29,7 @@ import numpy as np
 from .block_pool import KVCacheFullError
 from .events import DraftProposed, Done, Error, Event, Metrics, Prefill, RoundDone, Started, TokenResult
 from .heads import EagleProposer, FeatureLog, MedusaProposer
-from .inspector import InspectorAnnotations
+from .inspector import InspectorAnnotations, Unshown
 from .live_settings import LiveSettings
 from .metrics import SpecDecodeStats
 from .model import ContextLengthError
@@ -96,7 +96,7 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         self._cancel = threading.Event()
         self._closed = False
         self._seq_ids: set = set()
-        self._unshown: list = []    # token events whose inspector figures are filled in after the round
+        self._unshown: list[Unshown] = []
         self.features = FeatureLog(self.target_lm.cfg.hidden_size)   # the target's hidden states, for heads
         # output text, token by token: a byte-level token may end inside a character (engine/tokenizer.py)
         self._stream = StreamDecoder(self.tokenizer)
@@ -307,8 +307,8 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
                              None, None, v.accept_prob, v.r) for v in verdicts]
         # display distributions: at temperature 0 the decision uses point masses; show softmax(T=1)
         display_q = getattr(self.proposer, "display_q", None) if greedy else None
-        self._unshown.append((shown, logits if greedy else p, greedy, display_q if display_q is not None else q,
-                              display_q is not None, residual))
+        self._unshown.append(Unshown(shown, logits if greedy else p, greedy,
+                                     display_q if display_q is not None else q, display_q is not None, residual))
         events += shown
         emitted = [v for v in verdicts if v.status != "rejected"]
         if s.fault != "no_truncate":          # the fault keeps the rejected drafts' K/V in the cache
@@ -349,7 +349,7 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
 
     def _target_token(self, tok: int, logits, p) -> TokenResult:
         event = TokenResult(self.round, 1, tok, self.tokenizer.token_text(tok), "target", None, None, None, None)
-        self._unshown.append(([event], (logits if p is None else p)[None], p is None, None, False, None))
+        self._unshown.append(Unshown([event], (logits if p is None else p)[None], p is None, None, False, None))
         return event
 
     def _emit(self, new_tokens: list[int], statuses: list[str], token_events: list[TokenResult]) -> int:
