@@ -125,3 +125,28 @@ def test_the_reader_sees_imports():
     g = graph()
     assert any(t == "engine.registry" for t, _, _ in g["engine.session"])
     assert any(layer(t) == "engine" for t, _, _ in g["app.main"] + g["app.protocol"])
+
+
+# What each room of app/ may import of app/ (docs/architecture.md's table); engine/ is open to all of them.
+ALLOWED_IN_APP = {
+    "app.protocol": (),
+    "app.views": ("app.protocol", "app.paths", "app.presets", "app.views"),
+    "app.watch": ("app.protocol", "app.ws.socket", "app.config", "app.logs", "app.watch"),
+    "app.ws": ("app.protocol", "app.config", "app.logs", "app.security", "app.ws"),
+    "app.config": ("app.paths",),
+    "app.metrics": (),
+    "app.security": ("app.config",),
+}
+
+
+def test_each_room_of_app_imports_only_what_the_architecture_allows():
+    wrong = []
+    for module, found in graph().items():
+        room = next((r for r in ALLOWED_IN_APP if module == r or module.startswith(r + ".")), None)
+        if room is None:
+            continue
+        for target, line, _ in found:
+            if layer(target) == "app" and not any(target == a or target.startswith(a + ".") for a in
+                                                  ALLOWED_IN_APP[room]):
+                wrong.append(f"{module} (line {line}) imports {target}")
+    assert wrong == []

@@ -8,7 +8,6 @@ that do not validate are ignored and listed on the page, so a broken link still 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 from app.presets import DEFAULT_PROMPT, PRESETS
@@ -17,9 +16,6 @@ from engine.kv_dtypes import KV_CACHE_DTYPES
 from engine.race import RACE_SETTINGS, default_values, form_text, race_choices
 from engine.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError
 from engine.theory import worked_table
-
-if TYPE_CHECKING:
-    from app.state import Playground
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
@@ -127,9 +123,10 @@ SMOLLM2_DEMO = {"model": "smollm2-135m", "chat": "true", "method": "eagle", "num
                 "prompt": "Explain how a rainbow forms, in a short paragraph."}
 
 
-def demo_defaults(playground: Playground, model: str | None = None) -> dict[str, str]:
+def demo_defaults(playground, model: str | None = None) -> dict[str, str]:
     """The form's defaults: SmolLM2 + chat + EAGLE when present (config demo "auto") and the URL names no other
-    model, else our character models'."""
+    model, else our character models'. (`playground`, here and below: the app's Playground, app/state.py,
+    read for its models and configuration.)"""
     out = defaults()
     registry = playground.registry
     lm = registry.models.get(SMOLLM2_DEMO["model"]) if registry is not None else None
@@ -139,7 +136,7 @@ def demo_defaults(playground: Playground, model: str | None = None) -> dict[str,
     return out
 
 
-def page_state(query, playground: Playground) -> PageState:
+def page_state(query, playground) -> PageState:
     """Validate the query string (a starlette QueryParams or a dict) into the page's state."""
     model = query.get("model")
     state = PageState(values=demo_defaults(playground, model), defaults=demo_defaults(playground, model))
@@ -153,7 +150,7 @@ def page_state(query, playground: Playground) -> PageState:
     return state
 
 
-def _url_settings(query, playground: Playground, warnings: list[str]) -> dict:
+def _url_settings(query, playground, warnings: list[str]) -> dict:
     """The generation settings of the URL that are valid here (each one refused is a warning)."""
     valid: dict = {}
     for name in FORM_SETTINGS:
@@ -284,7 +281,7 @@ def model_options(registry, name: str | None) -> dict:
             "default_method": GenerationSettings().method}
 
 
-def page_context(query, playground: Playground, embed: bool) -> dict:
+def page_context(query, playground, embed: bool) -> dict:
     registry = playground.registry
     state = page_state(query, playground)
     targets, races = [], {}

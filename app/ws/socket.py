@@ -64,8 +64,7 @@ class Socket:
 
     def __init__(self, websocket: WebSocket, config: AppConfig):
         self.ws, self.config = websocket, config
-        cfg = config
-        self.bucket = TokenBucket(cfg.messages_per_s, cfg.message_burst)
+        self.bucket = TokenBucket(config.messages_per_s, config.message_burst)
         self.last_message_at = anyio.current_time()
         self.closed: int | None = None
         self._dropped = 0
