@@ -86,40 +86,50 @@ class ServerMetrics:
                              MODEL, buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Start message to the end of the generation.",
                              MODEL, buckets=E2E_BUCKETS, registry=r)
+        self._models: dict[str, _ModelMetrics] = {}
         self._scrape = _ScrapeRows()
         self._scrape_lock = threading.Lock()
         r.register(self._scrape)
 
+    def _of(self, model: str) -> "_ModelMetrics":
+        """The model's labelled children, made once: `labels()` costs more than the update it selects."""
+        children = self._models.get(model)
+        if children is None:
+            children = self._models[model] = _ModelMetrics(self, model)
+        return children
+
     def observe(self, link, event, now: float) -> None:
         """One engine event of a served generation (engine thread)."""
-        model = link.model_name
         t = event.type
-        if t == "prefill":
-            self.prefix_queries.labels(model).inc(event.num_tokens)
-            self.prefix_hits.labels(model).inc(event.num_cached_tokens)
-            self.prompt_tokens.labels(model).inc(event.num_tokens)
-        elif t == "token":
+        if t in ("draft", "kv"):
+            return
+        m = self._of(link.model_name)
+        if t == "token":
             if event.status != "rejected":
-                self.generation_tokens.labels(model).inc()
+                m.generation_tokens.inc()
             if event.status == "accepted":
-                self.accepted_per_pos.labels(model, str(event.position - 1)).inc()
+                m.accepted_at(event.position - 1).inc()
         elif t == "round":
             if event.num_draft_tokens:
-                self.drafts.labels(model).inc()
-                self.draft_tokens.labels(model).inc(event.num_draft_tokens)
-                self.accepted_tokens.labels(model).inc(event.num_accepted)
+                m.drafts.inc()
+                m.draft_tokens.inc(event.num_draft_tokens)
+                m.accepted_tokens.inc(event.num_accepted)
         elif t == "metrics":
             if link.first_token_at is None:
                 link.first_token_at = now
                 if link.requested_at is not None:
-                    self.ttft.labels(model).observe(now - link.requested_at)
+                    m.ttft.observe(now - link.requested_at)
             else:
-                self.itl.labels(model).observe(now - link.round_started_at)
+                m.itl.observe(now - link.round_started_at)
+        elif t == "prefill":
+            m.prefix_queries.inc(event.num_tokens)
+            m.prefix_hits.inc(event.num_cached_tokens)
+            m.prompt_tokens.inc(event.num_tokens)
         elif t in ("done", "error"):
             reason = event.summary.get("finish_reason") if t == "done" else "error"
-            self.request_success.labels(model, reason or "unknown").inc()
+            self.request_success.labels(link.model_name, reason or "unknown").inc()
             if link.requested_at is not None:
-                self.e2e.labels(model).observe(now - link.requested_at)
+                m.e2e.observe(now - link.requested_at)
 
     def value(self, sample: str, **labels) -> float | None:
         """One sample's value now (e.g. `vllm:generation_tokens_total`, model_name=...), None if it has none."""
@@ -134,3 +144,19 @@ class ServerMetrics:
                 return generate_latest(self.registry).decode()
             finally:
                 self._scrape.rows = []
+
+
+class _ModelMetrics:
+    """One model's children of the labelled families (engine thread only)."""
+
+    def __init__(self, m: ServerMetrics, model: str):
+        self.model, self._per_pos, self._family = model, {}, m.accepted_per_pos
+        for name in ("prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens", "drafts", "draft_tokens",
+                     "accepted_tokens", "ttft", "itl", "e2e"):
+            setattr(self, name, getattr(m, name).labels(model))
+
+    def accepted_at(self, position: int):
+        child = self._per_pos.get(position)
+        if child is None:
+            child = self._per_pos[position] = self._family.labels(self.model, str(position))
+        return child
