@@ -50,6 +50,10 @@ class PanelWeight:
     def data(self):  # the stored array
         return self.panels
 
+    @data.setter
+    def data(self, array):
+        self.panels = array
+
     @property
     def nbytes(self) -> int:
         return self.panels.nbytes
@@ -81,6 +85,10 @@ class OutInWeight:
     @property
     def data(self):  # the stored array
         return self.t
+
+    @data.setter
+    def data(self, array):
+        self.t = array
 
     @property
     def nbytes(self) -> int:
@@ -181,10 +189,26 @@ def use_layout(model, name: str):
         for attr in MATRICES:
             setattr(lw, attr, layout(getattr(lw, attr)))
     model.lm_head = layout(model.lm_head)
+    pack_in_reading_order(model)
     model.layout = name
     model.split_rows = frozenset()     # the weights choose their own call pattern per row count
     model.dot, model.vec_dot = weight_rows, weight_vec
     return model
+
+
+def pack_in_reading_order(model) -> None:
+    """Move every matrix a step reads into one buffer, in the order a step reads them.
+
+    Allocated one by one, the matrices land wherever malloc finds room, most of them in small pages; a step
+    then misses the TLB on every 4 KB it streams, and its products ran ~1.5x slower than over the same bytes
+    in one large, huge-page-backed allocation (docs/benchmarks.md, `bench smollm2`)."""
+    weights = weights_of(model)
+    buffer = np.empty(sum(w.data.size for w in weights), weights[0].data.dtype)
+    start = 0
+    for w in weights:
+        stored = buffer[start:start + w.data.size].reshape(w.data.shape)
+        stored[...] = w.data
+        w.data, start = stored, start + w.data.size
 
 
 def use_fastest_layout(model):

@@ -71,13 +71,19 @@ async def fetch_server_metrics(engine: ExternalEngine, client: httpx.AsyncClient
 
 
 async def fetch_server_config(engine: ExternalEngine, client: httpx.AsyncClient) -> dict:
-    """The models the server says it serves (/v1/models) and, from llama.cpp's /props, its context size
-    per slot, slots and weight type ({} where it publishes nothing readable)."""
+    """The models the server says it serves (/v1/models; llama.cpp adds its one model's weight bytes `size`
+    and `n_params`) and, from llama.cpp's /props, its context size per slot, slots and weight type ({} where
+    it publishes nothing readable)."""
     out: dict = {}
     text = await _get(client, engine.base_url.rstrip("/") + "/models", engine)
     try:
         data = json.loads(text) if text else {}
-        out["models"] = [str(m.get("id"))[:200] for m in data.get("data", [])[:20] if isinstance(m, dict)]
+        models = [m for m in data.get("data", [])[:20] if isinstance(m, dict)]
+        out["models"] = [str(m.get("id"))[:200] for m in models]
+        meta = models[0].get("meta") if len(models) == 1 else None      # llama.cpp: its weights' bytes
+        if isinstance(meta, dict):
+            out.update({key: int(meta[key]) for key in ("size", "n_params")
+                        if isinstance(meta.get(key), (int, float)) and meta[key] > 0})
     except (ValueError, AttributeError, TypeError):
         pass
     if engine.kind == "llamacpp":

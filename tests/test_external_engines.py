@@ -133,6 +133,8 @@ def test_llamacpp_chat_reaches_done_through_api_ws_and_its_metrics_move(app, ser
     assert llamacpp["threads"] == 1 and llamacpp["engine"] == "llamacpp"
     published = llamacpp["published"]                 # what llama.cpp says about itself (/props, /v1/models)
     assert published["model_ftype"] == "Q4_1" and published["n_ctx"] > 0 and published["models"] == ["SmolLM2-135M-Instruct.Q4_1"]
+    assert 0.9 * gguf_path().stat().st_size < published["size"] <= gguf_path().stat().st_size
+    assert published["n_params"] == 134_515_008
     before = _predicted_total(engine)
 
     async def scenario():

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from engine.kv_cache import KVCacheManager
-from engine.layout import FEW_ROWS, LAYOUTS, stream_ms, use_fastest_layout, use_layout, weight_bytes
+from engine.layout import FEW_ROWS, LAYOUTS, stream_ms, use_fastest_layout, use_layout, weight_bytes, weights_of
 from engine.model import forward
 
 
@@ -56,3 +56,15 @@ def test_the_faster_layout_is_chosen_and_the_floor_covers_every_weight_byte(make
     per_layer = qkv + cfg.num_attention_heads * cfg.head_dim * c + c * 2 * i + i * c
     assert weight_bytes(model) == 4 * (cfg.num_hidden_layers * per_layer + c * v)
     assert stream_ms(model, repeats=2) > 0
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_a_step_reads_its_weights_from_one_buffer_in_order(make_model, layout):
+    """Each matrix follows the one before it in memory, in the order a step multiplies by them."""
+    plain, weights = make_model("tiny", hidden_size=128, intermediate_size=320, vocab_size=704, seed=5)
+    stored = use_layout(type(plain)(plain.cfg, weights), layout)
+    arrays = [w.data for w in weights_of(stored)]
+    base = arrays[0].base
+    assert base is not None and all(a.base is base for a in arrays)
+    starts = [a.ctypes.data for a in arrays]
+    assert starts == [starts[0] + sum(a.nbytes for a in arrays[:i]) for i in range(len(arrays))]
