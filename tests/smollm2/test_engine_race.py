@@ -1,6 +1,7 @@
 """Our numpy engine raced against a real llama.cpp server (xllamacpp, the same SmolLM2 weights in Q4_1):
 the lanes carry what each reads per token, and the verdict the ratio those bytes predict beside the measured."""
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -25,7 +26,8 @@ def llamacpp(smollm2_dir):
 
 def test_a_race_of_engines_predicts_from_weight_bytes_and_measures_decode(smollm2_engine, smollm2, llamacpp):
     ours = trace(smollm2_engine, PROMPT, {**SETTINGS, "model": "smollm2-135m"})
-    theirs = asyncio.run(external_trace(llamacpp.engine, PROMPT, SETTINGS))
+    with ThreadPoolExecutor(1) as pool:     # its own event loop (a browser test may hold this thread's)
+        theirs = pool.submit(asyncio.run, external_trace(llamacpp.engine, PROMPT, SETTINGS)).result()
     assert theirs["error"] is None and theirs["num_output_tokens"] >= 2
     assert [t["t_ms"] for t in theirs["tokens"]] == sorted(t["t_ms"] for t in theirs["tokens"])
     assert "".join(t["text"] for t in theirs["tokens"]) == theirs["summary"]["text"]
