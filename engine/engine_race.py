@@ -17,8 +17,33 @@ from __future__ import annotations
 import time
 
 from .openai_stream import ExternalEngine, stream_chat
+from .settings import SettingsError
 
-OURS = "numpy"
+OURS = "numpy"          # the form value of our engine's side
+SETTING = "engine"      # the race's setting name (beside engine/race.py's RACE_SETTINGS)
+LABEL = "engine: numpy / a real server"
+
+
+def engine_choices(external_names) -> list[tuple[str, str]]:
+    """The race's values: our engine, then each configured engine (form value, label)."""
+    return [(OURS, "our numpy engine (float32, plain decoding)")] + [(n, n) for n in external_names]
+
+
+def engine_pair(values, external_names) -> tuple[str, str]:
+    """Side a is our engine, side b a configured engine (the first one when `values` is None)."""
+    names = list(external_names)
+    a, b = values if values is not None else (OURS, names[0] if names else None)
+    if a != OURS or b not in names:
+        raise SettingsError("race", f"side A our numpy engine ({OURS}), side B one of the configured engines: "
+                                    f"{', '.join(names) or 'none is configured (serve --openai-url, llama.cpp)'}")
+    return a, b
+
+
+def race_settings(settings: dict, has_chat_template: bool) -> tuple[dict, dict]:
+    """Our side's settings (plain decoding, with the chat template where the model has one, as a server
+    answers a chat request) and the settings sent to the server (the sampling ones; the rest are its own)."""
+    ours = {**settings, "method": "none", "chat": has_chat_template}
+    return ours, {k: settings[k] for k in ("max_tokens", "temperature", "top_p", "seed") if k in settings}
 
 
 async def external_trace(engine: ExternalEngine, prompt: str, settings: dict) -> dict:

@@ -48,6 +48,41 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
+# The page's gauges of a server's own /metrics: (label, unit, the series that give it, in the order tried).
+SERVER_GAUGES = [
+    ("KV cache used", "of the server's KV cache",
+     ("vllm:kv_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio")),
+    ("Requests running", "on the server now", ("vllm:num_requests_running", "llamacpp:requests_processing")),
+    ("Requests waiting", "queued on the server", ("vllm:num_requests_waiting", "sglang:num_requests_waiting",
+                                                  "llamacpp:requests_deferred")),
+    ("Prefix-cache hits", "tokens since it started", ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits",
+                                                      "llamacpp:prompt_tokens_cached_total")),
+    ("Draft tokens accepted", "accepted ÷ drafted since it started", ()),
+    ("Tokens generated", "since it started", ("vllm:generation_tokens_total", "llamacpp:tokens_predicted_total")),
+]
+FRACTIONS = {"vllm:kv_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio"}   # 0..1
+SPEC_PAIRS = (("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
+              ("llamacpp:spec_decode_num_accepted_tokens_total", "llamacpp:spec_decode_num_draft_tokens_total"))
+
+
+def server_gauges(values: dict[str, float]) -> list[dict]:
+    """The gauges' texts from a server's series ("–" where it publishes none of a gauge's series)."""
+    rows = []
+    for label, unit, names in SERVER_GAUGES:
+        name = next((n for n in names if n in values), None)
+        if name is None:
+            text = "–"
+        elif name in FRACTIONS:
+            text = f"{values[name]:.1%}"
+        else:
+            text = f"{values[name]:,.0f}"
+        if label == "Draft tokens accepted":
+            pair = next(((a, d) for a, d in SPEC_PAIRS if values.get(d)), None)
+            text = f"{values[pair[0]]:,.0f} / {values[pair[1]]:,.0f}" if pair else "–"
+        rows.append({"label": label, "unit": unit, "text": text})
+    return rows
+
+
 async def _get(client: httpx.AsyncClient, url: str, engine: ExternalEngine) -> str | None:
     """The body of a GET (at most MAX_BODY_BYTES, TIMEOUT_S a read), or None."""
     try:

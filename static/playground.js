@@ -353,6 +353,7 @@
     trim()
     keepLatest()
     if (document.body.dataset.layout === 'kv') fitKv(false)
+    applyServerSet()
     if (socket && stats.messages > acked) {
       acked = stats.messages
       socket.send(JSON.stringify({ ack: acked }))
@@ -360,6 +361,27 @@
   }
 
   document.addEventListener('htmx:wsOpen', function () { stats.messages = 0; acked = 0 })
+
+  // Controls an external engine sets at start-up: the server names them in #server-set (app/views/page.py);
+  // they stay disabled, its reason as their title, until one of our models is picked again.
+  function applyServerSet() {
+    var note = $('server-set')
+    if (!note) return
+    var ids = (note.dataset.controls || '').split(' ').filter(Boolean)
+    document.querySelectorAll('[data-server-set]').forEach(function (el) {
+      if (ids.indexOf(el.id) >= 0) return
+      el.disabled = false
+      el.title = el.dataset.serverSet
+      delete el.dataset.serverSet
+    })
+    ids.forEach(function (id) {
+      var el = $(id)
+      if (!el || el.dataset.serverSet !== undefined) return
+      el.dataset.serverSet = el.title
+      el.disabled = true
+      el.title = note.textContent
+    })
+  }
 
   // A replay (static/teach.js) swaps in recorded messages without the websocket: the same per-frame work
   // (chart, bounded DOM), and nothing acknowledged to the server.
@@ -398,6 +420,7 @@
 
   document.addEventListener('DOMContentLoaded', function () {
     var form = $('controls')
+    applyServerSet()
     var wrap = $('stream-wrap')
     if (wrap) { watchStream(wrap); watchScroll(wrap) }
     window.addEventListener('resize', function () { redrawChart(); fitKv(true); keepLatest() })

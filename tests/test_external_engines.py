@@ -231,3 +231,28 @@ def test_only_http_urls_are_accepted_from_the_operator(models_dir):
     from app.config import AppConfig
     with pytest.raises(ValueError, match="http:// or https://"):
         AppConfig(models_dir=models_dir, openai_engines=({"url": "file:///etc/passwd"},))
+
+
+def test_a_race_of_engines_puts_llamacpp_beside_ours_with_the_bytes_each_reads(server, llamacpp):
+    import httpx
+    form = {"prompt": "Name three colours.", "model": "smollm2-135m", "max_tokens": "8", "temperature": "0",
+            "race": "engine", "race_a": "numpy", "race_b": LABEL}
+    page = httpx.get(server + "/?model=smollm2-135m&view=race&race=engine", timeout=30).text
+    assert f'value="{LABEL}" data-setting="engine"' in page and "ignored race=" not in page
+    html = httpx.post(server + "/teach/race", data=form, headers={"Origin": server}, timeout=120).text
+    assert 'data-setting="engine"' in html, html[:2000]
+    assert html.count('data-figure="weight_bytes_per_token"') == 2 and "the bytes predict" in html
+    assert html.count('data-figure="gb_per_s"') == 2 and "error:" not in html
+
+
+def test_a_race_of_engines_names_its_sides_and_survives_a_failing_server(server):
+    import httpx
+    form = {"prompt": "Hi", "max_tokens": "6", "race": "engine", "race_a": "numpy", "race_b": "no such engine"}
+    html = httpx.post(server + "/teach/race", data=form, headers={"Origin": server}, timeout=60).text
+    assert "side B one of the configured engines" in html and "hostile ok" in html
+    html = httpx.post(server + "/teach/race", data={**form, "race_b": "hostile server-error"},
+                      headers={"Origin": server}, timeout=60).text
+    assert "error: hostile server-error: " in html and "HTTP 500" in html
+    html = httpx.post(server + "/teach/race", data={**form, "race_b": "hostile ok"}, headers={"Origin": server},
+                      timeout=60).text
+    assert "does not publish its weight bytes" in html and "error:" not in html

@@ -257,6 +257,21 @@ def test_cost_model_projects_a_memory_bound_accelerator(client):
     assert client.get("/teach/cost", params={"alpha": "", "gamma": "x", "batch": "-3"}).status_code == 200
 
 
+def test_the_cost_model_takes_a_head_s_c_from_the_page_s_run(client, engine):
+    view = client.app.state.playground.view("html")
+    view.form_prompt = PROMPT
+    events = run_events(engine, method="eagle", max_tokens=40)
+    show_run(view, events)
+    rounds = [e for e in events if e.type == "round" and e.num_draft_tokens]
+    html = client.get("/teach/cost", params={"recording": view.recording.key, "gamma": "3"}).text
+    assert "eagle, measured in the page" in html
+    curve = client.get("/teach/curve.json").json()
+    c = sum(r.draft_ms for r in rounds) / sum(r.num_draft_tokens for r in rounds) / curve["target_ms"]["1"]
+    assert float(figure(html, "c_here")) == pytest.approx(c, abs=0.006)          # shown to 2 decimals
+    plain = client.get("/teach/cost", params={"gamma": "3"}).text                # no run: the draft model's
+    assert float(figure(plain, "c_here")) == pytest.approx(curve["c"], abs=0.006) and "draft model" in plain
+
+
 # --- faults, race, distribution ---------------------------------------------------------------------------------
 # the page's default prompt: there the shipped draft is rejected within the first tokens, which the faults need
 FORM = {"prompt": DEFAULT_PROMPT, "method": "draft_model", "num_speculative_tokens": "4", "max_tokens": "40",

@@ -22,11 +22,13 @@ from app.protocol import Batch, Command, CommandError, Notice, RenderContext, js
 from app.views.fragments import (fmt_metric, human_bytes, model_info_text, model_line, setting_text, status_view,
                                  summary_text, token_html)
 from app.views.kv_map import KvMap
-from app.views.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_options
+from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_options,
+                            server_set)
 from app.views.recording import RECORDINGS
 from app.views.templating import macros
 from engine.kv_cache import PoolSnapshot
 from engine.registry import ModelRegistry
+from engine.server_metrics import server_gauges
 from engine.settings import LIVE_SETTINGS, excerpt
 
 METRICS = tuple(name for name, _, _ in GAUGES)
@@ -40,7 +42,6 @@ class ViewSources:
     registry: ModelRegistry | None = None
     external: Collection[str] = ()                     # names of the external engines
     pools: Callable[[], list[PoolSnapshot]] = list
-
 
 
 @dataclass
@@ -68,6 +69,7 @@ class HtmlView:
         self.form_prompt: str | None = None
         self.kv = KvMap()
         self.gauges: dict[str, str] = {}
+        self.server_gauges: list[dict] = []
         self.status = {"state": "idle", "round": 0, "tokens": 0, "gamma": None, "finish": None}
         self.lane: dict | None = None
         self.run_model_line: tuple[str, dict] | None = None     # the run's model line, and its model's figures
@@ -94,8 +96,7 @@ class HtmlView:
         if action in (None, "", "settings"):
             return self._form_changed(settings, prompt, speed, ctx)
         if action == "replay":
-            # the page is about to swap in a replay (static/teach.js): end the run and forget what this view
-            # has drawn, so that the next run draws everything afresh
+            # a replay is about to be swapped in (static/teach.js): end the run, forget what this view drew
             self.kv.clear()
             self.gauges.clear()
             return [Command("reset")]
@@ -193,9 +194,9 @@ class HtmlView:
             text = ", ".join(setting_text(k, v) for k, v in d["changes"].items())
             frame.append("notes", m.note("settings_queued", f"{text}: queued, applies at the next round"))
         elif item.type == "model_options" and d["model"] in self.sources.external:
-            frame.append("notes", m.note("model", f"{d['model']}: an external engine; KV cache dtype, KV heads, "
-                                                  "block size and drafter are set by the server at start-up"))
+            frame.replace["server-set"] = m.server_set(server_set(d["model"], self.sources.external))
         elif item.type == "model_options":
+            frame.replace["server-set"] = m.server_set(server_set(None, ()))   # our model: every control applies
             opts = model_options(self.sources.registry, d["model"])
             value = d["num_kv_heads"] if d["num_kv_heads"] in {v["value"] for v in opts["variants"]} else ""
             frame.replace["f-num_kv_heads"] = m.kv_heads_select(opts, value)
@@ -241,6 +242,7 @@ class HtmlView:
     def _on_started(self, e, frame: Frame, run_id: int) -> None:
         m = macros()
         self.run_id, self.lane = run_id, None
+        self._render_server_gauges(None, frame)
         gamma = e.settings["num_speculative_tokens"] if e.settings["method"] != "none" else None
         # the run's id is part of its status: a run that ends as the one before did (same rounds and tokens,
         # rendered in one message by a watcher's broadcaster) still redraws the status as its own
@@ -352,7 +354,8 @@ class HtmlView:
         self.status.update(state="done", finish=s.get("finish_reason"), tokens=s["num_output_tokens"])
         title, text = summary_text(s, self.external)
         frame.replace["summary"] = macros().summary({"title": title, "text": text})
-        if s.get("server_metrics_moved"):      # an external engine's own /metrics, before and after this run
+        self._render_server_gauges(s.get("server_metrics"), frame)      # an external engine's own /metrics
+        if s.get("server_metrics_moved"):      # and how far its counters moved during this run
             moved = ", ".join(f"{k} +{v:g}" for k, v in s["server_metrics_moved"].items() if v)
             frame.append("notes", macros().note("server_metrics", f"the engine's /metrics during this run: {moved}"))
         frame.replace["run-recording"] = ""   # filled in once the recording is complete (render)
@@ -371,12 +374,18 @@ class HtmlView:
     # --- gauges ------------------------------------------------------------------------------------
     def _render_gauges(self, values: dict, frame: Frame) -> None:
         """All gauges in one element (see templates/_fragments.html), the changed ones marked to animate."""
+        if self.status["state"] != "done":      # then the server's figures after the run are shown (_on_done)
+            self._render_server_gauges(values.get("server_metrics"), frame)
         texts = {name: fmt_metric(name, values.get(name)) for name in METRICS}
         changed = {name for name in METRICS if self.gauges.get(name) != texts[name]}
         if changed:
             self.gauges = texts
             rows = gauge_rows(texts, human_bytes(values.get("kv_cache_bytes")), changed)
             frame.replace["gauge-grid"] = macros().gauge_grid(rows)
+
+    def _render_server_gauges(self, series: dict | None, frame: Frame) -> None:   # None: no server's gauges
+        if (rows := server_gauges(series) if series is not None else []) != self.server_gauges:
+            self.server_gauges, frame.replace["server-gauges"] = rows, macros().server_gauges(rows)
 
     # --- the KV block map --------------------------------------------------------------------------
     def _pool_now(self, key: tuple) -> dict | None:

@@ -13,7 +13,8 @@ from urllib.parse import urlencode
 from app.presets import DEFAULT_PROMPT, PRESETS
 from app.protocol import CommandError
 from engine.kv_dtypes import KV_CACHE_DTYPES
-from engine.race import RACE_SETTINGS, default_values, form_text, race_choices
+from engine import engine_race
+from engine.race import default_values, form_text, race_choices
 from engine.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError
 from engine.theory import worked_table
 
@@ -146,7 +147,7 @@ def page_state(query, playground) -> PageState:
     _url_presentation(query, state)
     if playground.registry is not None:
         state.race = race_state(query, playground.registry, target_of(playground.registry, valid.get("model")),
-                                state.warnings)
+                                state.warnings, list(playground.external))
     return state
 
 
@@ -225,14 +226,16 @@ def _url_presentation(query, state: PageState) -> None:
             state.view = view
 
 
-def race_state(query, registry, target, warnings: list[str]) -> dict:
-    """The race's setting and its two values from the URL, each checked against what the target offers."""
+def race_state(query, registry, target, warnings: list[str], engines: list[str]) -> dict:
+    """The race's setting and its two values from the URL, each checked against what the target offers
+    (`engines`: the configured external engines, for a race of engines)."""
+    choices = races_of(registry, target, engines)
     setting = query.get("race") or "method"
-    if setting not in RACE_SETTINGS:
-        warnings.append(f"ignored race={setting!r} from the URL: one of {', '.join(RACE_SETTINGS)}")
+    if setting not in choices:
+        warnings.append(f"ignored race={setting!r} from the URL: one of {', '.join(choices)}")
         setting = "method"
-    offered = [v for v, _ in race_choices(registry, target)[setting]]
-    default = [form_text(v) for v in default_values(registry, target, setting)]
+    offered = [v for v, _ in choices[setting]["choices"]]
+    default = choices[setting]["default"]
     pair = list(default)
     for i, name in enumerate(("race_a", "race_b")):
         value = query.get(name)
@@ -246,6 +249,17 @@ def race_state(query, registry, target, warnings: list[str]) -> dict:
         warnings.append("ignored race_a and race_b from the URL: the two sides must differ")
         pair = default
     return {"setting": setting, "a": pair[0], "b": pair[1]}
+
+
+def races_of(registry, target, engines: list[str]) -> dict:
+    """Each race the page offers: its label, its values (form value, label) and the pair it starts from."""
+    races = {name: {"label": RACE_LABELS[name], "choices": choices,
+                    "default": [form_text(v) for v in default_values(registry, target, name)]}
+             for name, choices in race_choices(registry, target).items()}
+    if engines:
+        races[engine_race.SETTING] = {"label": engine_race.LABEL, "choices": engine_race.engine_choices(engines),
+                                      "default": list(engine_race.engine_pair(None, engines))}
+    return races
 
 
 def view_links(query) -> dict[str, str]:
@@ -281,6 +295,20 @@ def model_options(registry, name: str | None) -> dict:
             "default_method": GenerationSettings().method}
 
 
+# What an external engine fixes when it starts (its KV cache, attention and drafter): the page disables them.
+SERVER_SET_CONTROLS = ("f-num_kv_heads", "f-method", "f-num_speculative_tokens", "f-num_speculative_tokens_schedule",
+                       "f-prompt_lookup_min", "f-prompt_lookup_max", "f-kv_cache", "f-kv_cache_dtype", "f-block_size",
+                       "f-enable_prefix_caching")
+
+
+def server_set(model: str | None, external) -> dict:
+    """The controls that cannot apply to `model`, and why (none for our own models)."""
+    if model not in external:
+        return {"reason": "", "controls": []}
+    return {"reason": f"{model}: set by the server at start-up (KV cache, KV heads, block size, drafter)",
+            "controls": list(SERVER_SET_CONTROLS)}
+
+
 def page_context(query, playground, embed: bool) -> dict:
     registry = playground.registry
     state = page_state(query, playground)
@@ -293,9 +321,7 @@ def page_context(query, playground, embed: bool) -> dict:
                     + (" · loading…" if m.name in loading else "")} for m in registry.targets]
         options = model_options(registry, state.values["model"] or None)
         target = target_of(registry, state.values["model"] or None)
-        races = {name: {"label": RACE_LABELS[name], "choices": choices,
-                        "default": [form_text(v) for v in default_values(registry, target, name)]}
-                 for name, choices in race_choices(registry, target).items()}
+        races = races_of(registry, target, list(playground.external))
     targets += [{"name": name, "label": name} for name in playground.external]   # app/ws/external.py
     return {
         "state": state, "embed": embed, "presets": PRESETS, "speeds": SPEEDS,
@@ -303,7 +329,7 @@ def page_context(query, playground, embed: bool) -> dict:
         "kv_cache_dtypes": list(KV_CACHE_DTYPES), "load_error": playground.load_error,
         "hideable": HIDEABLE, "max_prompt_chars": MAX_PROMPT_CHARS, "gauge_rows": gauge_rows(),
         "views": VIEWS, "view_links": view_links(query), "worked_table": worked_table(),
-        "layouts": LAYOUTS, "races": races,
+        "layouts": LAYOUTS, "races": races, "server_set": server_set(state.values["model"], playground.external),
     }
 
 

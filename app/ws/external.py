@@ -139,6 +139,7 @@ async def run_external(session: ExternalSession, link: ExternalLink, deliver) ->
     last_round_at = -1e9
     async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as client:
         before = await fetch_server_metrics(engine, client)
+        server.update(before)                # the gauges start from what the server said at the start
 
         async def poll() -> None:
             while True:

@@ -28,6 +28,11 @@ def llamacpp_server(models_dir):
 def test_a_chat_on_llamacpp_reaches_done_in_the_page(llamacpp_server, page, artifacts_dir):
     open_page(page, url(llamacpp_server, speed="max", max_tokens=12, prompt="Name three colours."))
     page.select_option("#f-model", LABEL)
+    page.wait_for_selector("#f-kv_cache_dtype[disabled]")        # what the server fixed, disabled with its reason
+    for control in ("#f-num_kv_heads", "#f-method", "#f-block_size", "#f-num_speculative_tokens"):
+        assert page.is_disabled(control)
+        assert "set by the server at start-up" in page.get_attribute(control, "title")
+    assert "set by the server at start-up" in page.inner_text("#server-set")
     page.click("#btn-toggle")
     wait_state(page, "done", timeout_s=120)
     page.wait_for_selector("#summary:not([hidden])")
@@ -38,5 +43,11 @@ def test_a_chat_on_llamacpp_reaches_done_in_the_page(llamacpp_server, page, arti
     assert "an external engine (llamacpp, 1 thread(s))" in info and "the server says: model_ftype Q4_1" in info
     assert "tokens/s by the engine's own clock" in page.inner_text("#summary")
     assert "its KV cache is the server's own" in page.inner_text("#kv-target-grid")
+    gauges = page.inner_text("#server-gauges")                      # its own /metrics, beside ours
+    generated = page.inner_text('[data-server-gauge="Tokens generated"] output')
+    assert "The server's own /metrics" in gauges and int(generated.replace(",", "")) >= 12
     assert page.recorder.errors == []
     assert {urlsplit(u).hostname for u in page.recorder.requests} == {"127.0.0.1"}
+    page.select_option("#f-model", "")                              # one of ours again: every control back
+    page.wait_for_selector("#f-kv_cache_dtype:not([disabled])")
+    assert not page.is_disabled("#f-method") and not page.is_visible("#server-set")

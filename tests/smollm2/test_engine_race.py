@@ -26,9 +26,7 @@ def llamacpp(smollm2_dir):
 
 def test_a_race_of_engines_predicts_from_weight_bytes_and_measures_decode(smollm2_engine, smollm2, llamacpp):
     ours = trace(smollm2_engine, PROMPT, {**SETTINGS, "model": "smollm2-135m"})
-    # a loop of its own in a thread of its own: after the browser tests, Playwright's sync API keeps an event
-    # loop running in this thread for the session, where asyncio.run refuses to start
-    with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(1) as pool:     # its own event loop (a browser test may hold this thread's)
         theirs = pool.submit(asyncio.run, external_trace(llamacpp.engine, PROMPT, SETTINGS)).result()
     assert theirs["error"] is None and theirs["num_output_tokens"] >= 2
     assert [t["t_ms"] for t in theirs["tokens"]] == sorted(t["t_ms"] for t in theirs["tokens"])

@@ -55,9 +55,17 @@ async def run_job(playground, job, kind: OneAtATime):
     another of its kind runs)."""
     try:
         with kind.taken():
-            return await playground.engine_thread.submit(job)
+            return await on_engine_thread(playground, job)
     finally:
-        job.close()           # never started (busy), or done: a no-op
+        job.close()           # never started (busy): a no-op otherwise
+
+
+async def on_engine_thread(playground, job):
+    """A job on the engine thread, for a caller that holds its kind's turn itself."""
+    try:
+        return await playground.engine_thread.submit(job)
+    finally:
+        job.close()
 
 
 async def form_fields(request: Request) -> dict:

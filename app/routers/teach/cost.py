@@ -12,7 +12,7 @@ from app.views.recording import RECORDINGS
 from engine.kv_memory import PUBLIC_CONFIGS
 from engine.measure import CURVE_NS
 from engine.theory import (ACCELERATORS, accelerator_projections, expected_tokens_per_round, run_alpha,
-                           speedup_from_curve)
+                           run_series, speedup_from_curve)
 
 router = APIRouter()
 
@@ -28,8 +28,9 @@ async def cost(request: Request, playground: PlaygroundDep, model: str = "", rec
     it in), else 0.8 and 4."""
     if playground.engine is None:
         return error_fragment(request, playground.load_error or "no models loaded")
-    rec = RECORDINGS.get(recording) if recording and not alpha.strip() else None
-    run = run_alpha(recorded_rounds(rec, None)[0]) if rec is not None else None
+    rec = RECORDINGS.get(recording) if recording else None
+    points, method = recorded_rounds(rec, None) if rec is not None else ([], None)
+    run = run_alpha(points) if points and not alpha.strip() else None
     alpha = number(alpha, 0.8 if run is None else min(run, 0.99), float, 0.0, 0.99)
     gamma = number(gamma, 4, int, 1, 16)
     batch = number(batch, 1, int, 1, 4096)
@@ -45,14 +46,18 @@ async def cost(request: Request, playground: PlaygroundDep, model: str = "", rec
     t1 = here["target_ms"][1]
     ratio_here = {n: ms / t1 for n, ms in here["target_ms"].items()}
     e = expected_tokens_per_round(alpha, gamma)
-    c_here = here["c"] or 0.0
+    # a head's or n-gram's c is its proposals' time in the page's run; the draft model's is measured beside t(1)
+    run_c = (run_series(points, t1, ratio_here, None, method)["summary"]["c"]
+             if method not in (None, "none", "draft_model") else None)
+    c_here, c_of = (run_c, f"{method}, measured in the page's run") if run_c is not None else (
+        here["c"] or 0.0, f"draft model {here['draft']}" if here["draft"] else "no drafter measured")
     tcfg, dcfg = PUBLIC_CONFIGS[target], PUBLIC_CONFIGS[PROJECTION_DRAFT]
     projections = accelerator_projections(alpha, gamma, tcfg.parameters, tcfg.bytes_per_token(2, context),
                                           dcfg.parameters, dcfg.bytes_per_token(2, context), context, CURVE_NS,
                                           batch, BATCHES)
     chosen = next(p for p in projections if p["key"] == accelerator)
     return fragment(request, "cost", here=here, ratio_here=ratio_here, e=e, alpha=alpha, gamma=gamma, batch=batch,
-                    context=context, c_here=c_here,
+                    context=context, c_here=c_here, c_of=c_of,
                     speedup_here=speedup_from_curve(alpha, gamma, c_here, ratio_here[gamma + 1]),
                     projections=projections, chosen=chosen, accelerator=accelerator, accelerators=ACCELERATORS,
                     target=target, targets=[n for n in PUBLIC_CONFIGS if n != PROJECTION_DRAFT],
