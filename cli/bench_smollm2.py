@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from cli.bench_smollm2_profile import ModelWith, breakdown_markdown, step_breakdown
+from engine.checkpoint import load_checkpoint
 from engine.fetched import cache_dir, fetched_models, is_fetched
 from engine.kv_cache import KVCacheManager
 from engine.layout import LAYOUTS, WeightStream, use_layout
@@ -132,6 +133,33 @@ def ngram_vs_plain(engine: InferenceEngine, prompt: str, repeats: int) -> dict:
             "text": plain[0]["text"]}
 
 
+def models_to_time(lm, quick: bool) -> dict:
+    """name -> (model, row counts): the model as loaded; unless quick, the same weights in the other layout, and
+    the path before issue 17 (a one-token step through the 2-D forward, not `decode`)."""
+    models = {lm.model.layout: (lm.model, ROWS)}
+    if not quick:
+        cfg, weights, _ = load_checkpoint(lm.path, with_tokenizer=False)
+        other = next(name for name in LAYOUTS if name != lm.model.layout)
+        models[other] = (use_layout(Model(cfg, weights), other), ROWS)
+        del weights
+    panels = models.get("panels", (None,))[0]
+    if panels is not None:
+        models[BEFORE] = (ModelWith(panels, vector_decode=False), (1, 2, 3, 5))
+    return models
+
+
+def layout_figures(times: dict, med: dict, floor: float) -> dict:
+    """Per timed model: ms and t(n)/t(1) per row count, their spread, decode over the floor, prefill speed."""
+    layouts = {}
+    for name, n in (k for k in times if k[0] != "floor" and isinstance(k[1], int)):    # in the models' order
+        d = layouts.setdefault(name, {"ms": {}, "ratio": {}, "spread": {}, "decode_over_floor": med[name, 1] / floor})
+        d["ms"][n], d["ratio"][n], d["spread"][n] = med[name, n], med[name, n] / med[name, 1], spread(times[name, n])
+        if (name, "prefill") in med:
+            d["prefill_ms"] = med[name, "prefill"]
+            d["prefill_tokens_per_s"] = CONTEXT * 1e3 / med[name, "prefill"]
+    return layouts
+
+
 def run_smollm2(quick: bool = False, cache=None) -> dict:
     if not is_fetched(NAME, cache):
         raise SystemExit(f"bench smollm2: {NAME} is not in the cache {cache or cache_dir()}; "
@@ -145,31 +173,12 @@ def run_smollm2(quick: bool = False, cache=None) -> dict:
     tok = lm.tokenizer
     tokens = np.array(tok.encode(tok.chat_template.prompt(SUMMARY_PROMPT + " " + SUMMARY_PROMPT)))
     assert len(tokens) >= CONTEXT + max(ROWS), len(tokens)
-    models = {chosen.layout: (chosen, ROWS)}
-    if not quick:      # the same weights in the other layout, and the path before issue 17
-        from engine.checkpoint import load_checkpoint
-        cfg, weights, _ = load_checkpoint(lm.path, with_tokenizer=False)
-        other = next(name for name in LAYOUTS if name != chosen.layout)
-        models[other] = (use_layout(Model(cfg, weights), other), ROWS)
-        del weights
-    panels = models.get("panels", (None,))[0]
-    if panels is not None:
-        # a one-token step through the 2-D forward, not `decode`, as before issue 17
-        models[BEFORE] = (ModelWith(panels, vector_decode=False), (1, 2, 3, 5))
-    times = step_costs(models, tokens, 3 if quick else 9)
+    times = step_costs(models_to_time(lm, quick), tokens, 3 if quick else 9)
     med = {k: statistics.median(v) for k, v in times.items()}
     floor_how = min((k[1] for k in med if k[0] == "floor"), key=lambda h: med["floor", h])
     floor = med["floor", floor_how]
     nbytes = WeightStream(chosen).nbytes
-    layouts = {}
-    for name, (model, ns) in models.items():
-        one = med[name, 1]
-        d = {"ms": {n: med[name, n] for n in ns}, "ratio": {n: med[name, n] / one for n in ns},
-             "spread": {n: spread(times[name, n]) for n in ns}, "decode_over_floor": one / floor}
-        if (name, "prefill") in med:
-            d["prefill_ms"] = med[name, "prefill"]
-            d["prefill_tokens_per_s"] = CONTEXT * 1e3 / med[name, "prefill"]
-        layouts[name] = d
+    layouts = layout_figures(times, med, floor)
     one = med[chosen.layout, 1]
     r = {
         "model": NAME, "load_s": load_s, "context": CONTEXT, "quick": quick, "layout": chosen.layout,
@@ -251,8 +260,11 @@ def markdown(r: dict) -> str:
         used = " (used)" if name == r["layout"] else ""
         prefill = f"{d['prefill_tokens_per_s']:.0f}" if "prefill_tokens_per_s" in d else ""
         lines.append(f"| {LAYOUT_LABELS[name]}{used} | {cells} | {prefill} |")
-    lines += breakdown_markdown(r["breakdown"])
-    lines += ["", f"`ngram` prompt lookup ({NGRAM['num_speculative_tokens']} tokens, n-gram "
+    return "\n".join(lines + breakdown_markdown(r["breakdown"]) + ngram_markdown(r))
+
+
+def ngram_markdown(r: dict) -> list[str]:
+    lines = ["", f"`ngram` prompt lookup ({NGRAM['num_speculative_tokens']} tokens, n-gram "
               f"{NGRAM['prompt_lookup_min']}..{NGRAM['prompt_lookup_max']}) against plain decoding, temperature 0, "
               "chat template, 96 tokens, decode phase (1 / tpot), medians of alternated runs:", "",
               "| prompt | plain tok/s | ngram tok/s | speedup | acceptance rate | mean acceptance length | "
@@ -265,10 +277,10 @@ def markdown(r: dict) -> str:
         lines.append(f"| {label} | {d['plain_tokens_per_s']:.1f} | {d['ngram_tokens_per_s']:.1f} | "
                      f"{d['speedup']:.2f}x | {acc} | {mal} | {d['target_forward_calls']['none']} / "
                      f"{d['target_forward_calls']['ngram']} | {'yes' if d['identical_output'] else '**no**'} |")
-    lines += ["", "Prompt lookup pays where the answer copies the prompt (a summary quotes its paragraph) and "
-              "costs a little where it does not (an open question: few 2-token matches, so few wasted drafts). "
-              f"Model load (read 540 MB, fuse, time both layouts on the LM head, store): {r['load_s']:.1f} s."]
-    return "\n".join(lines)
+    return lines + ["", "Prompt lookup pays where the answer copies the prompt (a summary quotes its paragraph) and "
+                    "costs a little where it does not (an open question: few 2-token matches, so few wasted drafts). "
+                    "Model load (read 540 MB, fuse, time both layouts on the LM head, store in one buffer): "
+                    f"{r['load_s']:.1f} s."]
 
 
 def cmd_bench_smollm2(args) -> int:
