@@ -1,7 +1,8 @@
 """`decoding-playground train-heads TARGET {data,train,export}`: EAGLE and Medusa heads for a target.
 
     data    the target's own answers to chat prompts with its hidden states (a chat model such as
-            smollm2-135m), or windows of the training corpus (our character models); resumable
+            smollm2-135m), or windows of the training corpus (our character models); resumable;
+            --held-out answers held-out prompts into a separate folder
     train   both heads on that data, resumable from the state folder (run it in the background)
     export  float16 safetensors into models/heads/TARGET/ (what the engine loads); the model card
             (README.md there) is written by `decoding-playground bench heads --card`, which measures it
@@ -71,7 +72,11 @@ def run(args: argparse.Namespace) -> int:
         lm = ModelRegistry.from_dir().get(args.target)
         if lm.tokenizer.chat_template is not None:
             from .head_data import build
-            build(folder / "data", lm, log=log)
+            from .head_prompts import held_out_prompts, more_train_prompts
+            if args.held_out:
+                build(folder / "heldout", lm, n_open=args.prompts or 96, prompts=held_out_prompts(), log=log)
+            else:
+                build(folder / "data", lm, n_open=args.prompts or 576, prompts=more_train_prompts(), log=log)
         else:
             corpus_data(folder / "data", lm, log=log)
     elif args.stage == "train":
@@ -92,6 +97,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("target", help="a target model name (decoding-playground models)")
     p.add_argument("stage", choices=("data", "train", "export"))
     p.add_argument("--folder", help="data and state folder (default: the cache's heads/TARGET)")
+    p.add_argument("--prompts", type=int, help="data: how many chat prompts to answer (default 576; 96 held out)")
+    p.add_argument("--held-out", action="store_true",
+                   help="data: answer held-out prompts into FOLDER/heldout instead (for `train`'s held-out figures)")
     p.add_argument("--config", help='training settings as JSON, e.g. \'{"steps": 3000, "vocab_subset": 8192}\'')
     p.add_argument("--out", help="export folder (default models/heads/TARGET)")
     p.add_argument("--vocab-subset", type=int, help="export: the size of the heads' vocabulary subset (FR-Spec)")
