@@ -59,6 +59,22 @@ def _target_probs(f_next, head_w):  # [n, C], [Vs, C] -> softmax over the subset
     return z / z.sum(-1, keepdims=True)
 
 
+def eagle_unroll(params, cfg: ModelConfig, f, e, depth: int):
+    """The head's predicted features at each draft step (see eagle_forward): yields (f_hat [B, T, C], cache)."""
+    B, T, C = f.shape
+    cos, sin = ops.rope_tables(T, cfg.head_dim, cfg.rope_theta, f.dtype)
+    ks, vs, inp = [], [], f
+    for s in range(depth):
+        z, c_fc = ops.linear_forward(np.concatenate([inp, e], -1), params["fc.weight"])   # [B, T, C]
+        h, c_layer = llama._layer_forward(z, params, LAYER, cfg, cos, sin, past=(ks, vs) if s else None)
+        k, v = llama.layer_kv(c_layer)
+        ks, vs = ks + [k], vs + [v]
+        fh, c_norm = ops.rmsnorm_forward(h, np.ones(C, f.dtype), cfg.rms_norm_eps)      # f_hat [B, T, C]
+        yield fh, (c_fc, c_layer, c_norm)
+        inp = np.zeros_like(fh)
+        inp[:, 1:] = fh[:, :-1]                                                          # the next step's input at i
+
+
 def eagle_forward(params, cfg: ModelConfig, f, e, f_next, mask, head_w, reg_weight: float = 1.0, depth: int = 1,
                   step_decay: float = 0.8):
     """f [B, T, C] features at t, e [B, T, C] embeddings of x_{t+1}, f_next [B, T, C] features at t+1,
@@ -71,18 +87,11 @@ def eagle_forward(params, cfg: ModelConfig, f, e, f_next, mask, head_w, reg_weig
     targets are position i's, as at step 0. Step s's loss has weight step_decay^s (normalised to sum 1);
     gradients flow through the predicted features and keys of earlier steps."""
     B, T, C = f.shape
-    cos, sin = ops.rope_tables(T, cfg.head_dim, cfg.rope_theta, f.dtype)
     w = np.array([step_decay ** s for s in range(depth)]) / sum(step_decay ** s for s in range(depth))
     nxt_all = _masked_rows(f_next, mask)                                                 # [n, C]
     p_all = _target_probs(nxt_all, head_w)                                               # [n, Vs], once for all steps
-    ks, vs, steps, parts = [], [], [], {"ce": [], "reg": []}
-    inp, loss = f, 0.0
-    for s in range(depth):
-        z, c_fc = ops.linear_forward(np.concatenate([inp, e], -1), params["fc.weight"])   # [B, T, C]
-        h, c_layer = llama._layer_forward(z, params, LAYER, cfg, cos, sin, past=(ks, vs) if s else None)
-        k, v = llama.layer_kv(c_layer)
-        ks, vs = ks + [k], vs + [v]
-        fh, c_norm = ops.rmsnorm_forward(h, np.ones(C, f.dtype), cfg.rms_norm_eps)      # f_hat [B, T, C]
+    steps, parts, loss = [], {"ce": [], "reg": []}, 0.0
+    for s, (fh, c_step) in enumerate(eagle_unroll(params, cfg, f, e, depth)):
         m = mask & (np.arange(T) >= s)                                                   # the chain starts at i - s >= 0
         keep = m[mask]                                                                   # step s's rows among mask's
         rows = _masked_rows(fh, m)                                                       # [n_s, C]
@@ -92,10 +101,8 @@ def eagle_forward(params, cfg: ModelConfig, f, e, f_next, mask, head_w, reg_weig
         loss = loss + w[s] * (ce + reg_weight * reg)
         parts["ce"].append(float(ce))
         parts["reg"].append(float(reg))
-        steps.append((c_fc, c_layer, c_norm, c_head, c_ce, c_reg, m, w[s]))
-        inp = np.zeros_like(fh)
-        inp[:, 1:] = fh[:, :-1]                                                          # the next step's input at i
-    return loss, parts, (steps, reg_weight, (B, T, C), ks[0])
+        steps.append((*c_step, c_head, c_ce, c_reg, m, w[s]))
+    return loss, parts, (steps, reg_weight, (B, T, C), llama.layer_kv(steps[0][1])[0])
 
 
 def eagle_backward(cache, cfg: ModelConfig) -> dict:
