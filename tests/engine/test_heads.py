@@ -188,6 +188,11 @@ def test_top_rows_of_a_subset_head_match_a_full_sort_and_stay_cheap():
     for row, top in zip(rows, top_k_rows(rows)):
         assert [t for t, _ in top] == np.argsort(-row, kind="stable")[:5].tolist()
         assert [p for _, p in top] == row[np.argsort(-row, kind="stable")[:5]].tolist()
+    peaked = softmax(rng.standard_normal((2, 49152)) * 4)            # the inspector's size: candidates cut first
+    for row, top in zip(peaked, top_k_rows(peaked)):
+        assert [t for t, _ in top] == np.argsort(-row, kind="stable")[:5].tolist()
+    flat = np.full((1, 5000), 1 / 5000)                             # ties everywhere: any 5, all equal
+    assert len(top_k_rows(flat)[0]) == 5 and {p for _, p in top_k_rows(flat)[0]} == {1 / 5000}
     few = np.zeros((1, 5000))
     few[0, [7, 9]] = [0.4, 0.6]                      # fewer nonzero entries than k: zeros fill the rest
     assert [t for t, _ in top_k_rows(few)[0][:2]] == [9, 7]
