@@ -94,7 +94,15 @@ def run(args: argparse.Namespace) -> int:
         from ..heads import HEADS_DIR
         trainer = _trainer(args, log)
         out = Path(args.out or HEADS_DIR / args.target)
+        start = Path(trainer.trained_with.get("init_from") or "/nonexistent") / "training.json"
+        warm = json.loads(start.read_text()) if start.is_file() else None       # read before it is overwritten
         info = trainer.export(out, args.vocab_subset)
+        if warm:
+            info["warm_start"] = {"steps": warm["steps"], "train_s": warm["train_s"],
+                                  "answer_tokens": warm["data"]["answer_tokens"]}
+        if trainer.held_out:
+            trainer.load_exported(out)                    # the float16 files as shipped
+            info["held_out"] = {"conversations": len(trainer.held_out), **trainer.evaluate(trainer.held_out, 5)}
         (out / "training.json").write_text(json.dumps({**info, "history": trainer.history[-20:]}, indent=1))
         log(f"wrote {out}: {info}")
     return 0

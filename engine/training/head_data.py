@@ -4,6 +4,7 @@ target's last hidden state at every position, written resumably to a folder outs
     folder/conversations.jsonl   one line per conversation: prompt, kind, ids (prompt + answer), n_prompt
     folder/feats/NNNNN.npy       float16 [len(ids) - 1, C]: hidden state (engine.model.forward's
                                  with_hidden, x / |x|) after each token but the last
+    folder/timing.jsonl          one line per batch: kind, prompts, answer tokens, seconds
 
 Answers are generated in batches of sequences decoding together (engine.model.forward_batch), the
 hidden states taken from the same forwards. A batch is written when it is complete; a rerun skips the
@@ -70,8 +71,10 @@ def write_conversations(folder: Path, prompts: list[str], kind: str, lm, max_new
             n_done += 1
         with open(folder / "conversations.jsonl", "a") as f:
             f.write("\n".join(lines) + "\n")
-        n_tok = sum(len(r[0]) - r[1] for r in results)
-        log(f"{kind}: {min(b + batch, len(todo))}/{len(todo)} prompts, {n_tok} answer tokens in {time.time() - t:.1f} s")
+        n_tok, seconds = sum(len(r[0]) - r[1] for r in results), time.time() - t
+        with open(folder / "timing.jsonl", "a") as f:          # the generation time the model card states
+            f.write(json.dumps({"kind": kind, "prompts": len(results), "answer_tokens": n_tok, "s": round(seconds, 1)}) + "\n")
+        log(f"{kind}: {min(b + batch, len(todo))}/{len(todo)} prompts, {n_tok} answer tokens in {seconds:.1f} s")
 
 
 def own_texts(conversations: list[dict], tokenizer) -> list[str]:

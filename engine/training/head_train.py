@@ -263,7 +263,9 @@ class HeadTrainer:
         for line in (self.data_dir / "conversations.jsonl").read_text().splitlines():
             kind = json.loads(line)["kind"]
             kinds[kind] = kinds.get(kind, 0) + 1
+        timing = self.data_dir / "timing.jsonl"
+        generation_s = sum(json.loads(x)["s"] for x in timing.read_text().splitlines()) if timing.is_file() else None
         return {"subset": len(subset), "steps": self.step, "train_s": self.train_s,
                 "data": {"conversations": len(self.convs), "by_kind": kinds, "answer_tokens": answers,
-                         "coverage_in_data": coverage(self.convs, subset)},
+                         "coverage_in_data": coverage(self.convs, subset), "generation_s": generation_s},
                 "config": self.trained_with}
