@@ -57,13 +57,17 @@ def top_k_rows(p, k: int = 5):  # [n, V] -> per row [(token, prob)], the k most 
     k = min(k, p.shape[-1])
     idx = np.empty((len(p), k), np.int64)
     for i, row in enumerate(p):
-        cand = np.flatnonzero(row) if (row[::64] == 0).mean() > 0.5 else None
-        if cand is None or len(cand) < k:
-            cand = np.flatnonzero(row >= np.partition(row[::32], -k)[-k]) if len(row) >= 32 * k else None
-        if cand is None or len(cand) < k or len(cand) > len(row) // 8:        # ties at the threshold
-            idx[i] = np.argpartition(row, -k)[-k:]
+        if (row[::64] == 0).mean() > 0.5:
+            cand = np.flatnonzero(row)
+            if len(cand) < k:                                  # ties at 0 fill the rest: any zeros will do
+                cand = np.union1d(cand, np.flatnonzero(row == 0)[:k])
+        elif len(row) >= 32 * k:
+            cand = np.flatnonzero(row >= np.partition(row[::32], -k)[-k])
+            if len(cand) > len(row) // 8:                      # many ties at the threshold: no cut
+                cand = np.arange(len(row))
         else:
-            idx[i] = cand[np.argpartition(row[cand], -k)[-k:]]
+            cand = np.arange(len(row))
+        idx[i] = cand[np.argpartition(row[cand], -k)[-k:]]
     rows = np.arange(len(p))[:, None]                       # fancy indexing: take_along_axis's checks cost more
     vals = p[rows, idx]
     order = np.argsort(-vals, axis=-1, kind="stable")
