@@ -39,6 +39,7 @@ class HeadTrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     reg_weight: float = 1.0          # EAGLE's feature regression against its token loss
+    prompt_positions: bool = False   # count the prompt's positions too (after the shared system prompt)
     depth: int = 1                   # EAGLE draft steps unrolled in training (training-time test)
     step_decay: float = 0.8          # the loss weight of unrolled step s is step_decay^s
     feature_noise: float = 0.1       # uniform noise on input features (EAGLE-1), for drafting on its own
@@ -83,9 +84,22 @@ def coverage(convs: list[Conversation], subset: np.ndarray) -> float:
     return float(np.isin(answers, subset).mean())
 
 
-def windows(convs, n, T, extra, rng, scale):
+def shared_prefix(convs) -> int:
+    """The length of the token prefix every conversation starts with (a chat template's system prompt)."""
+    if not convs:
+        return 0
+    first = convs[0].ids
+    n = min(min(len(c.ids) for c in convs), len(first))
+    for c in convs[1:]:
+        n = min(n, int(np.argmin(np.append(c.ids[:n] == first[:n], False))))
+    return n
+
+
+def windows(convs, n, T, extra, rng, scale, from_prompt: int | None = None):
     """n windows of T (+ extra) positions: features f [n, T + extra, C] (unit RMS, zero-padded), next
-    tokens [n, T], mask [n, T] of counted positions (t >= first and t + 1 + extra within the features)."""
+    tokens [n, T], mask [n, T] of counted positions (t >= first and t + 1 + extra within the features).
+    from_prompt: count from this position instead of the answer's first (the prompt's tokens after the
+    shared system prompt: the target's distribution there is as good a teacher, on more positions)."""
     C = convs[0].feats.shape[1]
     f = np.zeros((n, T + extra + 1, C), np.float32)
     nxt = np.zeros((n, T), np.int64)
@@ -99,7 +113,7 @@ def windows(convs, n, T, extra, rng, scale):
         k = min(T, len(c.ids) - 1 - t0)
         nxt[b, :k] = c.ids[t0 + 1:t0 + 1 + k]
         t = np.arange(t0, t0 + T)
-        mask[b] = (t >= c.first - 1) & (t + 1 + extra < L)
+        mask[b] = (t >= (c.first if from_prompt is None else from_prompt) - 1) & (t + 1 + extra < L)
     return f, nxt, mask
 
 
@@ -170,7 +184,8 @@ class HeadTrainer:
 
     def train_step(self) -> dict:
         tc, rng, scale = self.tc, self.rng, np.float32(math.sqrt(self.target_cfg.hidden_size))
-        f, nxt, mask = windows(self.convs, tc.batch_size, tc.seq_len, 0, rng, scale)
+        start = shared_prefix(self.convs) if tc.prompt_positions else None
+        f, nxt, mask = windows(self.convs, tc.batch_size, tc.seq_len, 0, rng, scale, start)
         f_in = f[:, :-1] + rng.uniform(-tc.feature_noise, tc.feature_noise, f[:, :-1].shape).astype(np.float32)
         eagle = {k: p for k, p in self.params.items() if not k.startswith("medusa.")}
         loss, parts, cache = heads.eagle_forward(eagle, self.eagle_cfg, f_in, self.embed[nxt], f[:, 1:], mask,
@@ -179,7 +194,7 @@ class HeadTrainer:
         out = {"eagle": float(loss), **parts}
         if self.step % tc.medusa_every == 0:
             K = tc.num_medusa_heads
-            f, _, mask = windows(self.convs, tc.medusa_batch_size, tc.seq_len, K - 1, rng, scale)
+            f, _, mask = windows(self.convs, tc.medusa_batch_size, tc.seq_len, K - 1, rng, scale, start)
             medusa = {k: p for k, p in self.params.items() if k.startswith("medusa.")}
             loss, per_head, caches = heads.medusa_forward(medusa, f, mask, self.head_w)
             grads.update(heads.medusa_backward(caches))
