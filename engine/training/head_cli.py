@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
 
     def log(msg):
-        print(f"[{time.time() - t0:7.0f}s] {msg}", flush=True)
+        print(f"[{time.time() - t0:7.0f}s] {msg}", file=sys.stderr, flush=True)
     folder = Path(args.folder or heads_cache(args.target))
     if args.stage == "data":
         from ..registry import ModelRegistry
