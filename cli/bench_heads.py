@@ -228,7 +228,8 @@ def write_card(folder: Path, bench: dict) -> None:
               "", f"Reproduce: `decoding-playground train-heads {NAME} data --held-out`, `... data --prompts N` "
               "(N open prompts of a fixed shuffle, summaries and rewrites after every 256; resumable), then "
               f"`... train --config '{json.dumps({k: v for k, v in cfg.items() if k != 'init_from'})}'` (warm start: "
-              "add init_from, a folder of exported heads), then `... export`, then `decoding-playground bench heads`."]
+              f"add init_from, a folder of exported heads), then `... export --vocab-subset {h['vocab_subset']}`, then "
+              "`decoding-playground bench heads`."]
     (folder / "README.md").write_text("\n".join(lines) + "\n")
 
 
