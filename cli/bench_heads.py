@@ -185,25 +185,51 @@ def write_card(folder: Path, bench: dict) -> None:
               f"{data['coverage_in_data']:.1%} of the training answers' tokens, {h['coverage_held_out']:.1%} of the "
               "plain-decoding answers to the held-out prompts of `bench heads`.", "",
               "## Data and time", "",
-              f"Self-distillation: SmolLM2's own greedy answers (chat template, at most 160 tokens) to "
-              f"{data['conversations']} prompts composed in engine/training/head_prompts.py ({data['by_kind']}), "
-              f"{data['answer_tokens']:,} answer tokens, generated with the engine's batched forward, the target's "
-              "hidden state stored at every position (generation ran beside training, which re-read the data every "
-              "60 steps, so the last answers were seen only in the final steps). Held out: the subjects and code "
-              "tasks in HELD_OUT_* there.",
+              f"Self-distillation: SmolLM2's own greedy answers (chat template, at most 160 tokens; summaries and "
+              f"rewrites at most 96) to {data['conversations']:,} prompts composed in engine/training/head_prompts.py "
+              f"({', '.join(f'{n:,} {k}' for k, n in data['by_kind'].items())}; 'summary' asks to summarise or rewrite "
+              f"one of the model's own earlier answers), {data['answer_tokens']:,} answer tokens, generated with the "
+              "engine's batched forward, the target's hidden state stored at every position"
+              + (f", in {data['generation_s'] / 3600:.1f} h on a shared core" if data.get("generation_s") else "")
+              + ". Held out: the subjects and code tasks in HELD_OUT_* there (and their summaries).",
               f"Training: {training['steps']} steps (EAGLE: {cfg['batch_size']} windows of {cfg['seq_len']} positions a "
-              f"step; Medusa: {cfg['medusa_batch_size']} windows every {cfg['medusa_every']} steps), AdamW, peak lr "
-              f"{cfg['lr']}, {training['train_s'] / 3600:.1f} h on one shared CPU core (numpy, one BLAS thread). "
-              "Losses: distillation to the target's distribution renormalised on the subset (soft cross-entropy), "
+              f"step; Medusa: {cfg['medusa_batch_size']} windows every {cfg['medusa_every']} steps), AdamW (weight decay "
+              f"{cfg.get('weight_decay', 0)}), peak lr {cfg['lr']}, {training['train_s'] / 3600:.1f} h on one shared CPU "
+              "core (numpy, one BLAS thread)"
+              + (f", warm-started from the previous heads ({warm['steps']} steps, {warm['train_s'] / 3600:.1f} h on "
+                 f"{warm['answer_tokens']:,} answer tokens)" if (warm := training.get("warm_start")) else "")
+              + ". Losses: distillation to the target's distribution renormalised on the subset (soft cross-entropy), "
               f"plus EAGLE's feature regression (smooth L1, weight {cfg['reg_weight']}), uniform feature noise ±"
-              f"{cfg['feature_noise']}.", "",
+              f"{cfg['feature_noise']}"
+              + (f"; EAGLE unrolled over {cfg['depth']} draft steps on its own predicted features (EAGLE-3's "
+                 f"training-time test; step s weighted {cfg['step_decay']}^s)" if cfg.get("depth", 1) > 1 else "")
+              + ".", ""]
+    held = training.get("held_out")
+    if held:
+        gammas = list(held["eagle"]["mean_acceptance_length"])
+        lines += ["## Held-out acceptance (offline, temperature 0)", "",
+                  f"`decoding-playground train-heads {NAME} eval --heads models/heads/{NAME}`: the {held['conversations']} "
+                  f"held-out answers, a chain started at every answer position ({held['eagle']['chains']:,} chains), "
+                  f"drafts from the float16 files; vocabulary coverage there {held['coverage']:.1%}.", "",
+                  "| head | acceptance per position | " + " | ".join(f"L at γ={g}" for g in gammas) + " |",
+                  "|---|---|" + "---|" * len(gammas)]
+        for m in ("eagle", "medusa"):
+            if m in held:
+                mal = held[m]["mean_acceptance_length"]
+                lines.append(f"| {m} | {' / '.join(f'{a:.2f}' for a in held[m]['per_position'])} | "
+                             + " | ".join(f"{mal[g]:.2f}" if g in mal else "–" for g in gammas) + " |")
+        lines.append("")
+    lines += [
               "## Measured (held-out prompts, temperature 0)", "",
               f"From `decoding-playground bench heads`, {bench['date']} (docs/benchmarks.md has the full tables):", ""]
     for label, r in bench["sets"].items():
         lines += [markdown_set(label, r), ""]
     lines += ["c: drafting time per draft token over the plain runs' one-token forward, in the same runs.",
-              "", "Reproduce: `decoding-playground train-heads smollm2-135m data`, then `... train`, then "
-              "`... export`, then `decoding-playground bench heads`."]
+              "", f"Reproduce: `decoding-playground train-heads {NAME} data --held-out`, `... data --prompts N` "
+              "(N open prompts of a fixed shuffle, summaries and rewrites after every 256; resumable), then "
+              f"`... train --config '{json.dumps({k: v for k, v in cfg.items() if k != 'init_from'})}'` (warm start: "
+              f"add init_from, a folder of exported heads), then `... export --vocab-subset {h['vocab_subset']}`, then "
+              "`decoding-playground bench heads`."]
     (folder / "README.md").write_text("\n".join(lines) + "\n")
 
 

@@ -1,8 +1,11 @@
 """`decoding-playground train-heads TARGET {data,train,export}`: EAGLE and Medusa heads for a target.
 
     data    the target's own answers to chat prompts with its hidden states (a chat model such as
-            smollm2-135m), or windows of the training corpus (our character models); resumable
+            smollm2-135m), or windows of the training corpus (our character models); resumable;
+            --held-out answers held-out prompts into a separate folder
     train   both heads on that data, resumable from the state folder (run it in the background)
+    eval    held-out acceptance per position and mean acceptance length at each γ, offline, from the
+            held-out answers (`data --held-out`), of the training state or of exported heads (--heads)
     export  float16 safetensors into models/heads/TARGET/ (what the engine loads); the model card
             (README.md there) is written by `decoding-playground bench heads --card`, which measures it
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -64,23 +68,42 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
 
     def log(msg):
-        print(f"[{time.time() - t0:7.0f}s] {msg}", flush=True)
+        print(f"[{time.time() - t0:7.0f}s] {msg}", file=sys.stderr, flush=True)
     folder = Path(args.folder or heads_cache(args.target))
     if args.stage == "data":
         from ..registry import ModelRegistry
         lm = ModelRegistry.from_dir().get(args.target)
         if lm.tokenizer.chat_template is not None:
             from .head_data import build
-            build(folder / "data", lm, log=log)
+            from .head_prompts import held_out_prompts, more_train_prompts
+            if args.held_out:
+                build(folder / "heldout", lm, n_open=args.prompts or 96, prompts=held_out_prompts(), log=log)
+            else:
+                build(folder / "data", lm, n_open=args.prompts or 576, prompts=more_train_prompts(), log=log)
         else:
             corpus_data(folder / "data", lm, log=log)
     elif args.stage == "train":
         _trainer(args, log).run()
+    elif args.stage == "eval":
+        trainer = _trainer(args, log)
+        if args.heads:
+            trainer.load_exported(Path(args.heads))
+        convs = trainer.held_out[:args.conversations] if args.conversations else trainer.held_out
+        print(json.dumps({"heads": args.heads or "training state", "conversations": len(convs),
+                          **trainer.evaluate(convs, args.gamma)}, indent=1))
     else:
         from ..heads import HEADS_DIR
         trainer = _trainer(args, log)
         out = Path(args.out or HEADS_DIR / args.target)
+        start = Path(trainer.trained_with.get("init_from") or "/nonexistent") / "training.json"
+        warm = json.loads(start.read_text()) if start.is_file() else None       # read before it is overwritten
         info = trainer.export(out, args.vocab_subset)
+        if warm:
+            info["warm_start"] = {"steps": warm["steps"], "train_s": warm["train_s"],
+                                  "answer_tokens": warm["data"]["answer_tokens"]}
+        if trainer.held_out:
+            trainer.load_exported(out)                    # the float16 files as shipped
+            info["held_out"] = {"conversations": len(trainer.held_out), **trainer.evaluate(trainer.held_out, 5)}
         (out / "training.json").write_text(json.dumps({**info, "history": trainer.history[-20:]}, indent=1))
         log(f"wrote {out}: {info}")
     return 0
@@ -90,10 +113,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("train-heads", help="train EAGLE and Medusa draft heads for a target (numpy)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", help="a target model name (decoding-playground models)")
-    p.add_argument("stage", choices=("data", "train", "export"))
+    p.add_argument("stage", choices=("data", "train", "eval", "export"))
     p.add_argument("--folder", help="data and state folder (default: the cache's heads/TARGET)")
+    p.add_argument("--prompts", type=int, help="data: how many chat prompts to answer (default 576; 96 held out)")
+    p.add_argument("--held-out", action="store_true",
+                   help="data: answer held-out prompts into FOLDER/heldout instead (for `train`'s held-out figures)")
     p.add_argument("--config", help='training settings as JSON, e.g. \'{"steps": 3000, "vocab_subset": 8192}\'')
     p.add_argument("--out", help="export folder (default models/heads/TARGET)")
+    p.add_argument("--heads", help="eval: a folder of exported heads (default: the training state)")
+    p.add_argument("--gamma", type=int, default=4, help="eval: the longest chain to score")
+    p.add_argument("--conversations", type=int, help="eval: only the first N held-out conversations")
     p.add_argument("--vocab-subset", type=int, help="export: the size of the heads' vocabulary subset (FR-Spec)")
     p.set_defaults(func=run)
     return p

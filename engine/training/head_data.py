@@ -4,6 +4,7 @@ target's last hidden state at every position, written resumably to a folder outs
     folder/conversations.jsonl   one line per conversation: prompt, kind, ids (prompt + answer), n_prompt
     folder/feats/NNNNN.npy       float16 [len(ids) - 1, C]: hidden state (engine.model.forward's
                                  with_hidden, x / |x|) after each token but the last
+    folder/timing.jsonl          one line per batch: kind, prompts, answer tokens, seconds
 
 Answers are generated in batches of sequences decoding together (engine.model.forward_batch), the
 hidden states taken from the same forwards. A batch is written when it is complete; a rerun skips the
@@ -19,7 +20,7 @@ import numpy as np
 
 from ..kv_cache import KVCacheManager
 from ..model import forward, forward_batch
-from .head_prompts import summary_prompt, train_prompts
+from .head_prompts import derived_prompt, train_prompts
 
 
 def answered(folder: Path) -> list[dict]:
@@ -70,26 +71,31 @@ def write_conversations(folder: Path, prompts: list[str], kind: str, lm, max_new
             n_done += 1
         with open(folder / "conversations.jsonl", "a") as f:
             f.write("\n".join(lines) + "\n")
-        n_tok = sum(len(r[0]) - r[1] for r in results)
-        log(f"{kind}: {min(b + batch, len(todo))}/{len(todo)} prompts, {n_tok} answer tokens in {time.time() - t:.1f} s")
+        n_tok, seconds = sum(len(r[0]) - r[1] for r in results), time.time() - t
+        with open(folder / "timing.jsonl", "a") as f:          # the generation time the model card states
+            f.write(json.dumps({"kind": kind, "prompts": len(results), "answer_tokens": n_tok, "s": round(seconds, 1)}) + "\n")
+        log(f"{kind}: {min(b + batch, len(todo))}/{len(todo)} prompts, {n_tok} answer tokens in {seconds:.1f} s")
 
 
-def summary_prompts(conversations: list[dict], tokenizer, n: int) -> list[str]:
-    """Summaries of the model's own longer answers (paragraphs and explanations)."""
-    texts = [tokenizer.decode(c["ids"][c["n_prompt"] + 1:]).replace("<|im_end|>", "")
-             for c in conversations if c["kind"] == "open" and len(c["ids"]) - c["n_prompt"] > 80
-             and not c["prompt"].startswith("Write a Python")]
-    return [summary_prompt(t) for t in texts[:n]]
+def own_texts(conversations: list[dict], tokenizer) -> list[str]:
+    """The model's own longer prose answers (paragraphs and explanations, no code), in the order answered."""
+    return [tokenizer.decode(c["ids"][c["n_prompt"] + 1:]).replace("<|im_end|>", "")
+            for c in conversations if c["kind"] == "open" and len(c["ids"]) - c["n_prompt"] > 80
+            and "Python" not in c["prompt"]]
 
 
-def build(folder: str | Path, lm, batch: int = 32, max_new: int = 160, n_open: int = 576, n_summaries: int = 192,
-          log=print) -> None:
-    """`n_open` of the training prompts (a fixed shuffle, so every kind is in), then `n_summaries` summaries."""
+def build(folder: str | Path, lm, batch: int = 32, max_new: int = 160, n_open: int = 576, derived_every: int = 3,
+          round_size: int = 256, prompts: list[str] | None = None, log=print) -> None:
+    """`n_open` of the training prompts (a fixed shuffle, so every kind is in), in rounds of `round_size`; after
+    each round, a summary or rewrite (head_prompts.derived_prompt) of every `derived_every`-th of the model's
+    own prose answers so far. Resumable: answered prompts are skipped."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    prompts = train_prompts()
+    prompts = prompts if prompts is not None else train_prompts()
     prompts = [prompts[i] for i in np.random.default_rng(0).permutation(len(prompts))[:n_open]]
-    write_conversations(folder, prompts, "open", lm, max_new, batch, log)
-    convs = answered(folder)
-    write_conversations(folder, summary_prompts(convs, lm.tokenizer, n_summaries), "summary", lm, 96, batch, log)
+    for r in range(0, len(prompts), round_size):
+        write_conversations(folder, prompts[r:r + round_size], "open", lm, max_new, batch, log)
+        texts = own_texts(answered(folder), lm.tokenizer)
+        derived = [derived_prompt(t, i // derived_every) for i, t in enumerate(texts) if i % derived_every == 0]
+        write_conversations(folder, derived, "summary", lm, 96, batch, log)
     log("done")

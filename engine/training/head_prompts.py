@@ -62,6 +62,97 @@ CODE_TEMPLATES = ["Write a Python function that {t}.", "Write a Python function 
 
 SUMMARY_TEMPLATE = "Summarise the following text in two sentences.\n\n{text}"
 
+# More training prompts (a larger self-distillation set): subjects, templates and code tasks used for
+# training only; the held-out prompts above stay as they were.
+MORE_SUBJECTS = [
+    "the stomach", "the lungs", "the skeleton", "muscles", "blood", "the liver", "the kidneys", "the skin",
+    "the eye", "the ear", "taste", "smell", "memory", "dreams", "emotions", "habits", "stress", "motivation",
+    "happiness", "creativity", "critical thinking", "problem solving", "decision making", "leadership",
+    "negotiation", "customer service", "marketing", "advertising", "branding", "small businesses", "startups",
+    "entrepreneurship", "taxes", "insurance", "mortgages", "credit cards", "saving money", "retirement planning",
+    "cryptocurrency", "banks", "trade", "globalisation", "unemployment", "the economy", "poverty", "charity",
+    "volunteering", "human rights", "elections", "the constitution", "the United Nations", "laws", "courts",
+    "journalism", "social media", "smartphones", "video games", "virtual reality", "artificial intelligence",
+    "robots", "self-driving cars", "drones", "satellites", "rockets", "space exploration", "Mars", "Jupiter",
+    "comets", "the Big Bang", "galaxies", "light", "sound", "heat", "energy", "friction", "atoms", "molecules",
+    "chemical reactions", "acids and bases", "the periodic table", "water", "oxygen", "carbon", "metals",
+    "plastics", "glass", "paper", "cotton", "wool", "steel", "concrete", "wood", "clay", "salt", "sugar",
+    "rice", "wheat", "potatoes", "tomatoes", "apples", "bananas", "oranges", "honey", "cheese", "milk", "eggs",
+    "pizza", "pasta", "soup", "spices", "vegetarian cooking", "fermentation", "food safety", "vitamins",
+    "protein", "fibre", "hydration", "running", "swimming", "yoga", "cycling", "hiking", "football", "basketball",
+    "tennis", "baseball", "cricket", "golf", "skiing", "the marathon", "team sports", "board games", "puzzles",
+    "card games", "magic tricks", "theatre", "film", "animation", "comics", "novels", "poetry", "fairy tales",
+    "mythology", "history books", "biographies", "science fiction", "jazz", "classical music", "rock music",
+    "the piano", "the drums", "singing", "dancing", "sculpture", "architecture", "interior design", "fashion",
+    "knitting", "woodworking", "pottery", "calligraphy", "origami", "cats", "dogs", "horses", "elephants",
+    "whales", "dolphins", "sharks", "penguins", "lions", "tigers", "wolves", "bears", "frogs", "snakes",
+    "butterflies", "ants", "spiders", "coral reefs", "mushrooms", "trees", "flowers", "grass", "seeds", "soil",
+    "weather", "clouds", "rain", "snow", "wind", "lightning", "tornadoes", "floods", "droughts", "air pollution",
+    "plastic pollution", "endangered species", "national parks", "zoos", "farming", "fishing", "irrigation",
+    "nuclear power", "hydroelectric power", "oil", "natural gas", "coal", "energy efficiency", "insulation",
+    "public transport", "traffic", "roads", "ships", "cars", "motorcycles", "the wheel", "the steam engine",
+    "the telephone", "radio", "television", "the light bulb", "the camera", "clocks", "calendars", "maps",
+    "compasses", "writing", "the alphabet", "numbers", "zero", "fractions", "percentages", "algebra", "geometry",
+    "probability", "statistics", "calculus", "prime numbers", "infinity", "logic", "philosophy", "ethics",
+    "religion", "languages", "grammar", "punctuation", "spelling", "reading", "handwriting", "schools",
+    "universities", "homework", "exams", "online learning", "teachers", "parenting", "childhood", "teenagers",
+    "old age", "families", "weddings", "birthdays", "holidays", "travel", "tourism", "hotels", "camping",
+    "packing for a trip", "airports", "passports", "different cultures", "cooking at home", "cleaning a house",
+    "moving house", "renting an apartment", "neighbours", "pets", "houseplants", "gardening tools", "a first job",
+    "remote work", "meetings", "presentations", "email", "note taking", "productivity", "procrastination",
+    "goal setting", "journaling", "mindfulness", "gratitude", "patience", "courage", "empathy", "forgiveness",
+    "respect", "trust", "conflict resolution", "listening", "asking questions", "giving feedback", "mentoring",
+    "Python", "JavaScript", "HTML", "CSS", "SQL", "the command line", "Linux", "APIs", "JSON", "regular expressions",
+    "debugging", "code reviews", "open source software", "software design", "object-oriented programming",
+    "functional programming", "variables", "loops", "functions", "classes", "lists and arrays", "dictionaries",
+    "linked lists", "trees in computer science", "graphs in computer science", "binary search", "big O notation",
+    "caching", "concurrency", "computer networks", "Wi-Fi", "Bluetooth", "GPS", "cybersecurity", "phishing",
+    "viruses", "bacteria", "antibiotics", "the common cold", "fever", "allergies", "first aid", "hospitals",
+    "doctors", "nurses", "dentists", "medicine", "surgery", "mental health", "loneliness", "the Middle Ages",
+    "the Industrial Revolution", "the Vikings", "ancient Rome", "ancient Egypt", "the Silk Road", "castles",
+    "knights", "explorers", "the moon landing", "the Cold War", "world history", "archaeology", "dinosaurs",
+    "fossils", "the Ice Age", "continents", "islands", "lakes", "caves", "canyons", "the Amazon river",
+    "the Sahara", "the Arctic", "Antarctica", "cities of the future", "skyscrapers", "tunnels", "dams",
+]
+
+MORE_TEMPLATES = [
+    "Tell me about {s}.",
+    "How does {s} work?",
+    "What should everyone know about {s}?",
+    "Write a short story that involves {s}.",
+    "Give step-by-step advice for someone interested in {s}.",
+    "What are some common misconceptions about {s}?",
+    "Summarise the history of {s} in a few sentences.",
+    "Write a short email to a friend about {s}.",
+    "Explain {s} using an analogy.",
+    "What are the key ideas behind {s}?",
+    "Write a haiku about {s}.",
+    "Give me a simple definition of {s} and an example.",
+]
+
+MORE_CODE_TASKS = [
+    "returns the second largest number in a list", "checks whether a list is sorted", "counts the lines in a text file",
+    "reads a CSV file and returns its rows", "converts a string to title case", "returns the longest word in a sentence",
+    "computes the area of a circle", "checks whether a string contains only digits", "reverses the words in a sentence",
+    "returns the sum of the even numbers in a list", "finds the index of an item in a list", "transposes a matrix",
+    "multiplies two matrices", "computes the mean and standard deviation of a list", "generates a random password",
+    "validates an email address", "counts the characters in a string", "removes whitespace from a string",
+    "splits a list into chunks of size n", "finds the common elements of two lists", "implements binary search",
+    "implements bubble sort", "implements a stack class", "implements a queue class", "computes compound interest",
+    "converts a decimal number to binary", "checks whether a number is a perfect square", "returns all primes below n",
+    "finds the minimum and maximum of a list", "counts the words in a sentence",
+]
+MORE_CODE_TEMPLATES = ["Write a Python function that {t}, and explain how it works.", "How do I write a function that {t} in Python?"]
+
+DERIVED_TEMPLATES = [          # prompts over the model's own earlier answers (summaries, rewrites)
+    SUMMARY_TEMPLATE,
+    "Summarise the following text in one sentence.\n\n{text}",
+    "Summarise the following text in two sentences.\n\n{text}",
+    "List the key points of the following text.\n\n{text}",
+    "Rewrite the following text in simpler words.\n\n{text}",
+]
+
+
 
 def open_prompts(subjects, code_tasks) -> list[str]:
     return ([t.format(s=s) for s in subjects for t in TEMPLATES]
@@ -72,9 +163,22 @@ def train_prompts() -> list[str]:
     return open_prompts(TRAIN_SUBJECTS, CODE_TASKS)
 
 
+def more_train_prompts() -> list[str]:
+    """The larger training set: every subject with every template, every code task with every code template."""
+    subjects, templates = TRAIN_SUBJECTS + MORE_SUBJECTS, TEMPLATES + MORE_TEMPLATES
+    tasks, code_templates = CODE_TASKS + MORE_CODE_TASKS, CODE_TEMPLATES + MORE_CODE_TEMPLATES
+    return ([t.format(s=s) for s in subjects for t in templates]
+            + [t.format(t=task) for task in tasks for t in code_templates])
+
+
 def held_out_prompts() -> list[str]:
     return open_prompts(HELD_OUT_SUBJECTS, HELD_OUT_CODE_TASKS)
 
 
 def summary_prompt(text: str) -> str:
     return SUMMARY_TEMPLATE.format(text=text.strip())
+
+
+def derived_prompt(text: str, i: int) -> str:
+    """The i-th answer's summary or rewrite (two in five the two-sentence summary `bench heads` asks for)."""
+    return DERIVED_TEMPLATES[i % len(DERIVED_TEMPLATES)].format(text=text.strip())

@@ -39,10 +39,16 @@ class HeadTrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     reg_weight: float = 1.0          # EAGLE's feature regression against its token loss
+    prompt_positions: bool = False   # count the prompt's positions too (after the shared system prompt)
+    depth: int = 1                   # EAGLE draft steps unrolled in training (training-time test)
+    step_decay: float = 0.8          # the loss weight of unrolled step s is step_decay^s
     feature_noise: float = 0.1       # uniform noise on input features (EAGLE-1), for drafting on its own
     seed: int = 0
+    init_from: str = ""              # a folder of exported heads to start from (warm start; moments start at 0)
     ckpt_every: int = 50
     reload_every: int = 60
+    eval_every: int = 200            # held-out acceptance (data folder's sibling heldout/), 0: never
+    eval_conversations: int = 24
 
 
 @dataclass
@@ -78,9 +84,22 @@ def coverage(convs: list[Conversation], subset: np.ndarray) -> float:
     return float(np.isin(answers, subset).mean())
 
 
-def windows(convs, n, T, extra, rng, scale):
+def shared_prefix(convs) -> int:
+    """The length of the token prefix every conversation starts with (a chat template's system prompt)."""
+    if not convs:
+        return 0
+    first = convs[0].ids
+    n = min(min(len(c.ids) for c in convs), len(first))
+    for c in convs[1:]:
+        n = min(n, int(np.argmin(np.append(c.ids[:n] == first[:n], False))))
+    return n
+
+
+def windows(convs, n, T, extra, rng, scale, from_prompt: int | None = None):
     """n windows of T (+ extra) positions: features f [n, T + extra, C] (unit RMS, zero-padded), next
-    tokens [n, T], mask [n, T] of counted positions (t >= first and t + 1 + extra within the features)."""
+    tokens [n, T], mask [n, T] of counted positions (t >= first and t + 1 + extra within the features).
+    from_prompt: count from this position instead of the answer's first (the prompt's tokens after the
+    shared system prompt: the target's distribution there is as good a teacher, on more positions)."""
     C = convs[0].feats.shape[1]
     f = np.zeros((n, T + extra + 1, C), np.float32)
     nxt = np.zeros((n, T), np.int64)
@@ -94,8 +113,22 @@ def windows(convs, n, T, extra, rng, scale):
         k = min(T, len(c.ids) - 1 - t0)
         nxt[b, :k] = c.ids[t0 + 1:t0 + 1 + k]
         t = np.arange(t0, t0 + T)
-        mask[b] = (t >= c.first - 1) & (t + 1 + extra < L)
+        mask[b] = (t >= (c.first if from_prompt is None else from_prompt) - 1) & (t + 1 + extra < L)
     return f, nxt, mask
+
+
+def exported_params(folder: Path) -> tuple[dict, np.ndarray]:
+    """Exported heads (eagle/medusa.safetensors) -> float32 parameters by name, their vocabulary subset."""
+    from safetensors.numpy import load_file
+    params, subset = {}, None
+    for kind in ("eagle", "medusa"):
+        if (folder / f"{kind}.safetensors").is_file():
+            w = load_file(str(folder / f"{kind}.safetensors"))
+            subset = w.pop("vocab_subset").astype(np.int64)
+            params.update({k: v.astype(np.float32) for k, v in w.items()})
+    if subset is None:
+        raise FileNotFoundError(f"no exported heads in {folder}")
+    return params, subset
 
 
 class HeadTrainer:
@@ -124,6 +157,8 @@ class HeadTrainer:
             self.rng = np.random.default_rng(tc.seed)
             self.params = {**heads.init_eagle(self.eagle_cfg, self.rng),
                            **heads.init_medusa(target_cfg.hidden_size, tc.num_medusa_heads)}
+            if tc.init_from:
+                self.params.update(exported_params(Path(tc.init_from))[0])
             self.m = {k: np.zeros_like(p) for k, p in self.params.items()}
             self.v = {k: np.zeros_like(p) for k, p in self.params.items()}
             self.step, self.history, self.train_s = 0, [], 0.0
@@ -149,16 +184,17 @@ class HeadTrainer:
 
     def train_step(self) -> dict:
         tc, rng, scale = self.tc, self.rng, np.float32(math.sqrt(self.target_cfg.hidden_size))
-        f, nxt, mask = windows(self.convs, tc.batch_size, tc.seq_len, 0, rng, scale)
+        start = shared_prefix(self.convs) if tc.prompt_positions else None
+        f, nxt, mask = windows(self.convs, tc.batch_size, tc.seq_len, 0, rng, scale, start)
         f_in = f[:, :-1] + rng.uniform(-tc.feature_noise, tc.feature_noise, f[:, :-1].shape).astype(np.float32)
         eagle = {k: p for k, p in self.params.items() if not k.startswith("medusa.")}
         loss, parts, cache = heads.eagle_forward(eagle, self.eagle_cfg, f_in, self.embed[nxt], f[:, 1:], mask,
-                                                 self.head_w, tc.reg_weight)
+                                                 self.head_w, tc.reg_weight, tc.depth, tc.step_decay)
         grads = heads.eagle_backward(cache, self.eagle_cfg)
         out = {"eagle": float(loss), **parts}
         if self.step % tc.medusa_every == 0:
             K = tc.num_medusa_heads
-            f, _, mask = windows(self.convs, tc.medusa_batch_size, tc.seq_len, K - 1, rng, scale)
+            f, _, mask = windows(self.convs, tc.medusa_batch_size, tc.seq_len, K - 1, rng, scale, start)
             medusa = {k: p for k, p in self.params.items() if k.startswith("medusa.")}
             loss, per_head, caches = heads.medusa_forward(medusa, f, mask, self.head_w)
             grads.update(heads.medusa_backward(caches))
@@ -197,6 +233,34 @@ class HeadTrainer:
                          f"{time.time() - t:.2f} s/step, {len(self.convs)} conversations")
             if self.step % tc.ckpt_every == 0 or self.step == tc.steps:
                 self.save()
+            if tc.eval_every and self.step % tc.eval_every == 0 and self.held_out:
+                acc = self.evaluate(self.held_out[:tc.eval_conversations], 4)
+                self.history.append({"step": self.step, "held_out": acc})
+                self.log(f"held-out at step {self.step}: {json.dumps(acc)}")
+
+    @property
+    def held_out(self) -> list[Conversation]:
+        if not hasattr(self, "_held_out"):
+            self._held_out = load_conversations(self.data_dir.parent / "heldout")
+        return self._held_out
+
+    def evaluate(self, convs: list[Conversation], gamma: int) -> dict:
+        """Held-out acceptance per position and mean acceptance length (engine/training/head_eval.py)."""
+        from .head_eval import eagle_acceptance, medusa_acceptance
+        scale = np.float32(math.sqrt(self.target_cfg.hidden_size))
+        eagle = {k: p for k, p in self.params.items() if not k.startswith("medusa.")}
+        medusa = {k: p for k, p in self.params.items() if k.startswith("medusa.")}
+        out = {"coverage": coverage(convs, self.subset)}
+        if eagle:
+            out["eagle"] = eagle_acceptance(eagle, self.eagle_cfg, convs, self.subset, self.head_w, self.embed, gamma, scale)
+        if medusa:
+            out["medusa"] = medusa_acceptance(medusa, convs, self.subset, self.head_w, min(gamma, len(medusa)), scale)
+        return out
+
+    def load_exported(self, folder: Path) -> None:
+        """Evaluate shipped heads: their float16 weights and vocabulary subset replace the trained ones."""
+        self.params, subset = exported_params(folder)
+        self.set_subset(subset)
 
     def export(self, out_dir: Path, vocab_subset: int | None = None) -> dict:
         """float16 safetensors: eagle.safetensors, medusa.safetensors (each with the vocabulary subset: the
@@ -214,7 +278,9 @@ class HeadTrainer:
         for line in (self.data_dir / "conversations.jsonl").read_text().splitlines():
             kind = json.loads(line)["kind"]
             kinds[kind] = kinds.get(kind, 0) + 1
+        timing = self.data_dir / "timing.jsonl"
+        generation_s = sum(json.loads(x)["s"] for x in timing.read_text().splitlines()) if timing.is_file() else None
         return {"subset": len(subset), "steps": self.step, "train_s": self.train_s,
                 "data": {"conversations": len(self.convs), "by_kind": kinds, "answer_tokens": answers,
-                         "coverage_in_data": coverage(self.convs, subset)},
+                         "coverage_in_data": coverage(self.convs, subset), "generation_s": generation_s},
                 "config": self.trained_with}

@@ -59,33 +59,72 @@ def _target_probs(f_next, head_w):  # [n, C], [Vs, C] -> softmax over the subset
     return z / z.sum(-1, keepdims=True)
 
 
-def eagle_forward(params, cfg: ModelConfig, f, e, f_next, mask, head_w, reg_weight: float = 1.0):
-    """f [B, T, C] features at t, e [B, T, C] embeddings of x_{t+1}, f_next [B, T, C] features at t+1,
-    mask [B, T] positions that count -> (loss, parts {ce, reg}, cache)."""
+def eagle_unroll(params, cfg: ModelConfig, f, e, depth: int):
+    """The head's predicted features at each draft step (see eagle_forward): yields (f_hat [B, T, C], cache)."""
     B, T, C = f.shape
     cos, sin = ops.rope_tables(T, cfg.head_dim, cfg.rope_theta, f.dtype)
-    z, c_fc = ops.linear_forward(np.concatenate([f, e], -1), params["fc.weight"])       # [B, T, C]
-    h, c_layer = llama._layer_forward(z, params, LAYER, cfg, cos, sin)
-    fh, c_norm = ops.rmsnorm_forward(h, np.ones(C, f.dtype), cfg.rms_norm_eps)          # f_hat [B, T, C]
-    rows, nxt = _masked_rows(fh, mask), _masked_rows(f_next, mask)                       # [n, C]
-    logits, c_head = ops.linear_forward(rows, head_w)                                    # [n, Vs]
-    ce, c_ce = ops.soft_cross_entropy_forward(logits, _target_probs(nxt, head_w))
-    reg, c_reg = ops.smooth_l1_forward(rows, nxt)
-    loss = ce + reg_weight * reg
-    return loss, {"ce": float(ce), "reg": float(reg)}, (c_fc, c_layer, c_norm, c_head, c_ce, c_reg, mask,
-                                                          reg_weight, (B, T, C))
+    ks, vs, inp = [], [], f
+    for s in range(depth):
+        z, c_fc = ops.linear_forward(np.concatenate([inp, e], -1), params["fc.weight"])   # [B, T, C]
+        h, c_layer = llama._layer_forward(z, params, LAYER, cfg, cos, sin, past=(ks, vs) if s else None)
+        k, v = llama.layer_kv(c_layer)
+        ks, vs = ks + [k], vs + [v]
+        fh, c_norm = ops.rmsnorm_forward(h, np.ones(C, f.dtype), cfg.rms_norm_eps)      # f_hat [B, T, C]
+        yield fh, (c_fc, c_layer, c_norm)
+        inp = np.zeros_like(fh)
+        inp[:, 1:] = fh[:, :-1]                                                          # the next step's input at i
+
+
+def eagle_forward(params, cfg: ModelConfig, f, e, f_next, mask, head_w, reg_weight: float = 1.0, depth: int = 1,
+                  step_decay: float = 0.8):
+    """f [B, T, C] features at t, e [B, T, C] embeddings of x_{t+1}, f_next [B, T, C] features at t+1,
+    mask [B, T] positions that count -> (loss, parts {ce, reg} per step, cache).
+
+    depth > 1 unrolls drafting as EAGLE-3's training-time test: step s (0-based) at position i is the
+    (s+1)-th draft of the chain started from the real feature at i - s. Its input is the feature the
+    previous step predicted at i - 1 (with the true token: a chain only goes on when its drafts were
+    right), its attention reads what the drafting cache would hold (ops.chain_attention_forward), and its
+    targets are position i's, as at step 0. Step s's loss has weight step_decay^s (normalised to sum 1);
+    gradients flow through the predicted features and keys of earlier steps."""
+    B, T, C = f.shape
+    w = np.array([step_decay ** s for s in range(depth)]) / sum(step_decay ** s for s in range(depth))
+    nxt_all = _masked_rows(f_next, mask)                                                 # [n, C]
+    p_all = _target_probs(nxt_all, head_w)                                               # [n, Vs], once for all steps
+    steps, parts, loss = [], {"ce": [], "reg": []}, 0.0
+    for s, (fh, c_step) in enumerate(eagle_unroll(params, cfg, f, e, depth)):
+        m = mask & (np.arange(T) >= s)                                                   # the chain starts at i - s >= 0
+        keep = m[mask]                                                                   # step s's rows among mask's
+        rows = _masked_rows(fh, m)                                                       # [n_s, C]
+        logits, c_head = ops.linear_forward(rows, head_w)                                # [n_s, Vs]
+        ce, c_ce = ops.soft_cross_entropy_forward(logits, p_all[keep])
+        reg, c_reg = ops.smooth_l1_forward(rows, nxt_all[keep])
+        loss = loss + w[s] * (ce + reg_weight * reg)
+        parts["ce"].append(float(ce))
+        parts["reg"].append(float(reg))
+        steps.append((*c_step, c_head, c_ce, c_reg, m, w[s]))
+    return loss, parts, (steps, reg_weight, (B, T, C), llama.layer_kv(steps[0][1])[0])
 
 
 def eagle_backward(cache, cfg: ModelConfig) -> dict:
-    c_fc, c_layer, c_norm, c_head, c_ce, c_reg, mask, reg_weight, (B, T, C) = cache
-    drows, _ = ops.linear_backward(ops.soft_cross_entropy_backward(1.0, c_ce), c_head)   # head_w frozen
-    drows = drows + ops.smooth_l1_backward(reg_weight, c_reg)
-    dfh = np.zeros((B * T, C), drows.dtype)
-    dfh[mask.ravel()] = drows
-    dh, _ = ops.rmsnorm_backward(dfh.reshape(B, T, C), c_norm)
-    g = {}
-    dz = llama._layer_backward(dh, c_layer, LAYER, cfg, g)
-    _, g["fc.weight"] = ops.linear_backward(dz, c_fc)
+    steps, reg_weight, (B, T, C), k0 = cache
+    dkv = [(np.zeros_like(k0), np.zeros_like(k0)) for _ in steps]                   # from later steps' attention
+    g, dinp = {}, None
+    for s in reversed(range(len(steps))):
+        c_fc, c_layer, c_norm, c_head, c_ce, c_reg, m, w = steps[s]
+        drows, _ = ops.linear_backward(ops.soft_cross_entropy_backward(w, c_ce), c_head)  # head_w frozen
+        drows = drows + ops.smooth_l1_backward(w * reg_weight, c_reg)
+        dfh = np.zeros((B * T, C), drows.dtype)
+        dfh[m.ravel()] = drows
+        dfh = dfh.reshape(B, T, C)
+        if dinp is not None:
+            dfh[:, :-1] += dinp[:, 1:]
+        dh, _ = ops.rmsnorm_backward(dfh, c_norm)
+        gs = {}
+        dz = llama._layer_backward(dh, c_layer, LAYER, cfg, gs, dkv=dkv[s], dpast=[list(d) for d in dkv[:s]])
+        dcat, gs["fc.weight"] = ops.linear_backward(dz, c_fc)
+        dinp = dcat[..., :C]
+        for k, v in gs.items():
+            g[k] = g[k] + v if k in g else v
     return g
 
 

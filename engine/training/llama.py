@@ -13,7 +13,10 @@ from ..config import ModelConfig
 from . import ops
 
 
-def _layer_forward(x, p, pre, cfg, cos, sin):  # [B, T, C] -> [B, T, C], cache
+def _layer_forward(x, p, pre, cfg, cos, sin, past=None):  # [B, T, C] -> [B, T, C], cache
+    """past: for step s of a draft chain (heads.py), the keys (after RoPE) and values of the real entries
+    and of steps 1..s-1 ([B, K, T, D] each, see ops.chain_attention_forward); `layer_kv(cache)` gives
+    this layer's own."""
     B, T, C = x.shape
     H, K, D, I = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
     eps = cfg.rms_norm_eps
@@ -26,7 +29,11 @@ def _layer_forward(x, p, pre, cfg, cos, sin):  # [B, T, C] -> [B, T, C], cache
     v = np.ascontiguousarray(qkv[..., (H + K) * D:].reshape(B, T, K, D).transpose(0, 2, 1, 3))
     q, c_rq = ops.rope_forward(q, cos, sin)
     k, c_rk = ops.rope_forward(k, cos, sin)
-    a, c_att = ops.attention_forward(np.ascontiguousarray(q), np.ascontiguousarray(k), v)
+    k = np.ascontiguousarray(k)
+    if past is None:
+        a, c_att = ops.attention_forward(np.ascontiguousarray(q), k, v)
+    else:
+        a, c_att = ops.chain_attention_forward(q, past[0] + [k], past[1] + [v])
     y = a.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # heads concatenated
     o, c_o = ops.linear_forward(y, p[pre + "self_attn.o_proj.weight"])
     x = x + o
@@ -36,11 +43,17 @@ def _layer_forward(x, p, pre, cfg, cos, sin):  # [B, T, C] -> [B, T, C], cache
     m, c_sw = ops.swiglu_forward(gu[..., :I], gu[..., I:])
     d, c_d = ops.linear_forward(m, p[pre + "mlp.down_proj.weight"])
     x = x + d
-    return x, (c_n1, c_qkv, c_rq, c_rk, c_att, c_o, c_n2, c_gu, c_sw, c_d)
+    return x, (c_n1, c_qkv, c_rq, c_rk, c_att, c_o, c_n2, c_gu, c_sw, c_d, (k, v), past is not None)
 
 
-def _layer_backward(dx, cache, pre, cfg, g):  # dx [B, T, C] -> dx into the layer; fills g
-    c_n1, c_qkv, c_rq, c_rk, c_att, c_o, c_n2, c_gu, c_sw, c_d = cache
+def layer_kv(cache):  # -> this layer's keys (after RoPE) and values [B, K, T, D]
+    return cache[10]
+
+
+def _layer_backward(dx, cache, pre, cfg, g, dkv=None, dpast=None):  # dx [B, T, C] -> dx into the layer; fills g
+    """dkv: gradients reaching this layer's keys and values from later chain steps (added here);
+    dpast: [dk, dv] per earlier stream of `past`, which this layer's gradients are added to."""
+    c_n1, c_qkv, c_rq, c_rk, c_att, c_o, c_n2, c_gu, c_sw, c_d, _, chain = cache
     H, K, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     B, T, _ = dx.shape
     # MLP branch (the residual passes dx through unchanged)
@@ -54,7 +67,16 @@ def _layer_backward(dx, cache, pre, cfg, g):  # dx [B, T, C] -> dx into the laye
     # attention branch
     dy, g[pre + "self_attn.o_proj.weight"] = ops.linear_backward(dx, c_o)
     da = dy.reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
-    dq, dk, dv = ops.attention_backward(da, c_att)
+    if chain:
+        dq, dks, dvs = ops.chain_attention_backward(da, c_att)
+        for acc, dk, dv in zip(dpast, dks, dvs):
+            acc[0] += dk
+            acc[1] += dv
+        dk, dv = dks[-1], dvs[-1]
+    else:
+        dq, dk, dv = ops.attention_backward(da, c_att)
+    if dkv is not None:
+        dk, dv = dk + dkv[0], dv + dkv[1]
     dq = ops.rope_backward(dq, c_rq)
     dk = ops.rope_backward(dk, c_rk)
     dqkv = np.concatenate([dq.transpose(0, 2, 1, 3).reshape(B, T, H * D),

@@ -119,6 +119,66 @@ def attention_backward(dout, cache):  # [B, H, T, D] -> dq, dk, dv
     return dq.reshape(B, H, GT // (H // K), D), dk, dv
 
 
+# --- attention of a draft chain's step (EAGLE-3's "training-time test") -----------------------------
+def chain_attention_forward(q, ks, vs):  # [B, H, T, D], s + 1 x [B, K, T, D] each -> [B, H, T, D]
+    """Attention of draft step s = len(ks) - 1 of chains started at every position, all at once.
+
+    The query at position i belongs to the chain started from the real entry at i - s; as at drafting
+    time it reads the real keys ks[0] at positions <= i - s, and the chain's own entry of step r
+    (1 <= r <= s), which sits at position i - s + r in stream ks[r]. s = 0 is causal attention."""
+    B, H, T, D = q.shape
+    K, s = ks[0].shape[1], len(ks) - 1
+    G = H // K
+    scale = q.dtype.type(1.0 / np.sqrt(D))
+    qg = q.reshape(B, K, G, T, D) * scale
+    real = qg @ ks[0][:, :, None].transpose(0, 1, 2, 4, 3)                       # [B, K, G, T, T]
+    real += np.triu(np.full((T, T), -np.inf, q.dtype), 1 - s)                    # keys p <= i - s
+    k_sh = [_shift(ks[r], s - r) for r in range(1, s + 1)]                      # k_sh[i] = ks[r][i - s + r]
+    v_sh = [_shift(vs[r], s - r) for r in range(1, s + 1)]
+    diag = [(qg * k[:, :, None]).sum(-1, keepdims=True) for k in k_sh]          # [B, K, G, T, 1] each
+    for r, d in enumerate(diag, 1):
+        d[:, :, :, :s - r] = -np.inf                                             # the chain starts before 0
+    p = np.concatenate([real] + diag, -1)                                        # [B, K, G, T, T + s]
+    p -= p.max(-1, keepdims=True)
+    np.exp(p, out=p)
+    p *= 1.0 / p.sum(-1, keepdims=True)
+    out = p[..., :T] @ vs[0][:, :, None]
+    for r, v in enumerate(v_sh):
+        out += p[..., T + r:T + r + 1] * v[:, :, None]
+    return out.reshape(B, H, T, D), (qg, ks[0], vs[0], k_sh, v_sh, p, out, scale)
+
+
+def chain_attention_backward(dout, cache):  # [B, H, T, D] -> dq, dks, dvs (as the forward's ks, vs)
+    qg, k0, v0, k_sh, v_sh, p, out, scale = cache
+    B, K, G, T, D = qg.shape
+    s = len(k_sh)
+    dout = dout.reshape(B, K, G, T, D)
+    dp = np.concatenate([dout @ v0[:, :, None].transpose(0, 1, 2, 4, 3)]
+                        + [(dout * v[:, :, None]).sum(-1, keepdims=True) for v in v_sh], -1)
+    dp -= (dout * out).sum(-1, keepdims=True)
+    dp *= p                                                                      # dS; masked entries have p = 0
+    dq = dp[..., :T] @ k0[:, :, None]
+    for r, k in enumerate(k_sh):
+        dq += dp[..., T + r:T + r + 1] * k[:, :, None]
+    dks = [(dp[..., :T].transpose(0, 1, 2, 4, 3) @ qg).sum(2)]
+    dvs = [(p[..., :T].transpose(0, 1, 2, 4, 3) @ dout).sum(2)]
+    for r in range(s):
+        dks.append(_shift((dp[..., T + r:T + r + 1] * qg).sum(2), -(s - 1 - r)))
+        dvs.append(_shift((p[..., T + r:T + r + 1] * dout).sum(2), -(s - 1 - r)))
+    return (dq * scale).reshape(B, K * G, T, D), dks, dvs
+
+
+def _shift(x, o):  # [B, K, T, D] -> y[:, :, i] = x[:, :, i - o] (zeros where out of range); o < 0 shifts back
+    if o == 0:
+        return x
+    y = np.zeros_like(x)
+    if o > 0:
+        y[:, :, o:] = x[:, :, :-o]
+    else:
+        y[:, :, :o] = x[:, :, -o:]
+    return y
+
+
 # --- SwiGLU: silu(g) * u ------------------------------------------------------------------------
 def swiglu_forward(g, u):  # [..., I], [..., I] -> [..., I]
     sig = 1.0 / (1.0 + np.exp(-g))

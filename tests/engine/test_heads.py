@@ -15,7 +15,8 @@ from engine.training import heads as head_math
 PROMPTS = ["def add(a, b):\n    return a", "class point:\n    def ", "x = (a, b)\nfor i in x:\n    "]
 
 
-def random_heads(lm, subset_size=20, seed=0):
+def random_head_weights(lm, subset_size=20, seed=0):
+    """Training-side weights: (eagle params, medusa params, subset, the target's final norm weight)."""
     rng = np.random.default_rng(seed)
     cfg, c = lm.cfg, lm.cfg.hidden_size
     subset = np.sort(rng.choice(cfg.vocab_size, subset_size, replace=False))
@@ -24,6 +25,12 @@ def random_heads(lm, subset_size=20, seed=0):
     eagle["fc.weight"] = rng.standard_normal((c, 2 * c)).astype(np.float32) / np.sqrt(c)
     medusa = {k: rng.standard_normal((c, c)).astype(np.float32) for k in head_math.init_medusa(c, 3)}
     norm_w = np.abs(rng.standard_normal(c)).astype(np.float32) + 0.5
+    return eagle, medusa, subset, norm_w
+
+
+def random_heads(lm, subset_size=20, seed=0):
+    cfg = lm.cfg
+    eagle, medusa, subset, norm_w = random_head_weights(lm, subset_size, seed)
     target = {"embed": lm.model.embed, "head": lm.model.embed, "norm": norm_w}
     return {"eagle": EagleHead(lm.name, cfg, target, {**eagle, "vocab_subset": subset}),
             "medusa": MedusaHead(lm.name, cfg, target, {**medusa, "vocab_subset": subset})}
@@ -181,6 +188,11 @@ def test_top_rows_of_a_subset_head_match_a_full_sort_and_stay_cheap():
     for row, top in zip(rows, top_k_rows(rows)):
         assert [t for t, _ in top] == np.argsort(-row, kind="stable")[:5].tolist()
         assert [p for _, p in top] == row[np.argsort(-row, kind="stable")[:5]].tolist()
+    peaked = softmax(rng.standard_normal((2, 49152)) * 4)            # the inspector's size: candidates cut first
+    for row, top in zip(peaked, top_k_rows(peaked)):
+        assert [t for t, _ in top] == np.argsort(-row, kind="stable")[:5].tolist()
+    flat = np.full((1, 5000), 1 / 5000)                             # ties everywhere: any 5, all equal
+    assert len(top_k_rows(flat)[0]) == 5 and {p for _, p in top_k_rows(flat)[0]} == {1 / 5000}
     few = np.zeros((1, 5000))
     few[0, [7, 9]] = [0.4, 0.6]                      # fewer nonzero entries than k: zeros fill the rest
     assert [t for t, _ in top_k_rows(few)[0][:2]] == [9, 7]
@@ -216,3 +228,38 @@ def test_a_chunked_prefill_gives_eagle_the_same_features_as_a_whole_one(family):
     q_chunked = np.array([t["q"] for d in chunked_drafts for t in d])
     q_whole = np.array([t["q"] for d in whole_drafts for t in d])
     np.testing.assert_allclose(q_chunked, q_whole, atol=1e-4)   # the same features, summed in another order
+
+
+def test_training_unrolled_chain_drafts_what_the_engine_drafts(family):
+    """The training-time test (heads.eagle_unroll at depth 3, chain attention) computes the drafts the engine's
+    EAGLE proposer makes: for every round, from the target's features up to the chain's start and the round's
+    own drafts as tokens, step s at position j + s gives draft s + 1 (all of them, accepted or not)."""
+    eng = family()
+    lm = eng.registry.get("t-mha")
+    eagle, medusa, subset, norm_w = random_head_weights(lm, seed=3)
+    target = {"embed": lm.model.embed, "head": lm.model.embed, "norm": norm_w}
+    eng.registry.set_heads("t-mha", {"eagle": EagleHead(lm.name, lm.cfg, target, {**eagle, "vocab_subset": subset})})
+    s = GenerationSession(eng, PROMPTS[2], {"model": "t-mha", "method": "eagle", "num_speculative_tokens": 3,
+                                            "max_tokens": 40, "enable_prefix_caching": False})
+    events = list(s.events())
+    emitted = [e.id for e in events if e.type == "token" and e.status != "rejected"]
+    tokens = list(s.tokens)
+    n_prompt = len(tokens) - len(emitted)
+    _, hidden = forward(lm.model, np.asarray(tokens), 0, None, with_hidden=True)         # x / |x| at each position
+    c = lm.cfg.hidden_size
+    head_w = lm.model.embed[subset] * norm_w
+    committed, rounds = n_prompt, 0
+    for e in events:
+        if e.type == "draft":
+            drafts = [t["id"] for t in e.tokens]
+            seq = tokens[:committed] + drafts
+            j, k = committed - 2, len(drafts)                            # the chain starts at the last real feature
+            f = np.zeros((1, j + k, c), np.float32)
+            f[0, :j + 1] = hidden[:j + 1] * np.sqrt(c)
+            emb = lm.model.embed[np.asarray(seq[1:j + k + 1])][None]
+            steps = [fh for fh, _ in head_math.eagle_unroll(eagle, head_math.eagle_config(lm.cfg, len(subset)), f, emb, k)]
+            assert [int(subset[np.argmax(steps[i][0, j + i] @ head_w.T)]) for i in range(k)] == drafts
+            rounds += 1
+        elif e.type == "token" and e.status != "rejected":
+            committed += 1
+    assert rounds >= 5

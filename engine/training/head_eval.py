@@ -1,0 +1,78 @@
+"""Held-out acceptance of draft heads, estimated offline from stored conversations (temperature 0).
+
+The target's greedy answers are the data, so a draft is accepted exactly when it equals the next token of
+the answer. For EAGLE the chains are unrolled as drafting runs them (heads.eagle_unroll: step s at
+position i is the (s+1)-th draft of the chain started from the real feature at i - s); for Medusa head i
+proposes token t+1+i from f_t. A chain started at t accepts its k-th draft when drafts 1..k are all right;
+every answer position with γ tokens after it starts one chain. Drafts are the argmax over the vocabulary
+subset, so a token outside it is a rejection, as in the engine. This is not `bench heads` (chains there start
+only where verification stopped, and its figures are timed); it is quick and measures the heads alone.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import heads
+
+
+def _chain_acceptance(correct: np.ndarray, valid: np.ndarray, gamma: int) -> np.ndarray:
+    """correct [gamma, T]: draft s+1 of the chain started at t - s is right at t; valid [T] answer positions
+    -> accepted counts per position [gamma] and the number of chains, as [gamma + 1]."""
+    T = correct.shape[1]
+    starts = [t for t in range(T - gamma + 1) if valid[t:t + gamma].all()]
+    out = np.zeros(gamma + 1)
+    for t in starts:
+        ok = True
+        for s in range(gamma):
+            ok = ok and bool(correct[s, t + s])
+            out[s] += ok
+    out[gamma] = len(starts)
+    return out
+
+
+def _per_conversation(convs, scale):
+    for c in convs:
+        f = c.feats.astype(np.float32) * scale                          # [L - 1, C], position t = 0..L-2
+        L = len(c.ids)
+        t = np.arange(L - 2)                                            # entries whose x_{t+2} exists
+        valid = t >= c.first - 1                                        # predicts an answer token
+        yield c, f, valid
+
+
+def eagle_acceptance(params, cfg, convs, subset, head_w, embed, gamma: int, scale) -> dict:
+    """-> {per_position: [gamma], mean_acceptance_length: {γ: L for γ = 1..gamma}, chains}."""
+    total = np.zeros(gamma + 1)
+    for c, f, valid in _per_conversation(convs, scale):
+        n = len(valid)
+        e = embed[c.ids[1:n + 1]][None]                                 # emb(x_{t+1}) [1, n, C]
+        correct = np.zeros((gamma, n), bool)
+        for s, (fh, _) in enumerate(heads.eagle_unroll(params, cfg, f[None, :n], e, gamma)):
+            correct[s] = subset[np.argmax(fh[0] @ head_w.T, -1)] == c.ids[2:n + 2]
+        total += _chain_acceptance(correct, valid, gamma)
+    return _summary(total, gamma)
+
+
+def medusa_acceptance(params, convs, subset, head_w, gamma: int, scale) -> dict:
+    total = np.zeros(gamma + 1)
+    for c, f, valid in _per_conversation(convs, scale):
+        n = len(valid)
+        correct = np.zeros((gamma, n), bool)
+        for i in range(gamma):                                          # head i + 1 proposes x_{t+2+i}
+            w = params[f"medusa.{i}.weight"]
+            x = f[:n]
+            a = x @ w.T
+            r = x + a / (1 + np.exp(-a))
+            pred = subset[np.argmax(r @ head_w.T, -1)]                  # at t, for x_{t+2+i}
+            ok = np.zeros(n, bool)
+            ok[:n - i] = pred[:n - i] == c.ids[2 + i:n + 2]
+            correct[i, i:] = ok[:n - i]                                 # indexed like EAGLE: chain start t, row t + i
+        total += _chain_acceptance(correct, valid, gamma)
+    return _summary(total, gamma)
+
+
+def _summary(total, gamma) -> dict:
+    chains = max(1.0, total[gamma])
+    per = total[:gamma] / chains
+    return {"per_position": [round(float(a), 4) for a in per],
+            "mean_acceptance_length": {g: round(1 + float(per[:g].sum()), 3) for g in range(1, gamma + 1)},
+            "chains": int(total[gamma])}

@@ -1,0 +1,21 @@
+"""Offline acceptance (engine/training/head_eval.py): chains counted as greedy verification counts them."""
+import numpy as np
+
+from engine.training.head_eval import _chain_acceptance, _summary
+
+
+def test_a_chain_accepts_drafts_until_the_first_wrong_one():
+    # correct[s, t]: draft s + 1 of the chain started at t - s is right
+    correct = np.array([[1, 1, 0, 1], [1, 0, 1, 1]], bool)
+    counts = _chain_acceptance(correct, np.ones(4, bool), 2)
+    # chains at t = 0: right, wrong; t = 1: right, right; t = 2: wrong (its second draft does not count)
+    assert counts.tolist() == [2, 1, 3]
+    out = _summary(counts, 2)
+    assert out["per_position"] == [round(2 / 3, 4), round(1 / 3, 4)]
+    assert out["mean_acceptance_length"] == {1: round(1 + 2 / 3, 3), 2: 2.0}
+
+
+def test_chains_start_only_where_every_drafted_position_is_an_answer_position():
+    correct = np.ones((3, 6), bool)
+    valid = np.array([0, 1, 1, 1, 1, 0], bool)               # a prompt position first, the answer's end last
+    assert _chain_acceptance(correct, valid, 3).tolist() == [2, 2, 2, 2]
