@@ -161,6 +161,26 @@ def markdown(out) -> str:
     return "\n".join(lines)
 
 
+def held_out_lines(held: dict | None) -> list[str]:
+    """The card's section on held-out acceptance, measured offline by `train-heads eval` (none if not measured)."""
+    if not held:
+        return []
+    gammas = list(held["eagle"]["mean_acceptance_length"])
+    lines = ["## Held-out acceptance (offline, temperature 0)", "",
+             f"`decoding-playground train-heads {NAME} eval --heads models/heads/{NAME}`: the {held['conversations']} "
+             f"held-out answers, a chain started at every answer position ({held['eagle']['chains']:,} chains), "
+             f"drafts from the float16 files; vocabulary coverage there {held['coverage']:.1%}.", "",
+             "| head | acceptance per position | " + " | ".join(f"L at γ={g}" for g in gammas) + " |",
+             "|---|---|" + "---|" * len(gammas)]
+    for m in ("eagle", "medusa"):
+        if m in held:
+            mal = held[m]["mean_acceptance_length"]
+            lines.append(f"| {m} | {' / '.join(f'{a:.2f}' for a in held[m]['per_position'])} | "
+                         + " | ".join(f"{mal[g]:.2f}" if g in mal else "–" for g in gammas) + " |")
+    lines.append("")
+    return lines
+
+
 def write_card(folder: Path, bench: dict) -> None:
     """models/heads/NAME/README.md: what the heads are, their size, vocabulary, data, time and measured figures."""
     training = json.loads((folder / "training.json").read_text())
@@ -204,21 +224,7 @@ def write_card(folder: Path, bench: dict) -> None:
               + (f"; EAGLE unrolled over {cfg['depth']} draft steps on its own predicted features (EAGLE-3's "
                  f"training-time test; step s weighted {cfg['step_decay']}^s)" if cfg.get("depth", 1) > 1 else "")
               + ".", ""]
-    held = training.get("held_out")
-    if held:
-        gammas = list(held["eagle"]["mean_acceptance_length"])
-        lines += ["## Held-out acceptance (offline, temperature 0)", "",
-                  f"`decoding-playground train-heads {NAME} eval --heads models/heads/{NAME}`: the {held['conversations']} "
-                  f"held-out answers, a chain started at every answer position ({held['eagle']['chains']:,} chains), "
-                  f"drafts from the float16 files; vocabulary coverage there {held['coverage']:.1%}.", "",
-                  "| head | acceptance per position | " + " | ".join(f"L at γ={g}" for g in gammas) + " |",
-                  "|---|---|" + "---|" * len(gammas)]
-        for m in ("eagle", "medusa"):
-            if m in held:
-                mal = held[m]["mean_acceptance_length"]
-                lines.append(f"| {m} | {' / '.join(f'{a:.2f}' for a in held[m]['per_position'])} | "
-                             + " | ".join(f"{mal[g]:.2f}" if g in mal else "–" for g in gammas) + " |")
-        lines.append("")
+    lines += held_out_lines(training.get("held_out"))
     lines += [
               "## Measured (held-out prompts, temperature 0)", "",
               f"From `decoding-playground bench heads`, {bench['date']} (docs/benchmarks.md has the full tables):", ""]

@@ -68,6 +68,57 @@ def fmt_minutes(s):
     return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
 
 
+def stage_rows(t: dict, tc: dict, prev: dict | None) -> list[str]:
+    """The card's rows on how this model started: distilled after a first stage, or uptrained from a parent."""
+    lines = []
+    if prev and tc.get("distill_from") and t.get("val_loss_before_uptraining") is not None:
+        lines.append(f"| before distillation | {t['val_loss_before_uptraining']:.4f} nats/char (same measure), "
+                     f"after stage 1: {prev['steps']} steps x {prev['train_config']['batch_size']} x "
+                     f"{prev['train_config']['seq_len']} tokens from scratch on the text, lr "
+                     f"{prev['train_config']['lr']:g}, {fmt_minutes(prev['train_seconds'])} |" if prev else "")
+        lines.append(f"| distillation (stage 2) | teacher `{Path(tc['distill_from']).name}`: loss = cross-entropy "
+                     "against the teacher's next-token distribution on training windows |")
+    elif t.get("val_loss_before_uptraining") is not None:
+        lines.append(f"| before uptraining | {t['val_loss_before_uptraining']:.4f} nats/char right after "
+                     f"mean-pooling the K/V heads of `{Path(tc['init_from']).name}` (same measure) |")
+        if tc.get("distill_from"):
+            parent = Path(tc["distill_from"]).name
+            layers = (f" plus {tc['distill_hidden']:g} x the relative squared error between this model's residual "
+                      f"stream and `{parent}`'s after every layer" if tc.get("distill_hidden") else "")
+            lines.append(f"| uptraining loss | cross-entropy against `{parent}`'s next-token distribution{layers}, "
+                         "on training windows (distillation from the MHA parent) |")
+    return lines
+
+
+def acceptance_lines(acc: dict) -> list[str]:
+    """The card's section on greedy acceptance against each target (and by the number of draft tokens)."""
+    lines = ["## Greedy acceptance against each target", "",
+             "Speculative decoding at temperature 0 from prompts cut from the validation text "
+             f"({acc['_setup']}). acceptance rate = accepted / proposed draft tokens; mean acceptance length = "
+             "tokens emitted per target forward; top-1 agreement = teacher-forced argmax agreement on "
+             "validation windows. Greedy decoding of small models drifts into repetitive text that both models "
+             "predict easily, which flatters the acceptance rate; top-1 agreement on real text is the "
+             "stricter number.", "",
+             "alpha = accepted / (accepted + rejected), counting only proposals the target actually judged "
+             "(Leviathan et al.'s per-token acceptance, the seed article's number).", "",
+             "| target | acceptance rate | alpha | mean acceptance length | top-1 agreement |",
+             "|---|---|---|---|---|"]
+    for tgt in TARGETS:
+        if tgt in acc:
+            a = acc[tgt]
+            lines.append(f"| {tgt} | {a['acceptance_rate']:.3f} | {a['alpha']:.3f} | {a['mean_acceptance_length']:.2f} | "
+                         f"{a['top1_agreement']:.3f} |")
+    lines.append("")
+    by_k = acc.get("_by_k")
+    if by_k:
+        lines += ["Against target-mha, by the number of speculative tokens per round (same prompts):", "",
+                  "| speculative tokens | acceptance rate | alpha | mean acceptance length |", "|---|---|---|---|"]
+        lines += [f"| {k} | {a['acceptance_rate']:.3f} | {a['alpha']:.3f} | {a['mean_acceptance_length']:.2f} |"
+                  for k, a in by_k.items()]
+        lines.append("")
+    return lines
+
+
 def card(name, t, acc=None, sample=None, flops=None, cost=None) -> str:
     c, tc, corpus = t["config"], t["train_config"], t["corpus"]
     notes = tc.get("notes", "")
@@ -85,22 +136,7 @@ def card(name, t, acc=None, sample=None, flops=None, cost=None) -> str:
              f"| validation loss | **{t['val_loss']:.4f} nats/char** over the whole validation split "
              f"({t['val_tokens']:,} tokens) |"]
     prev = t.get("previous_stage")
-    if prev and tc.get("distill_from") and t.get("val_loss_before_uptraining") is not None:
-        lines.append(f"| before distillation | {t['val_loss_before_uptraining']:.4f} nats/char (same measure), "
-                     f"after stage 1: {prev['steps']} steps x {prev['train_config']['batch_size']} x "
-                     f"{prev['train_config']['seq_len']} tokens from scratch on the text, lr "
-                     f"{prev['train_config']['lr']:g}, {fmt_minutes(prev['train_seconds'])} |" if prev else "")
-        lines.append(f"| distillation (stage 2) | teacher `{Path(tc['distill_from']).name}`: loss = cross-entropy "
-                     "against the teacher's next-token distribution on training windows |")
-    elif t.get("val_loss_before_uptraining") is not None:
-        lines.append(f"| before uptraining | {t['val_loss_before_uptraining']:.4f} nats/char right after "
-                     f"mean-pooling the K/V heads of `{Path(tc['init_from']).name}` (same measure) |")
-        if tc.get("distill_from"):
-            parent = Path(tc["distill_from"]).name
-            layers = (f" plus {tc['distill_hidden']:g} x the relative squared error between this model's residual "
-                      f"stream and `{parent}`'s after every layer" if tc.get("distill_hidden") else "")
-            lines.append(f"| uptraining loss | cross-entropy against `{parent}`'s next-token distribution{layers}, "
-                         "on training windows (distillation from the MHA parent) |")
+    lines += stage_rows(t, tc, prev)
     lines += [f"| training | {t['steps']} steps x {tc['batch_size']} windows x {tc['seq_len']} tokens = "
               f"{t['tokens_seen']:,} tokens; AdamW (lr {tc['lr']:g}, betas {tc['beta1']}/{tc['beta2']}, weight decay "
               f"{tc['weight_decay']}), warmup {tc['warmup_steps']} + cosine to {tc['min_lr_ratio']:g} x lr, "
@@ -123,30 +159,7 @@ def card(name, t, acc=None, sample=None, flops=None, cost=None) -> str:
                   "Greedy continuation (temperature 0) of the prompt `" + sample[0] + "`, 200 characters:", "",
                   "```python", sample[0] + sample[1], "```", ""]
     if acc:
-        lines += ["## Greedy acceptance against each target", "",
-                  "Speculative decoding at temperature 0 from prompts cut from the validation text "
-                  f"({acc['_setup']}). acceptance rate = accepted / proposed draft tokens; mean acceptance length = "
-                  "tokens emitted per target forward; top-1 agreement = teacher-forced argmax agreement on "
-                  "validation windows. Greedy decoding of small models drifts into repetitive text that both models "
-                  "predict easily, which flatters the acceptance rate; top-1 agreement on real text is the "
-                  "stricter number.", "",
-                  "alpha = accepted / (accepted + rejected), counting only proposals the target actually judged "
-                  "(Leviathan et al.'s per-token acceptance, the seed article's number).", "",
-                  "| target | acceptance rate | alpha | mean acceptance length | top-1 agreement |",
-                  "|---|---|---|---|---|"]
-        for tgt in TARGETS:
-            if tgt in acc:
-                a = acc[tgt]
-                lines.append(f"| {tgt} | {a['acceptance_rate']:.3f} | {a['alpha']:.3f} | {a['mean_acceptance_length']:.2f} | "
-                             f"{a['top1_agreement']:.3f} |")
-        lines.append("")
-        by_k = acc.get("_by_k")
-        if by_k:
-            lines += ["Against target-mha, by the number of speculative tokens per round (same prompts):", "",
-                      "| speculative tokens | acceptance rate | alpha | mean acceptance length |", "|---|---|---|---|"]
-            lines += [f"| {k} | {a['acceptance_rate']:.3f} | {a['alpha']:.3f} | {a['mean_acceptance_length']:.2f} |"
-                      for k, a in by_k.items()]
-            lines.append("")
+        lines += acceptance_lines(acc)
     lines += ["## Corpus", "",
               f"{corpus['selection']} in `{corpus['stdlib_dir']}` (Python {corpus['python_version']}): "
               f"{corpus['train_files']} training files ({corpus['train_chars']:,} characters), "

@@ -15,7 +15,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +149,64 @@ def progress_line(step, steps, loss, lr, tok_s, elapsed, eta):
             f"{tok_s:,.0f} tok/s elapsed {elapsed / 60:5.1f} min left {eta / 60:5.1f} min")
 
 
+def starting_params(tc: TrainConfig, cfg: ModelConfig, val_ids, log):  # -> (params, loss before, source cfg)
+    """Fresh weights, or another checkpoint's (its KV heads mean-pooled to this preset's) and its val loss."""
+    if not tc.init_from:
+        return init_weights(cfg, seed=tc.seed), None, None
+    src_cfg, src_w, _ = load_checkpoint(tc.init_from, with_tokenizer=False)
+    params = mean_pool_kv(src_w, src_cfg, cfg)
+    loss_before, _ = full_val_loss(params, cfg, val_ids, min(tc.seq_len, len(val_ids) - 2))
+    log(f"initialised from {tc.init_from}" + ("" if src_cfg.num_key_value_heads == cfg.num_key_value_heads else
+        f" by mean-pooling {src_cfg.num_key_value_heads} -> {cfg.num_key_value_heads} KV heads") + f": val loss {loss_before:.4f}")
+    return params, loss_before, src_cfg
+
+
+def load_teacher(tc: TrainConfig, cfg: ModelConfig, log):  # -> (teacher cfg, teacher params) or None
+    """The model to distil from: the loss becomes cross-entropy against its probabilities."""
+    teacher = None
+    if tc.distill_from:
+        t_cfg, t_params, _ = load_checkpoint(tc.distill_from, with_tokenizer=False)
+        teacher = (t_cfg, t_params)
+        log(f"distilling from {tc.distill_from} ({t_cfg.num_parameters():,} parameters)")
+    if tc.distill_hidden and (teacher is None or (teacher[0].num_hidden_layers, teacher[0].hidden_size)
+                              != (cfg.num_hidden_layers, cfg.hidden_size)):
+        raise ValueError("distill_hidden needs a teacher (distill_from) with the student's layers and width")
+    return teacher
+
+
+@dataclass
+class TrainState:
+    """Everything a resumed run needs: weights, AdamW moments, the batch sampler's state, progress."""
+    params: dict
+    m: dict
+    v: dict
+    rng: np.random.Generator
+    step: int = 0
+    history: list = field(default_factory=list)
+    train_seconds: float = 0.0
+    loss_before: float | None = None
+
+    def save(self, path: Path, tc: TrainConfig) -> None:
+        arrays = {"p/" + k: a for k, a in self.params.items()}
+        arrays.update({"m/" + k: a for k, a in self.m.items()})
+        arrays.update({"v/" + k: a for k, a in self.v.items()})
+        meta = dict(step=self.step, history=self.history, train_seconds=self.train_seconds,
+                    rng=self.rng.bit_generator.state, loss_before=self.loss_before, train_config=asdict(tc))
+        tmp = path.with_name("state.tmp.npz")
+        np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)
+        tmp.replace(path)
+
+    def load(self, path: Path) -> None:
+        st = np.load(path, allow_pickle=False)
+        meta = json.loads(str(st["meta"]))
+        self.params = {k: st["p/" + k] for k in self.params}
+        self.m = {k: st["m/" + k] for k in self.params}
+        self.v = {k: st["v/" + k] for k in self.params}
+        self.rng.bit_generator.state = meta["rng"]
+        self.step, self.history, self.train_seconds = meta["step"], meta["history"], meta["train_seconds"]
+        self.loss_before = meta.get("loss_before", self.loss_before)
+
+
 def train(tc: TrainConfig, out: str | Path, state_dir: str | Path | None = None, resume: bool = False,
           log=print, corpus=None, stop_at: int | None = None) -> dict | None:
     """Train one model; returns the summary also written to out/training.json.
@@ -163,103 +221,69 @@ def train(tc: TrainConfig, out: str | Path, state_dir: str | Path | None = None,
     if tok.vocab_size > cfg.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} tokens, preset {tc.preset} only {cfg.vocab_size}")
     windows = val_windows(val_ids, tc.eval_windows, min(tc.seq_len, len(val_ids) - 2))
-
-    loss_before = None
-    if tc.init_from:
-        src_cfg, src_w, _ = load_checkpoint(tc.init_from, with_tokenizer=False)
-        params = mean_pool_kv(src_w, src_cfg, cfg)
-        loss_before, _ = full_val_loss(params, cfg, val_ids, min(tc.seq_len, len(val_ids) - 2))
-        log(f"initialised from {tc.init_from}" + ("" if src_cfg.num_key_value_heads == cfg.num_key_value_heads else
-            f" by mean-pooling {src_cfg.num_key_value_heads} -> {cfg.num_key_value_heads} KV heads") + f": val loss {loss_before:.4f}")
-    else:
-        params = init_weights(cfg, seed=tc.seed)
-    teacher = None
-    if tc.distill_from:  # the loss becomes cross-entropy against the teacher's probabilities
-        t_cfg, t_params, _ = load_checkpoint(tc.distill_from, with_tokenizer=False)
-        teacher = (t_cfg, t_params)
-        log(f"distilling from {tc.distill_from} ({t_cfg.num_parameters():,} parameters)")
-    if tc.distill_hidden and (teacher is None or (t_cfg.num_hidden_layers, t_cfg.hidden_size)
-                              != (cfg.num_hidden_layers, cfg.hidden_size)):
-        raise ValueError("distill_hidden needs a teacher (distill_from) with the student's layers and width")
-    m = {k: np.zeros_like(p) for k, p in params.items()}
-    v = {k: np.zeros_like(p) for k, p in params.items()}
-    rng = np.random.default_rng(tc.seed)
-    step, history, train_seconds = 0, [], 0.0
-
+    params, loss_before, src_cfg = starting_params(tc, cfg, val_ids, log)
+    teacher = load_teacher(tc, cfg, log)
+    st = TrainState(params, {k: np.zeros_like(p) for k, p in params.items()},
+                    {k: np.zeros_like(p) for k, p in params.items()}, np.random.default_rng(tc.seed),
+                    loss_before=loss_before)
     state_file = state_dir / "state.npz"
     if resume and state_file.exists():
-        st = np.load(state_file, allow_pickle=False)
-        meta = json.loads(str(st["meta"]))
-        params = {k: st["p/" + k] for k in params}
-        m = {k: st["m/" + k] for k in params}
-        v = {k: st["v/" + k] for k in params}
-        rng.bit_generator.state = meta["rng"]
-        step, history, train_seconds = meta["step"], meta["history"], meta["train_seconds"]
-        loss_before = meta.get("loss_before", loss_before)
-        log(f"resumed from {state_file} at step {step}")
-
-    def save_state():
-        arrays = {"p/" + k: a for k, a in params.items()}
-        arrays.update({"m/" + k: a for k, a in m.items()})
-        arrays.update({"v/" + k: a for k, a in v.items()})
-        meta = dict(step=step, history=history, train_seconds=train_seconds, rng=rng.bit_generator.state,
-                    loss_before=loss_before, train_config=asdict(tc))
-        tmp = state_dir / "state.tmp.npz"
-        np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)
-        tmp.replace(state_file)
-
+        st.load(state_file)
+        log(f"resumed from {state_file} at step {st.step}")
     log(f"training {tc.preset}: {cfg.num_parameters():,} parameters, {cfg.attention_kind}, "
         f"{len(train_ids):,} train tokens, {tc.steps} steps x {tc.batch_size} x {tc.seq_len} tokens")
-    if step == 0:
-        history.append(dict(step=0, val_loss=round(estimate_loss(params, cfg, windows), 4), train_seconds=0.0))
-        log(f"step 0: val loss {history[0]['val_loss']:.4f} nats/char (fixed {tc.eval_windows} windows)")
+    if st.step == 0:
+        st.history.append(dict(step=0, val_loss=round(estimate_loss(st.params, cfg, windows), 4), train_seconds=0.0))
+        log(f"step 0: val loss {st.history[0]['val_loss']:.4f} nats/char (fixed {tc.eval_windows} windows)")
     t_last, tokens_since, loss_acc, n_acc = time.perf_counter(), 0, 0.0, 0
-    while step < tc.steps:
+    while st.step < tc.steps:
         t0 = time.perf_counter()
-        lr = get_lr(step, tc)
-        ids, tg = get_batch(train_ids, tc.batch_size, tc.seq_len, rng)
-        hidden_tg = None
-        if teacher is not None:
-            tg, hidden_tg = teacher_outputs(teacher, ids)
-        loss, cache = llama.forward(params, cfg, ids, tg, hidden_tg, tc.distill_hidden)
+        lr = get_lr(st.step, tc)
+        ids, tg = get_batch(train_ids, tc.batch_size, tc.seq_len, st.rng)
+        tg, hidden_tg = teacher_outputs(teacher, ids) if teacher is not None else (tg, None)
+        loss, cache = llama.forward(st.params, cfg, ids, tg, hidden_tg, tc.distill_hidden)
         grads = llama.backward(cache, cfg)
         del cache
         gnorm = clip_grads(grads, tc.grad_clip)
-        adamw_step(params, grads, m, v, step, lr, tc)
-        step += 1
-        train_seconds += time.perf_counter() - t0
-        tokens_since += ids.size
-        loss_acc, n_acc = loss_acc + float(loss), n_acc + 1
+        adamw_step(st.params, grads, st.m, st.v, st.step, lr, tc)
+        st.step += 1
+        st.train_seconds += time.perf_counter() - t0
+        tokens_since, loss_acc, n_acc = tokens_since + ids.size, loss_acc + float(loss), n_acc + 1
         if not math.isfinite(float(loss)):
-            raise FloatingPointError(f"loss is {loss} at step {step}")
-        if step % tc.log_every == 0 or step == tc.steps:
+            raise FloatingPointError(f"loss is {loss} at step {st.step}")
+        if st.step % tc.log_every == 0 or st.step == tc.steps:
             now = time.perf_counter()
             tok_s = tokens_since / (now - t_last)
-            eta = (tc.steps - step) * tc.batch_size * tc.seq_len / tok_s
-            log(progress_line(step, tc.steps, loss_acc / n_acc, lr, tok_s, train_seconds, eta)
+            eta = (tc.steps - st.step) * tc.batch_size * tc.seq_len / tok_s
+            log(progress_line(st.step, tc.steps, loss_acc / n_acc, lr, tok_s, st.train_seconds, eta)
                 + f" |g| {gnorm:.2f}")
             t_last, tokens_since, loss_acc, n_acc = now, 0, 0.0, 0
-        if step % tc.eval_every == 0 or step == tc.steps:
-            vl = estimate_loss(params, cfg, windows)
-            history.append(dict(step=step, val_loss=round(vl, 4), train_seconds=round(train_seconds, 1)))
-            log(f"step {step}: val loss {vl:.4f} nats/char (fixed {tc.eval_windows} windows)")
-        if step % tc.ckpt_every == 0 or step == tc.steps or step == stop_at:
-            save_state()
-        if step == stop_at:
+        if st.step % tc.eval_every == 0 or st.step == tc.steps:
+            vl = estimate_loss(st.params, cfg, windows)
+            st.history.append(dict(step=st.step, val_loss=round(vl, 4), train_seconds=round(st.train_seconds, 1)))
+            log(f"step {st.step}: val loss {vl:.4f} nats/char (fixed {tc.eval_windows} windows)")
+        if st.step % tc.ckpt_every == 0 or st.step == tc.steps or st.step == stop_at:
+            st.save(state_file, tc)
+        if st.step == stop_at:
             return None
+    return finish(tc, cfg, out, st, tok, record, val_ids, src_cfg, log)
 
+
+def finish(tc: TrainConfig, cfg: ModelConfig, out: Path, st: TrainState, tok, record, val_ids, src_cfg,
+           log) -> dict:
+    """The final validation loss over the whole split, the checkpoint and out/training.json."""
     t0 = time.perf_counter()
-    val_loss, val_tokens = full_val_loss(params, cfg, val_ids, min(tc.seq_len, len(val_ids) - 2))
+    val_loss, val_tokens = full_val_loss(st.params, cfg, val_ids, min(tc.seq_len, len(val_ids) - 2))
     log(f"final val loss over the whole validation split ({val_tokens:,} tokens): {val_loss:.4f} nats/char "
         f"({time.perf_counter() - t0:.0f} s)")
-    save_checkpoint(out, cfg, params, tok)
+    save_checkpoint(out, cfg, st.params, tok)
     summary = dict(name=out.name, preset=tc.preset, attention_kind=cfg.attention_kind,
                    parameters=cfg.num_parameters(), config=cfg.to_hf_dict(), train_config=asdict(tc),
-                   corpus=record.to_dict(), steps=step, tokens_seen=step * tc.batch_size * tc.seq_len,
-                   train_seconds=round(train_seconds, 1), val_loss=round(val_loss, 4),
-                   val_tokens=val_tokens, val_loss_before_uptraining=(round(loss_before, 4)
-                                                                      if loss_before is not None else None),
-                   history=history, numpy=np.__version__, python=sys.version.split()[0])
+                   corpus=record.to_dict(), steps=st.step, tokens_seen=st.step * tc.batch_size * tc.seq_len,
+                   train_seconds=round(st.train_seconds, 1), val_loss=round(val_loss, 4),
+                   val_tokens=val_tokens, val_loss_before_uptraining=(round(st.loss_before, 4)
+                                                                      if st.loss_before is not None else None),
+                   history=st.history, numpy=np.__version__, python=sys.version.split()[0])
     earlier = Path(tc.init_from or "") / "training.json"
     if tc.init_from and src_cfg.num_key_value_heads == cfg.num_key_value_heads and earlier.exists():
         # this run continued another of the same architecture (the draft's distillation stage): keep its record
