@@ -261,9 +261,8 @@ def decode(model: Model, token: int, p: int, kv, with_hidden: bool = False, inpu
     # -> logits [1, V] (, hidden [1, C])
     """`forward` for one token (a decode step): the same arithmetic on 1-D vectors (attention's one-query
     case as `attention`), and K/V written and read in the store's own arrays when the cache allows it
-    (`SequenceKV.direct`). A decode step of models this small is mostly numpy's per-call overhead: measured
-    2026-11-29 in one process, interleaved, 100-token context, general path -> decode: draft 43.0 -> 35.4 us,
-    target-mha 452 -> 369 us, target-gqa 416 -> 341 us, target-mqa 392 -> 322 us."""
+    (`SequenceKV.direct`). A decode step of models this small is mostly numpy's per-call overhead, so fewer
+    calls on smaller arrays pay (docs/benchmarks.md, "Figures that stood in code comments")."""
     cfg, dot = model.cfg, model.vec_dot
     nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q_dim, i_dim, c_eps = model.q_dim, cfg.intermediate_size, model.c_eps
