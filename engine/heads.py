@@ -26,6 +26,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 from .config import ModelConfig
+from .layout import LAYOUTS, use_layout, weight_rows, weight_vec
 from .model import Model
 from .proposers import point_masses
 from .runner import ForwardRequest, PagedRunner
@@ -84,10 +85,13 @@ shared_rows: dict = {}    # (KV cache manager, block hash) -> the target's hidde
 class EagleHead:
     """EAGLE-1 weights for one target: a one-layer `Model` over the subset vocabulary (its LM head is the
     target's final norm times the subset's rows of the output embedding) plus the fusing matrix.
-    target_weights: {"embed": input embedding [V, C], "head": output embedding [V, C], "norm": [C]}."""
+    target_weights: {"embed": input embedding [V, C], "head": output embedding [V, C], "norm": [C]}.
+    layout: the target's weight layout (engine/layout.py); the layer and its LM head rows take the same one, as
+    the call pattern that streams the target's weights fastest streams the head's too."""
     role = "eagle"
 
-    def __init__(self, target_name: str, target_cfg: ModelConfig, target_weights: dict, head_weights: dict):
+    def __init__(self, target_name: str, target_cfg: ModelConfig, target_weights: dict, head_weights: dict,
+                 layout: str = "arrays"):
         self.subset = head_weights["vocab_subset"].astype(np.int64)
         c = target_cfg.hidden_size
         self.cfg = target_cfg.replace(num_hidden_layers=1, vocab_size=len(self.subset), tie_word_embeddings=True,
@@ -96,6 +100,8 @@ class EagleHead:
         layer = {k: v.astype(np.float32) for k, v in head_weights.items() if k.startswith("model.layers.0.")}
         self.model = Model(self.cfg, {**layer, "model.embed_tokens.weight": target_weights["head"][self.subset],
                                       "model.norm.weight": target_weights["norm"]})
+        if layout in LAYOUTS:
+            use_layout(self.model, layout)
         fc = head_weights["fc.weight"].astype(np.float32).T                        # [2C, C]
         fc[:c] *= math.sqrt(c)                                                     # features arrive as x / |x|
         self.w_fc = np.ascontiguousarray(fc)
@@ -108,9 +114,11 @@ class EagleHead:
 
 
 class MedusaHead:
+    """Medusa-1 heads for one target; `layout` as EagleHead's (the heads' matrices stream like the target's)."""
     role = "medusa"
 
-    def __init__(self, target_name: str, target_cfg: ModelConfig, target_weights: dict, head_weights: dict):
+    def __init__(self, target_name: str, target_cfg: ModelConfig, target_weights: dict, head_weights: dict,
+                 layout: str = "arrays"):
         self.subset = head_weights["vocab_subset"].astype(np.int64)
         c = target_cfg.hidden_size
         self.name = f"{target_name}-medusa"
@@ -119,14 +127,18 @@ class MedusaHead:
         self.w = np.ascontiguousarray(np.concatenate([w.T for w in ws], axis=1) * np.float32(math.sqrt(c)))  # [C, K C]
         emb = target_weights["head"][self.subset].astype(np.float32)
         self.lm_head = np.ascontiguousarray(target_weights["norm"][:, None] * emb.T)    # [C, Vs]
+        self.vec_dot = self.dot = np.dot
+        if layout in LAYOUTS:
+            self.w, self.lm_head = LAYOUTS[layout](self.w), LAYOUTS[layout](self.lm_head)
+            self.vec_dot, self.dot = weight_vec, weight_rows
         self.sqrt_c = np.float32(math.sqrt(c))
         self.vocab_size = target_cfg.vocab_size
         self.num_parameters = int(sum(w.size for w in ws))
 
     def logits(self, feat):  # [C] (x / |x|) -> [K, Vs]
-        a = feat @ self.w                                                          # f W_i for all i: [K C]
+        a = self.vec_dot(feat, self.w)                                             # f W_i for all i: [K C]
         r = feat * self.sqrt_c + (a / (1.0 + np.exp(-a))).reshape(self.num_heads, -1)   # f + SiLU(f W_i): [K, C]
-        return r @ self.lm_head
+        return self.dot(r, self.lm_head)
 
 
 def full_vocab(row, subset, vocab_size):  # [Vs] -> [V] with -inf outside the subset
@@ -221,9 +233,11 @@ def available_heads(target_name: str, heads_dir: Path = HEADS_DIR) -> list[str]:
     return [m for m in METHODS if (Path(heads_dir) / target_name / f"{m}.safetensors").is_file()]
 
 
-def load_heads(target_name: str, target_cfg: ModelConfig, embed, checkpoint_dir, heads_dir: Path = HEADS_DIR) -> dict:
+def load_heads(target_name: str, target_cfg: ModelConfig, embed, checkpoint_dir, heads_dir: Path = HEADS_DIR,
+               layout: str = "arrays") -> dict:
     """{'eagle': EagleHead, 'medusa': MedusaHead} for the heads shipped for this target (maybe none).
-    embed: the target's input embedding [V, C] (float32); the final norm's weight is read from its checkpoint."""
+    embed: the target's input embedding [V, C] (float32); the final norm's weight is read from its checkpoint;
+    layout: the target model's weight layout (see EagleHead)."""
     with safe_open(str(Path(checkpoint_dir) / "model.safetensors"), "numpy") as f:
         norm_w = f.get_tensor("model.norm.weight").astype(np.float32)
         head = f.get_tensor("lm_head.weight") if "lm_head.weight" in f.keys() else None
@@ -233,5 +247,5 @@ def load_heads(target_name: str, target_cfg: ModelConfig, embed, checkpoint_dir,
     for method, cls in (("eagle", EagleHead), ("medusa", MedusaHead)):
         f = folder / f"{method}.safetensors"
         if f.is_file():
-            out[method] = cls(target_name, target_cfg, target_weights, load_file(str(f)))
+            out[method] = cls(target_name, target_cfg, target_weights, load_file(str(f)), layout)
     return out

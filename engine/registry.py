@@ -87,8 +87,9 @@ class ModelRegistry:
         """The draft heads trained for this target ({'eagle': ..., 'medusa': ...}; loaded on first use)."""
         if target.name not in self._heads:
             found = available_heads(target.name, self.heads_dir)
-            self._heads[target.name] = load_heads(target.name, target.cfg, self.get(target.name).model.embed,
-                                                  target.path, self.heads_dir) if found else {}
+            model = self.get(target.name).model
+            self._heads[target.name] = load_heads(target.name, target.cfg, model.embed, target.path, self.heads_dir,
+                                                  model.layout) if found else {}
         return self._heads[target.name]
 
     def draft_for(self, target: LoadedModel) -> LoadedModel | None:

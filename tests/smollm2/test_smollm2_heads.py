@@ -48,3 +48,36 @@ def test_heads_restrict_their_vocabulary_and_say_so(smollm2_engine, smollm2):
     assert sorted(heads) == ["eagle", "medusa"] and smollm2.meta["heads"] == ["eagle", "medusa"]
     for head in heads.values():
         assert 1000 < len(head.subset) < smollm2.cfg.vocab_size
+
+
+def test_heads_stream_their_weights_like_the_target(smollm2_engine, smollm2):
+    """The heads' matrices take the target's weight layout (engine/layout.py), chosen by measurement at load;
+    their drafts equal those of the same weights as plain arrays."""
+    import numpy as np
+    from engine.heads import load_heads
+    from engine.kv_cache import KVCacheManager
+    from engine.model import forward
+    eagle = smollm2_engine.registry.heads_for(smollm2)["eagle"]
+    assert eagle.model.layout == smollm2.model.layout != "arrays"
+    plain = load_heads(smollm2.name, smollm2.cfg, smollm2.model.embed, smollm2.path)["eagle"]
+    assert plain.model.layout == "arrays"
+    feats = np.random.default_rng(0).standard_normal((6, smollm2.cfg.hidden_size)).astype(np.float32)
+    feats /= np.linalg.norm(feats, axis=1, keepdims=True)
+    tokens = [1, 2, 3, 4, 5, 6]
+    logits = []
+    for head in (eagle, plain):
+        mgr = KVCacheManager(head.cfg, num_blocks=4, block_size=16, enable_prefix_caching=False)
+        seq = mgr.new_sequence()
+        first = forward(head.model, tokens[:5], 0, mgr.append_slots(seq, tokens[:5]),
+                        inputs_embeds=head.inputs(feats[:5], tokens[:5]))                  # the catch-up rows
+        one = forward(head.model, tokens[5:], 5, mgr.append_slots(seq, tokens[5:]),
+                      inputs_embeds=head.inputs(feats[5:], tokens[5:]))                    # a draft step
+        logits.append(np.concatenate([first, one]))
+    np.testing.assert_allclose(logits[0], logits[1], rtol=0, atol=1e-3 * np.abs(logits[1]).max())
+    assert (logits[0].argmax(axis=1) == logits[1].argmax(axis=1)).all()
+    medusa = smollm2_engine.registry.heads_for(smollm2)["medusa"]
+    plain = load_heads(smollm2.name, smollm2.cfg, smollm2.model.embed, smollm2.path)["medusa"]
+    assert type(medusa.lm_head).__name__ != type(plain.lm_head).__name__ == "ndarray"
+    a, b = medusa.logits(feats[0]), plain.logits(feats[0])
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-3 * np.abs(b).max())
+    assert (a.argmax(axis=1) == b.argmax(axis=1)).all()
