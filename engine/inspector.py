@@ -1,11 +1,12 @@
 """The token inspector's figures of a session's round: p(x), q(x) and the top-5 of p, q and the residual."""
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 
-from .sampling import softmax, top_k_rows
+from .sampling import log_normalisers, softmax, top_k_rows
 
 
 class Unshown(NamedTuple):
@@ -32,25 +33,35 @@ class InspectorAnnotations:
             n = max(e.position for e in events)                                    # rows shown
             p = p_source[:n]                                                       # [positions, V]
             q = None if q_source is None else q_source[:n]                         # [drafts, V]
-            if q is not None and p_is_logits and q_is_logits:   # one softmax and one top-5 for both: per-call
-                both = softmax(np.concatenate([p, q]))           # overhead is most of this work
-                p, q = both[:len(p)], both[len(p):]
+            rows = p if q is None else np.concatenate([p, q])
+            if p_is_logits and (q is None or q_is_logits):
+                # Greedy: the figures are a few entries of softmax(logits) each, read off the logits with each
+                # row's normaliser; the top-5 of p is the top-5 of the logits. A softmax of whole rows cost
+                # ~5% of a speculative run's wall time (docs/benchmarks.md).
+                lse = log_normalisers(rows)
+                tops = [[(x, math.exp(v - lse[r])) for x, v in top] for r, top in enumerate(top_k_rows(rows))]
+
+                def prob(r, x, rows=rows, lse=lse):
+                    return math.exp(float(rows[r, x]) - lse[r])
             else:
-                p = softmax(p) if p_is_logits else p
-                q = softmax(q) if q is not None and q_is_logits else q
-            tops = self._top_rows(p if q is None else np.concatenate([p, q]))
+                if p_is_logits or q_is_logits:                 # softmax only the rows given as logits
+                    rows = np.concatenate([softmax(p) if p_is_logits else p] +
+                                          ([] if q is None else [softmax(q) if q_is_logits else q]))
+                tops = top_k_rows(rows)
+
+                def prob(r, x, rows=rows):
+                    return float(rows[r, x])
             for e in events:
                 i = e.position - 1
-                e.p, e.top_p = float(p[i, e.id]), tops[i]
+                e.p, e.top_p = prob(i, e.id), self._named(tops[i])
                 if q is not None and i < len(q):
-                    e.top_q = tops[len(p) + i]
+                    e.top_q = self._named(tops[len(p) + i])
                     if e.status != "bonus":
-                        e.q = float(q[i, e.id])
+                        e.q = prob(len(p) + i, e.id)
                 if e.status == "resampled" and residual is not None:
-                    e.residual_top = self._top_rows(residual[None])[0]
+                    e.residual_top = self._named(top_k_rows(residual[None])[0])
         self._unshown.clear()
 
-    def _top_rows(self, p) -> list:  # [n, V] -> per row [[id, text, prob]] x 5
+    def _named(self, top) -> list:  # [(id, prob)] -> [[id, text, prob]]
         text = self.tokenizer.token_text
-        return [[[i, text(i), prob] for i, prob in row] for row in top_k_rows(p)]
-
+        return [[i, text(i), prob] for i, prob in top]

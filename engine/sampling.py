@@ -18,6 +18,13 @@ def softmax(logits, temperature: float = 1.0):  # [..., V] -> [..., V] float64 (
     return z
 
 
+def log_normalisers(logits):  # [n, V] float32 -> [n] float64: log sum_x e^logit(x), so p(x) = e^(logit(x) - it)
+    """For figures read off a few entries of softmax(logits) (the inspector's): one float32 exp over the rows
+    instead of a float64 softmax of all of them."""
+    m = logits.max(axis=-1)
+    return m.astype(np.float64) + np.log(np.exp(logits - m[:, None]).sum(axis=-1, dtype=np.float64))
+
+
 def probs_from_logits(logits, temperature: float, top_p: float = 1.0):  # [..., V] -> [..., V]
     """The sampling distribution. Temperature 0 is greedy: all mass on the argmax (a point mass)."""
     logits = np.asarray(logits)
