@@ -3,6 +3,8 @@
     .venv/bin/python scripts/weight_stream_experiments.py layouts [--repeats 15]
     .venv/bin/python scripts/weight_stream_experiments.py bytes [--repeats 9]
     .venv/bin/python scripts/weight_stream_experiments.py threads [--rounds 3]
+    .venv/bin/python scripts/weight_stream_experiments.py panels [--repeats 11]
+    .venv/bin/python scripts/weight_stream_experiments.py variance [--rounds 60]
 
 - layouts: one pass of products over matrices of SmolLM2's shapes (random float32: timing does not depend
   on the values) for 1, 2, 3, 5 and 9 rows, per layout and call pattern, against a bare read of the bytes.
@@ -10,8 +12,14 @@
   scales), each 1 MB piece converted to float32 just before its product, against float32.
 - threads: decode steps, a 5-row verification and a prefill of the draft, target-mha and SmolLM2 (the layout
   engine/layout.py chooses) in processes with OPENBLAS_NUM_THREADS=1 and 2, alternated.
-Figures are per-thread CPU time (time.thread_time) for `layouts` and `bytes` (min / median ms), which leaves
-out the time other processes hold the core but not their use of the memory bus; wall time for `threads`.
+- panels: the one-row pass over panels of 32-128 columns, and over 64-column panels stacked r at a time and
+  multiplied by a block-diagonal [r, r C] of the row (r times fewer calls, the same multiply count at r = 2).
+- variance: SmolLM2 itself (fetched), round after round: the bare read, the step's one-row products alone, a
+  whole decode step at a 256-token context and a compute probe (as many small GEMMs on a cache-resident
+  panel); the spread of each and the per-round ratios to the read.
+Figures are per-thread CPU time (time.thread_time) for `layouts`, `bytes` and `panels` (min / median ms),
+which leaves out the time other processes hold the core but not their use of the memory bus; wall time for
+`threads` and `variance`.
 Quoted in docs/benchmarks.md (`bench smollm2` section).
 """
 from __future__ import annotations
@@ -159,14 +167,70 @@ def threads(rounds: int) -> None:
                   + "   2 threads " + " ".join(f"{v:8.2f}" for v in two) + " ms")
 
 
+def panel_widths(repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    w = [rng.standard_normal(s, dtype=np.float32) for s in SHAPES]
+    x = [rng.standard_normal(s[0], dtype=np.float32) for s in SHAPES]
+    flat = [a.reshape(-1) for a in w]
+    fns = {"bare read (BLAS dot of each array with itself)": lambda: [np.dot(v, v) for v in flat]}
+    for columns in (32, 48, 64, 96, 128):
+        panels = [PanelWeight(a, columns) for a in w]
+        fns[f"{columns}-column panels, as two rows"] = lambda p=panels: [lw.vec(xi) for lw, xi in zip(p, x)]
+    panels = [PanelWeight(a) for a in w]
+    for r in (2, 3, 4):
+        def stacked(r=r):   # r panels [r C, 64] at a time; row j of the block-diagonal row meets panel j
+            for lw, xi in zip(panels, x):
+                p, c, b = lw.panels.shape
+                rr = r if p % r == 0 else 1
+                rows = np.zeros((rr, rr, c), np.float32)
+                rows[np.arange(rr), np.arange(rr)] = xi
+                np.matmul(rows.reshape(rr, rr * c), lw.panels.reshape(p // rr, rr * c, b))
+        fns[f"64-column panels, {r} stacked, block-diagonal row"] = stacked
+    timed(fns, repeats)
+
+
+def variance(rounds: int) -> None:
+    from cli.bench_smollm2 import CONTEXT
+    from engine.fetched import fetched_models
+    from engine.kv_cache import KVCacheManager
+    from engine.layout import WeightStream, weights_of
+    from engine.model import forward
+    from engine.registry import ModelRegistry
+    model = ModelRegistry(fetched_models()).get("smollm2-135m").model
+    tokens = np.random.default_rng(0).integers(0, model.cfg.vocab_size, CONTEXT + 1)
+    mgr = KVCacheManager(model.cfg, num_blocks=CONTEXT // 16 + 2, block_size=16, enable_prefix_caching=False)
+    seq = mgr.new_sequence()
+    forward(model, tokens[:CONTEXT], 0, mgr.append_slots(seq, tokens[:CONTEXT]))
+    products = [(w, np.ones(w.shape[0], np.float32)) for w in weights_of(model)]
+    probe_panel, probe_x = PanelWeight(np.ones((576, 64), np.float32)), np.ones(576, np.float32)
+
+    def step():
+        forward(model, tokens[CONTEXT:], CONTEXT, mgr.append_slots(seq, tokens[CONTEXT:]))
+        mgr.truncate(seq, CONTEXT)
+    fns = {"read": WeightStream(model).read, "products": lambda: [model.vec_dot(x, w) for w, x in products],
+           "step": step, "probe": lambda: [probe_panel.vec(probe_x) for _ in products for _ in range(26)]}
+    ms = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            ms[k].append((time.perf_counter() - t) * 1e3)
+    for k, v in ms.items():
+        print(f"{k:9s} min / median / p90: " + " / ".join(f"{np.percentile(v, q):.1f}" for q in (0, 50, 90)) + " ms")
+    for k in ("products", "step"):
+        r = np.array(ms[k]) / np.array(ms["read"])
+        print(f"{k} / read, per round: p10 / median / p90 " + " / ".join(f"{np.percentile(r, q):.2f}" for q in (10, 50, 90)))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["layouts", "bytes", "threads", "threads-child"])
+    p.add_argument("what", choices=["layouts", "bytes", "threads", "threads-child", "panels", "variance"])
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
     {"layouts": lambda: layouts(a.repeats), "bytes": lambda: fewer_bytes(a.repeats),
-     "threads": lambda: threads(a.rounds), "threads-child": threads_child}[a.what]()
+     "threads": lambda: threads(a.rounds), "threads-child": threads_child,
+     "panels": lambda: panel_widths(a.repeats), "variance": lambda: variance(a.rounds)}[a.what]()
 
 
 if __name__ == "__main__":
