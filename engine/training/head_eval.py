@@ -5,8 +5,10 @@ the answer. For EAGLE the chains are unrolled as drafting runs them (heads.eagle
 position i is the (s+1)-th draft of the chain started from the real feature at i - s); for Medusa head i
 proposes token t+1+i from f_t. A chain started at t accepts its k-th draft when drafts 1..k are all right;
 every answer position with γ tokens after it starts one chain. Drafts are the argmax over the vocabulary
-subset, so a token outside it is a rejection, as in the engine. This is not `bench heads` (chains there start
-only where verification stopped, and its figures are timed); it is quick and measures the heads alone.
+subset, so a token outside it is a rejection, as in the engine. `run_acceptance_length` walks each answer as a
+run does instead: a chain starts where the last one stopped, so hard spots start more chains than at every
+position. This is not `bench heads` (whose figures are timed on a few prompts); it is quick and measures the
+heads alone.
 """
 from __future__ import annotations
 
@@ -17,16 +19,26 @@ from . import heads
 
 def _chain_acceptance(correct: np.ndarray, valid: np.ndarray, gamma: int) -> np.ndarray:
     """correct [gamma, T]: draft s+1 of the chain started at t - s is right at t; valid [T] answer positions
-    -> accepted counts per position [gamma] and the number of chains, as [gamma + 1]."""
+    -> [gamma + 1 + 2 gamma]: accepted counts per position and the number of chains (a chain at every
+    position), then for each γ = 1..gamma the tokens and rounds of a run (a chain where the last one stopped)."""
     T = correct.shape[1]
     starts = [t for t in range(T - gamma + 1) if valid[t:t + gamma].all()]
-    out = np.zeros(gamma + 1)
+    out = np.zeros(3 * gamma + 1)
     for t in starts:
         ok = True
         for s in range(gamma):
             ok = ok and bool(correct[s, t + s])
             out[s] += ok
     out[gamma] = len(starts)
+    for g in range(1, gamma + 1):
+        t = int(np.argmax(valid)) if valid.any() else T
+        while t + g <= T and valid[t:t + g].all():
+            accepted = 0
+            while accepted < g and correct[accepted, t + accepted]:
+                accepted += 1
+            out[gamma + g] += accepted + 1                               # the drafts kept and the target's token
+            out[2 * gamma + g] += 1
+            t += accepted + 1
     return out
 
 
@@ -41,7 +53,7 @@ def _per_conversation(convs, scale):
 
 def eagle_acceptance(params, cfg, convs, subset, head_w, embed, gamma: int, scale) -> dict:
     """-> {per_position: [gamma], mean_acceptance_length: {γ: L for γ = 1..gamma}, chains}."""
-    total = np.zeros(gamma + 1)
+    total = np.zeros(3 * gamma + 1)
     for c, f, valid in _per_conversation(convs, scale):
         n = len(valid)
         e = embed[c.ids[1:n + 1]][None]                                 # emb(x_{t+1}) [1, n, C]
@@ -53,7 +65,7 @@ def eagle_acceptance(params, cfg, convs, subset, head_w, embed, gamma: int, scal
 
 
 def medusa_acceptance(params, convs, subset, head_w, gamma: int, scale) -> dict:
-    total = np.zeros(gamma + 1)
+    total = np.zeros(3 * gamma + 1)
     for c, f, valid in _per_conversation(convs, scale):
         n = len(valid)
         correct = np.zeros((gamma, n), bool)
@@ -73,6 +85,8 @@ def medusa_acceptance(params, convs, subset, head_w, gamma: int, scale) -> dict:
 def _summary(total, gamma) -> dict:
     chains = max(1.0, total[gamma])
     per = total[:gamma] / chains
+    tokens, rounds = total[gamma + 1:2 * gamma + 1], np.maximum(1.0, total[2 * gamma + 1:])
     return {"per_position": [round(float(a), 4) for a in per],
             "mean_acceptance_length": {g: round(1 + float(per[:g].sum()), 3) for g in range(1, gamma + 1)},
-            "chains": int(total[gamma])}
+            "chains": int(total[gamma]),
+            "run_acceptance_length": {g: round(float(tokens[g - 1] / rounds[g - 1]), 3) for g in range(1, gamma + 1)}}

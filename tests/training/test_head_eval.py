@@ -9,7 +9,7 @@ def test_a_chain_accepts_drafts_until_the_first_wrong_one():
     correct = np.array([[1, 1, 0, 1], [1, 0, 1, 1]], bool)
     counts = _chain_acceptance(correct, np.ones(4, bool), 2)
     # chains at t = 0: right, wrong; t = 1: right, right; t = 2: wrong (its second draft does not count)
-    assert counts.tolist() == [2, 1, 3]
+    assert counts[:3].tolist() == [2, 1, 3]
     out = _summary(counts, 2)
     assert out["per_position"] == [round(2 / 3, 4), round(1 / 3, 4)]
     assert out["mean_acceptance_length"] == {1: round(1 + 2 / 3, 3), 2: 2.0}
@@ -18,4 +18,13 @@ def test_a_chain_accepts_drafts_until_the_first_wrong_one():
 def test_chains_start_only_where_every_drafted_position_is_an_answer_position():
     correct = np.ones((3, 6), bool)
     valid = np.array([0, 1, 1, 1, 1, 0], bool)               # a prompt position first, the answer's end last
-    assert _chain_acceptance(correct, valid, 3).tolist() == [2, 2, 2, 2]
+    assert _chain_acceptance(correct, valid, 3)[:4].tolist() == [2, 2, 2, 2]
+
+
+def test_a_run_starts_each_chain_where_the_last_one_stopped():
+    correct = np.array([[1, 1, 0, 1], [1, 0, 1, 1]], bool)
+    out = _summary(_chain_acceptance(correct, np.ones(4, bool), 2), 2)
+    # γ = 1: chains at t = 0 (right: 2 tokens), 2 (wrong: 1), 3 (right: 2), 5 tokens in 3 rounds;
+    # γ = 2: t = 0 (right, wrong: 2 tokens), t = 2 (wrong: 1), then no room for two drafts: 3 in 2
+    assert out["run_acceptance_length"] == {1: round(5 / 3, 3), 2: 1.5}
+    assert out["mean_acceptance_length"][2] == 2.0                # every start: the easy t = 1 counts too
