@@ -22,7 +22,8 @@ piece by piece, each piece reused from the cache for every row; the pattern is c
 number of rows n:
 
     layout     n = 1                 2 <= n <= 9                          n > 9 (prefill)
-    panels     [x; x] @ panel        X @ panel, panel by panel            the same
+    panels     [x; x] @ panel        X @ panel, panel by panel (3 rows    the same
+                                     as 4 where that is faster here)
     out_in     W @ x (GEMV)          block @ x_j for each row, blocks     X @ W.T (one GEMM)
                                      of 256 rows still in cache
 """
@@ -39,6 +40,9 @@ FEW_ROWS = 9
 
 class PanelWeight:
     """A [C, D] weight of `x @ W` as D/b contiguous column panels [D/b, C, b]."""
+    # row count -> the larger count its products run as: a property of this CPU's BLAS kernels, so one for the
+    # process, measured when a model first takes this layout (`pad_rows`)
+    padded_rows: dict[int, int] = {}
 
     def __init__(self, w, columns: int = PANEL_COLUMNS):  # w [C, D]
         c, d = w.shape
@@ -65,6 +69,9 @@ class PanelWeight:
 
     def rows(self, x):  # [n, C] -> [n, D], each panel's product written straight into its columns
         n, num_panels = x.shape[0], self.panels.shape[0]
+        padded = self.padded_rows.get(n)
+        if padded:                                   # a row count the small GEMM runs faster padded (see `pad_rows`)
+            return self.rows(np.concatenate([x, np.zeros((padded - n, x.shape[1]), x.dtype)]))[:n]
         out = np.empty((n, self.shape[1]), np.result_type(x, self.panels))
         np.matmul(x, self.panels, out=out.reshape(n, num_panels, -1).transpose(1, 0, 2))    # [P, n, b] view
         return out
@@ -211,9 +218,32 @@ def pack_in_reading_order(model) -> None:
         w.data, start = stored, start + w.data.size
 
 
+def pad_rows(model, repeats: int = 5) -> dict[int, int]:
+    """Run 3-row panel products as 4 rows when 4 rows through `model`'s LM head (113 MB, beyond every cache)
+    are faster here than 3: OpenBLAS's small GEMM has kernels for some row counts and not others, and on this
+    machine's hosts 3 rows cost ~1.2x 4 (docs/benchmarks.md). Verification at γ = 2 and EAGLE's catch-up over
+    3 tokens are 3-row products. Sets and returns `PanelWeight.padded_rows`."""
+    head = model.lm_head
+    if not isinstance(head, PanelWeight):
+        return PanelWeight.padded_rows
+    PanelWeight.padded_rows = {}
+    rng = np.random.default_rng(0)
+    x3, x4 = (rng.standard_normal((n, head.shape[0])).astype(head.dtype) for n in (3, 4))
+    times = {3: [], 4: []}
+    for _ in range(repeats):
+        for n, x in ((3, x3), (4, x4)):
+            t = time.perf_counter()
+            head.rows(x)
+            times[n].append(time.perf_counter() - t)
+    PanelWeight.padded_rows = {3: 4} if min(times[4]) < 0.95 * min(times[3]) else {}
+    return PanelWeight.padded_rows
+
+
 def use_fastest_layout(model):
-    """`use_layout` with the layout whose one-row product over the LM head is faster here."""
+    """`use_layout` with the layout whose one-row product over the LM head is faster here, and the row counts
+    that run faster padded (`pad_rows`)."""
     ms = one_row_ms(model.lm_head)
     use_layout(model, min(ms, key=ms.get))
     model.layout_ms = ms
+    model.padded_rows = pad_rows(model)
     return model

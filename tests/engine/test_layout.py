@@ -22,6 +22,24 @@ def test_each_layout_computes_the_same_products(layout):
             np.testing.assert_allclose(lw.rows(x[:n]), x[:n] @ w, rtol=1e-5, atol=1e-4)
 
 
+def test_three_panel_rows_run_as_four_where_that_is_faster(monkeypatch):
+    """`pad_rows` measures 3 against 4 rows on the LM head and sets the process's padding from it; padded or
+    not, 3 rows give the product of 3 rows."""
+    from engine.layout import PanelWeight, pad_rows
+
+    class WithHead:
+        lm_head = PanelWeight(np.random.default_rng(1).standard_normal((96, 640)).astype(np.float32))
+    monkeypatch.setattr(PanelWeight, "padded_rows", {})
+    assert pad_rows(WithHead()) in ({}, {3: 4}) and PanelWeight.padded_rows in ({}, {3: 4})
+    rng = np.random.default_rng(0)
+    w, x = rng.standard_normal((96, 640)).astype(np.float32), rng.standard_normal((3, 96)).astype(np.float32)
+    for padded in ({}, {3: 4}):
+        monkeypatch.setattr(PanelWeight, "padded_rows", padded)
+        out = PanelWeight(w).rows(x)
+        assert out.shape == (3, 640)
+        np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_each_layout_gives_the_plain_model_s_logits(make_model, layout):
     """Prefill, decode steps (`decode`, through the layout's one-row product), a verification of 4 rows and
