@@ -47,8 +47,8 @@ def configs(quick: bool) -> list[tuple[str, dict]]:
         return [("eagle γ=3", {"method": "eagle", "num_speculative_tokens": 3}),
                 ("medusa γ=3", {"method": "medusa", "num_speculative_tokens": 3})]
     return ([("ngram γ=3", {"method": "ngram", "num_speculative_tokens": 3})]
-            + [(f"eagle γ={k}", {"method": "eagle", "num_speculative_tokens": k}) for k in (2, 3, 4)]
-            + [(f"medusa γ={k}", {"method": "medusa", "num_speculative_tokens": k}) for k in (2, 3)])
+            + [(f"eagle γ={k}", {"method": "eagle", "num_speculative_tokens": k}) for k in (1, 2, 3, 4)]
+            + [(f"medusa γ={k}", {"method": "medusa", "num_speculative_tokens": k}) for k in (1, 2, 3)])
 
 
 def generate(engine, prompt, max_tokens, **settings) -> tuple[float, dict, dict]:
@@ -156,9 +156,39 @@ def markdown(out) -> str:
              ""]
     for label, r in out["sets"].items():
         lines += [markdown_set(label, r), ""]
+    lines += targets_lines(out["sets"])
     lines += ["Spec-Bench (Vicuna-7B, A100) mean acceptance lengths for comparison: "
               + ", ".join(f"{m} {v}" for m, v in SPEC_BENCH.items()) + "."]
     return "\n".join(lines)
+
+
+def targets_lines(sets: dict) -> list[str]:
+    """Issue 18's targets, read off this run: best γ by measured speed-up, identical output required."""
+    def best(label, method):
+        rows = [x for x in sets.get(label, {}).get("rows", []) if x["method"] == method]
+        return max(rows, key=lambda x: x["measured"] if x["identical"] else 0.0, default=None)
+    eagle, summary, medusa = best("open questions", "eagle"), best("summaries", "eagle"), best("open questions", "medusa")
+    eagle3 = next((x for x in sets.get("open questions", {}).get("rows", [])
+                   if x["method"] == "eagle" and x["gamma"] == 3), None)
+    every = [x for r in sets.values() for x in r["rows"]]
+    error = max((abs(x["measured"] / x["predicted"] - 1) for x in every if x["predicted"]), default=None)
+    checks = [("EAGLE at its best γ, open questions, identical output", eagle, "measured", ">= 1.5", 1.5),
+              ("EAGLE mean acceptance length at γ = 3, open questions", eagle3, "mean_acceptance_length", ">= 2.6", 2.6),
+              ("EAGLE at its best γ, summaries", summary, "measured", ">= 1.8", 1.8),
+              ("Medusa at its best γ, open questions", medusa, "measured", ">= 1.25", 1.25),
+              ("c of EAGLE at its best γ, open questions", eagle, "c", "<= 0.08", -0.08)]
+    lines = ["**Targets** (issue 18)", "", "| target | measured | goal | met |", "|---|---|---|---|"]
+    for what, row, key, goal, bound in checks:
+        if row is not None:
+            v = row[key]
+            met = v >= bound if bound > 0 else v <= -bound
+            unit = "x" if key == "measured" else ""
+            lines.append(f"| {what} | {v:.{3 if key == 'c' else 2}f}{unit} ({row['config']}"
+                         f"{'' if row['identical'] else ', output differs'}) | {goal} | {'yes' if met and row['identical'] else '**no**'} |")
+    if error is not None:
+        lines.append(f"| measured within 10% of predicted, every row | {error:.1%} at most | <= 10% | "
+                     f"{'yes' if error <= 0.10 else '**no**'} |")
+    return lines + [""]
 
 
 def held_out_lines(held: dict | None) -> list[str]:
