@@ -100,17 +100,18 @@ class EagleHead:
         layer = {k: v.astype(np.float32) for k, v in head_weights.items() if k.startswith("model.layers.0.")}
         self.model = Model(self.cfg, {**layer, "model.embed_tokens.weight": target_weights["head"][self.subset],
                                       "model.norm.weight": target_weights["norm"]})
-        if layout in LAYOUTS:
-            use_layout(self.model, layout)
         fc = head_weights["fc.weight"].astype(np.float32).T                        # [2C, C]
         fc[:c] *= math.sqrt(c)                                                     # features arrive as x / |x|
         self.w_fc = np.ascontiguousarray(fc)
+        if layout in LAYOUTS:
+            use_layout(self.model, layout)
+            self.w_fc = LAYOUTS[layout](self.w_fc)
         self.target_embed = np.ascontiguousarray(target_weights["embed"], np.float32)   # [V, C]
         self.vocab_size = target_cfg.vocab_size
         self.num_parameters = int(sum(v.size for k, v in head_weights.items() if k != "vocab_subset"))
 
     def inputs(self, feats, tokens):  # [n, C], [n] -> the layer's input [n, C]
-        return np.concatenate([feats, self.target_embed[np.asarray(tokens)]], axis=1) @ self.w_fc
+        return self.model.dot(np.concatenate([feats, self.target_embed[np.asarray(tokens)]], axis=1), self.w_fc)
 
 
 class MedusaHead:

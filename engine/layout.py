@@ -69,6 +69,8 @@ class PanelWeight:
 
     def rows(self, x):  # [n, C] -> [n, D], each panel's product written straight into its columns
         n, num_panels = x.shape[0], self.panels.shape[0]
+        if n == 1:                                   # as two rows, like `vec` (a prefill's last row, a draft step)
+            return self.vec(x[0])[None]
         padded = self.padded_rows.get(n)
         if padded:                                   # a row count the small GEMM runs faster padded (see `pad_rows`)
             return self.rows(np.concatenate([x, np.zeros((padded - n, x.shape[1]), x.dtype)]))[:n]
