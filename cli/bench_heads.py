@@ -207,6 +207,9 @@ def held_out_lines(held: dict | None) -> list[str]:
             mal = held[m]["mean_acceptance_length"]
             lines.append(f"| {m} | {' / '.join(f'{a:.2f}' for a in held[m]['per_position'])} | "
                          + " | ".join(f"{mal[g]:.2f}" if g in mal else "–" for g in gammas) + " |")
+            if run := held[m].get("run_acceptance_length"):
+                lines.append(f"| {m}, as a run (each chain where the last one stopped) | – | "
+                             + " | ".join(f"{run[g]:.2f}" if g in run else "–" for g in gammas) + " |")
     lines.append("")
     return lines
 
