@@ -144,8 +144,12 @@ def models_to_time(lm, quick: bool) -> dict:
         del weights
     panels = models.get("panels", (None,))[0]
     if panels is not None:
-        models[BEFORE] = (ModelWith(panels, vector_decode=False), (1, 2, 3, 5))
+        models[BEFORE] = (ModelWith(panels, vector_decode=False, dot=rows_before_issue_17), (1, 2, 3, 5))
     return models
+
+
+def rows_before_issue_17(x, w):  # [n, C] @ a PanelWeight as it ran before issue 17: one GEMM a panel, any n
+    return np.matmul(x, w.panels).transpose(1, 0, 2).reshape(len(x), -1)           # [P, n, b] -> [n, D]
 
 
 def layout_figures(times: dict, med: dict, floor: float) -> dict:
