@@ -44,15 +44,18 @@ from engine.layout import FEW_ROWS, OutInWeight, PanelWeight  # noqa: E402
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)] * 30 + [(576, 49152)]   # [in, out], as x @ W
 
 
-def timed(fns: dict, repeats: int) -> None:
+def timed(fns: dict, repeats: int, clock=time.thread_time, show: bool = True) -> dict:
+    """ms of each function per round, the functions taking turns; printed as min / median unless `show` is off."""
     times = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
-            t = time.thread_time()
+            t = clock()
             fn()
-            times[k].append((time.thread_time() - t) * 1e3)
-    for k, v in times.items():
-        print(f"{k:44s} {min(v):7.1f} / {statistics.median(v):7.1f} ms")
+            times[k].append((clock() - t) * 1e3)
+    if show:
+        for k, v in times.items():
+            print(f"{k:44s} {min(v):7.1f} / {statistics.median(v):7.1f} ms")
+    return times
 
 
 def layouts(repeats: int) -> None:
@@ -209,12 +212,7 @@ def variance(rounds: int) -> None:
         mgr.truncate(seq, CONTEXT)
     fns = {"read": WeightStream(model).read, "products": lambda: [model.vec_dot(x, w) for w, x in products],
            "step": step, "probe": lambda: [probe_panel.vec(probe_x) for _ in products for _ in range(26)]}
-    ms = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            ms[k].append((time.perf_counter() - t) * 1e3)
+    ms = timed(fns, rounds, clock=time.perf_counter, show=False)
     for k, v in ms.items():
         print(f"{k:9s} min / median / p90: " + " / ".join(f"{np.percentile(v, q):.1f}" for q in (0, 50, 90)) + " ms")
     for k in ("products", "step"):
