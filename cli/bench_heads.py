@@ -147,10 +147,9 @@ def markdown_set(label, r) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in r["rows"]:
         h = f"{x['h100_projected']:.2f}x" if x.get("h100_projected") else "–"
-        wall = f"{x['measured_wall']:.2f}x" if "measured_wall" in x else "–"
         lines.append(f"| {x['config']} | {x['mean_acceptance_length']:.2f} | "
                      f"{' / '.join(f'{a:.2f}' for a in x['acceptance_per_position'])} | {x['alpha']:.2f} | {x['c']:.3f} | "
-                     f"{x['verify_ratio']:.2f} | {x['predicted']:.2f}x | {x['measured']:.2f}x | {wall} | {h} | "
+                     f"{x['verify_ratio']:.2f} | {x['predicted']:.2f}x | {x['measured']:.2f}x | {x['measured_wall']:.2f}x | {h} | "
                      f"{'yes' if x['identical'] else 'NO'} |")
     return "\n".join(lines)
 
