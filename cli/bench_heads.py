@@ -156,8 +156,8 @@ def markdown_set(label, r) -> str:
 
 def markdown(out) -> str:
     lines = [f"Run {out['date']}: `decoding-playground bench heads` ({out['model']}, chat template, temperature 0, "
-             f"{out['max_tokens']} tokens, {out['repeats']} interleaved repeats; each run a fresh generation, "
-             "wall-clock). Heads: " + ", ".join(f"{m} {h['parameters']:,} parameters + LM head rows of a "
+             f"{out['max_tokens']} tokens, {out['repeats']} interleaved repeats; each run a fresh generation with an "
+             "empty prefix cache, wall-clock; speed-ups of the decode phase and of the whole generation). Heads: " + ", ".join(f"{m} {h['parameters']:,} parameters + LM head rows of a "
                                                  f"{h['vocab_subset']:,}-token subset" for m, h in out["heads"].items()),
              ""]
     for label, r in out["sets"].items():
