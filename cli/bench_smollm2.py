@@ -31,7 +31,7 @@ from cli.bench_smollm2_profile import ModelWith, breakdown_markdown, step_breakd
 from engine.checkpoint import load_checkpoint
 from engine.fetched import cache_dir, fetched_models, is_fetched
 from engine.kv_cache import KVCacheManager
-from engine.layout import LAYOUTS, WeightStream, use_layout
+from engine.layout import LAYOUTS, PanelWeight, WeightStream, use_layout
 from engine.model import Model, forward
 from engine.registry import InferenceEngine, ModelRegistry
 from engine.session import GenerationSession
@@ -186,7 +186,7 @@ def run_smollm2(quick: bool = False, cache=None) -> dict:
     one = med[chosen.layout, 1]
     r = {
         "model": NAME, "load_s": load_s, "context": CONTEXT, "quick": quick, "layout": chosen.layout,
-        "layout_choice_ms": chosen.layout_ms, "padded_rows": getattr(chosen, "padded_rows", {}), "weight_bytes": nbytes,
+        "layout_choice_ms": chosen.layout_ms, "padded_rows": PanelWeight.padded_rows, "weight_bytes": nbytes,
         "floor": {how: {**spread(times["floor", how]), "gb_per_s": nbytes / med["floor", how] / 1e6}
                   for how in ("read", "gemv") if ("floor", how) in med},
         "floor_ms": floor, "floor_how": floor_how,

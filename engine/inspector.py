@@ -33,8 +33,8 @@ class InspectorAnnotations:
             n = max(e.position for e in events)                                    # rows shown
             p = p_source[:n]                                                       # [positions, V]
             q = None if q_source is None else q_source[:n]                         # [drafts, V]
-            rows = p if q is None else np.concatenate([p, q])
             if p_is_logits and (q is None or q_is_logits):
+                rows = p if q is None else np.concatenate([p, q])
                 # Greedy: the figures are a few entries of softmax(logits) each, read off the logits with each
                 # row's normaliser; the top-5 of p is the top-5 of the logits. A softmax of whole rows cost
                 # ~5% of a speculative run's wall time (docs/benchmarks.md).
@@ -44,9 +44,8 @@ class InspectorAnnotations:
                 def prob(r, x, rows=rows, lse=lse):
                     return math.exp(float(rows[r, x]) - lse[r])
             else:
-                if p_is_logits or q_is_logits:                 # softmax only the rows given as logits
-                    rows = np.concatenate([softmax(p) if p_is_logits else p] +
-                                          ([] if q is None else [softmax(q) if q_is_logits else q]))
+                parts = [softmax(p) if p_is_logits else p] + ([] if q is None else [softmax(q) if q_is_logits else q])
+                rows = np.concatenate(parts) if len(parts) > 1 else parts[0]     # softmax only rows given as logits
                 tops = top_k_rows(rows)
 
                 def prob(r, x, rows=rows):

@@ -247,5 +247,5 @@ def use_fastest_layout(model):
     ms = one_row_ms(model.lm_head)
     use_layout(model, min(ms, key=ms.get))
     model.layout_ms = ms
-    model.padded_rows = pad_rows(model)
+    pad_rows(model)
     return model
