@@ -157,12 +157,12 @@ class Scheduler:
     def _plan(self, pending: list[_Entry]) -> list[tuple[_Entry, int | None]]:
         """What each pending request computes this step: (entry, None) whole, (entry, n) its next n tokens
         (a chunk); requests left out wait for the next step."""
-        whole = [e for e in pending if not self._chunkable(e.request)]
-        plan: list[tuple[_Entry, int | None]] = [(e, None) for e in whole]
-        room = (self.max_num_batched_tokens or 0) - sum(len(e.request.tokens) for e in whole)
         for e in pending:
             if self._chunkable(e.request):            # the prefix cache serves what it holds of the whole
                 e.request.tokens = e.request.runner.match_prefix(e.request.tokens)
+        whole = [e for e in pending if not self._chunkable(e.request)]     # after the cache: it may be short now
+        plan: list[tuple[_Entry, int | None]] = [(e, None) for e in whole]
+        room = (self.max_num_batched_tokens or 0) - sum(len(e.request.tokens) for e in whole)
         # the shortest first: a short prompt is not kept waiting behind a long one (which goes on meanwhile
         # whenever there is room, and as the first of them at least MIN_CHUNK tokens a step)
         chunkable = sorted((e for e in pending if self._chunkable(e.request)), key=lambda e: len(e.request.tokens))

@@ -125,3 +125,27 @@ def test_a_long_prefill_runs_in_chunks_between_other_sessions_steps_with_the_sam
     long_prefill_done = next(i for i, (sid, e) in enumerate(order) if sid == long.id and e.type == "prefill")
     assert first_short_token < long_prefill_done
     assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
+
+
+def test_a_prompt_the_prefix_cache_makes_short_runs_in_the_step_it_arrives(family):
+    """A prompt longer than the step's budget whose cached prefix leaves fewer tokens than the budget is prefilled
+    whole in the first step after it arrives, beside a long prefill's chunk (it once fell between "whole" and
+    "chunked" and waited a step: a chunk's time, hundreds of ms on SmolLM2)."""
+    engine = family()
+    prompt = "def main(argv):\n    "                         # 20 characters: one cached block of 16, 4 left
+    list(GenerationSession(engine, prompt, {"max_tokens": 2, "method": "none"}).events())   # fills the cache
+    scheduler = Scheduler(max_num_batched_tokens=8)
+    long = GenerationSession(engine, "def parse(line):\n    return line.split(),\n" * 6,
+                             {"max_tokens": 2, "method": "none", "enable_prefix_caching": False})
+    events = []
+    scheduler.add(long, lambda e: None)
+    assert scheduler.step() and scheduler.chunks == 1
+    short = GenerationSession(engine, prompt, {"max_tokens": 2, "method": "none"})
+    assert len(short.prompt_ids) > 8
+    scheduler.add(short, events.append)
+    scheduler.step()
+    assert [e.type for e in events][:3] == ["started", "prefill", "token"], [e.type for e in events]
+    assert scheduler.chunks == 2                           # and the long prefill went on in that step
+    while scheduler.step():
+        pass
+    assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
