@@ -48,6 +48,7 @@ class Playground:
     external: dict = field(default_factory=dict)   # name -> ExternalEngine (app/ws/external.py)
     llamacpp: list = field(default_factory=list)   # the embedded llama.cpp servers that run
     _loading: set = field(default_factory=set)     # models being made ready in the background
+    _stopped: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self):
         if self.admission is None:
@@ -79,27 +80,31 @@ class Playground:
         """Models whose weights are still being loaded in the background (fetched models)."""
         return sorted(self._loading)
 
-    def _load_in_background(self, names: list[str]) -> None:
-        """A fetched model's weights (SmolLM2: seconds) load at start-up, in the background, not inside the
-        first request that uses them; a start that needs them meanwhile waits for this load (LazyModel's
-        lock). (Its KV pool is made by the first session that uses it, outside the engine thread.)"""
-        for name in names:
+    def _warm_up(self) -> None:
+        """At start-up, in the background, what would otherwise be paid inside a first request, a first token
+        late by up to seconds: a fetched model's weights (SmolLM2: seconds), each target's heads and the KV pools
+        of its defaults (engine.registry.InferenceEngine.warm_up). A start that needs a model still loading waits
+        for it (LazyModel's lock); the models already in memory go first."""
+        targets = sorted(self.registry.targets, key=lambda m: m.name in self._loading)
+        for lm in targets:
+            if self._stopped.is_set():           # a short-lived app (tests): no loading after it ended
+                self._loading.clear()
+                return
             t = time.perf_counter()
             try:
-                self.registry.models[name].model.load()
+                self.engine.warm_up(lm)
             except Exception:  # noqa: BLE001 - its first use will say why
-                logger.exception("loading the weights of %s failed", name)
+                logger.exception("loading %s failed", lm.name)
             else:
-                logger.info("weights of %s loaded in %.1f s", name, time.perf_counter() - t)
+                logger.info("%s ready in %.1f s", lm.name, time.perf_counter() - t)
             finally:
-                self._loading.discard(name)
+                self._loading.discard(lm.name)
 
     async def start(self) -> None:
-        if self.registry is not None and not self._loading:
+        if self.registry is not None:
             self._loading = {m.name for m in self.registry.models.values()
                              if isinstance(m.model, LazyModel) and not m.model.loaded}
-            threading.Thread(target=self._load_in_background, args=(sorted(self._loading),), name="load-models",
-                             daemon=True).start()
+            threading.Thread(target=self._warm_up, name="warm-up", daemon=True).start()
         if not self.external:
             engines = configured_engines(self.config.openai_engines)
             if self.config.embedded_llamacpp:
@@ -122,6 +127,7 @@ class Playground:
                         os.environ.get("OPENBLAS_NUM_THREADS"))
 
     async def stop(self) -> None:
+        self._stopped.set()
         if self.engine_thread is not None:
             await self.engine_thread.stop()
         for server in self.llamacpp:

@@ -17,6 +17,7 @@ from .heads import HEADS_DIR, available_heads, load_heads
 from .kv_cache import KVCacheManager
 from .loaded_model import LoadedModel
 from .model import Model
+from .settings import GenerationSettings
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 SEQUENCE_TOKENS_BUDGET = 2048
@@ -124,6 +125,30 @@ class InferenceEngine:
             mgr = self._new_manager(lm, kv_cache_dtype, block_size)
             with self.lock:
                 self.managers.setdefault(key, mgr)
+
+    def prepare_pools_for(self, target: LoadedModel, s) -> None:
+        """Make every pool a generation on `target` with settings `s` (GenerationSettings) uses, from any thread:
+        a session's constructor and each settings change, and a server's start-up for its targets' defaults
+        (vLLM allocates its KV cache at start-up too), so that no first request pays for writing a pool."""
+        if not s.kv_cache:
+            return
+        if s.num_kv_heads is not None:
+            target = self.registry.variants(target)[s.num_kv_heads]
+        draft = self.registry.draft_for(target) if s.method == "draft_model" else None
+        for lm in (target, draft):
+            if lm is not None:
+                self.prepare_pool(lm, s.kv_cache_dtype, s.block_size)
+        if s.method == "eagle" and "eagle" in self.registry.heads_for(target):    # else refused by the session
+            self.prepare_pool(self.registry.heads_for(target)["eagle"], "auto", 16)
+
+    def warm_up(self, target: LoadedModel) -> None:
+        """Ahead of the first request, from any thread: what a first generation on `target` would otherwise pay
+        inside it. Its weights (a fetched model's), its heads, and the pools of the default settings and of
+        EAGLE drafting (the page's SmolLM2 demo)."""
+        target = self.registry.get(target.name)
+        self.prepare_pools_for(target, GenerationSettings())
+        if "eagle" in self.registry.heads_for(target):
+            self.prepare_pools_for(target, GenerationSettings(method="eagle"))
 
     def _new_manager(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> KVCacheManager:
         # sized for SEQUENCE_TOKENS_BUDGET tokens per session (a long-context model's full context for

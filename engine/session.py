@@ -208,18 +208,10 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         return tokens
 
     def _ensure_pools(self, s: GenerationSettings) -> None:
-        """Make the KV pools these settings use before anything is timed: a pool is made on first use, and
-        writing its memory then (engine.kv_cache) is part of no forward and of no settings change. Called
-        by the constructor too, which a server runs outside its engine thread: a large model's first pool
-        (SmolLM2: hundreds of MiB, seconds) is then written without holding up the other sessions."""
-        if not s.kv_cache:
-            return
-        target = self.variants[s.num_kv_heads] if s.num_kv_heads is not None else self.target_lm
-        for lm in (target, self.draft_lm if s.method == "draft_model" else None):
-            if lm is not None:
-                self.engine.prepare_pool(lm, s.kv_cache_dtype, s.block_size)
-        if s.method == "eagle" and "eagle" in self.engine.registry.heads_for(target):   # else refused later
-            self.engine.prepare_pool(self._eagle_head(target), "auto", 16)
+        """Make the KV pools these settings use before anything is timed: writing a pool's memory
+        (engine.kv_cache) is part of no forward and of no settings change. The constructor runs in a server's
+        worker thread, so a large model's first pool (SmolLM2: hundreds of MiB) holds up no other session."""
+        self.engine.prepare_pools_for(self.target_lm, s)
 
     def _eagle_head(self, target: LoadedModel) -> LoadedModel:
         return self.engine.registry.heads_for(target)["eagle"]

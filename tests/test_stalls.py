@@ -134,6 +134,22 @@ def test_a_long_prefill_runs_in_chunks_and_a_bystander_gets_its_first_token_with
     assert prompt_tokens >= 400
 
 
+def test_each_targets_default_pools_are_made_at_start_up_not_in_a_first_request(client):
+    """A first generation does not write its KV pools inside its request (tens of MiB for our targets, hundreds
+    for SmolLM2: a first token late by up to seconds, beside a long prefill once more than the 500 ms bound):
+    the server makes every target's default pools at start-up, in the background, before anyone asks."""
+    pg = client.app.state.playground
+    expected = {f"target:{lm.name}" for lm in pg.registry.targets} | {f"draft:{pg.registry.drafts[0].name}"}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pools = {p["name"] for p in client.get("/api/stats").json()["pools"]}
+        if expected <= pools:
+            break
+        time.sleep(0.05)
+    assert expected <= pools, (expected, pools)
+    assert client.get("/api/stats").json()["sessions"] == 0           # no request has run
+
+
 def test_the_page_shows_a_long_prefill_chunk_by_chunk(live_server):
     """/ws: while a long prompt prefills in chunks, the status says how far (`data-prefill`) and so does the
     draft lane; then the run goes on as usual."""
