@@ -92,7 +92,7 @@ class Playground:
                 return
             t = time.perf_counter()
             try:
-                self.engine.warm_up(lm)
+                self.engine.warm_up(lm, self._stopped.is_set)
             except Exception:  # noqa: BLE001 - its first use will say why
                 logger.exception("loading %s failed", lm.name)
             else:

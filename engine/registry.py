@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Callable
 
 from .checkpoint import load_checkpoint
 from .fetched import LazyModel, fetched_models
@@ -141,14 +142,15 @@ class InferenceEngine:
         if s.method == "eagle" and "eagle" in self.registry.heads_for(target):    # else refused by the session
             self.prepare_pool(self.registry.heads_for(target)["eagle"], "auto", 16)
 
-    def warm_up(self, target: LoadedModel) -> None:
+    def warm_up(self, target: LoadedModel, stopped: Callable[[], bool] = lambda: False) -> None:
         """Ahead of the first request, from any thread: what a first generation on `target` would otherwise pay
         inside it. Its weights (a fetched model's), its heads, and the pools of the default settings and of
-        EAGLE drafting (the page's SmolLM2 demo)."""
+        EAGLE drafting (the page's SmolLM2 demo); `stopped()` is asked between them."""
         target = self.registry.get(target.name)
-        self.prepare_pools_for(target, GenerationSettings())
-        if "eagle" in self.registry.heads_for(target):
-            self.prepare_pools_for(target, GenerationSettings(method="eagle"))
+        for s in (GenerationSettings(), GenerationSettings(method="eagle")):
+            if stopped() or (s.method == "eagle" and "eagle" not in self.registry.heads_for(target)):
+                return
+            self.prepare_pools_for(target, s)
 
     def _new_manager(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> KVCacheManager:
         # sized for SEQUENCE_TOKENS_BUDGET tokens per session (a long-context model's full context for
