@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
             if args.held_out:
                 build(folder / "heldout", lm, n_open=args.prompts or 96, prompts=held_out_prompts(), log=log)
             else:
-                build(folder / "data", lm, n_open=args.prompts or 576, prompts=more_train_prompts(), log=log)
+                build(folder / "data", lm, n_open=args.prompts or 576, prompts=more_train_prompts(),
+                      derived_every=args.derived_every, log=log)
         else:
             corpus_data(folder / "data", lm, log=log)
     elif args.stage == "train":
@@ -116,6 +117,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("stage", choices=("data", "train", "eval", "export"))
     p.add_argument("--folder", help="data and state folder (default: the cache's heads/TARGET)")
     p.add_argument("--prompts", type=int, help="data: how many chat prompts to answer (default 576; 96 held out)")
+    p.add_argument("--derived-every", type=int, default=3, metavar="N",
+                   help="data: a summary or rewrite of every N-th of the model's prose answers (default 3)")
     p.add_argument("--held-out", action="store_true",
                    help="data: answer held-out prompts into FOLDER/heldout instead (for `train`'s held-out figures)")
     p.add_argument("--config", help='training settings as JSON, e.g. \'{"steps": 3000, "vocab_subset": 8192}\'')
