@@ -29,13 +29,17 @@ def engine_choices(external_names) -> list[tuple[str, str]]:
     return [(OURS, "our numpy engine (float32, plain decoding)")] + [(n, n) for n in external_names]
 
 
-def engine_pair(values, external_names) -> tuple[str, str]:
-    """Side a is our engine, side b a configured engine (the first one when `values` is None)."""
+def engine_pair(values, external_names, model: str | None = None) -> tuple[str, str]:
+    """Side a is our engine, side b a configured engine (the first one when `values` is None); our side runs on
+    `model` (the page's), which must be one of ours."""
     names = list(external_names)
     a, b = values if values is not None else (OURS, names[0] if names else None)
     if a != OURS or b not in names:
         raise SettingsError("race", f"side A our numpy engine ({OURS}), side B one of the configured engines: "
                                     f"{', '.join(names) or 'none is configured (serve --openai-url, llama.cpp)'}")
+    if model in names:
+        raise SettingsError("model", "a race of engines runs our side on one of our models: pick SmolLM2 "
+                                     "(the weights llama.cpp serves) in the model selector")
     return a, b
 
 

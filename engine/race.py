@@ -9,6 +9,7 @@ session's own engine time. The figures are the engine's: KV bytes per token from
 """
 from __future__ import annotations
 
+from .engine_race import SETTING as ENGINE_RACE
 from .registry import InferenceEngine
 from .settings import METHODS, GenerationSettings, SettingsError
 from .jobs import Job, run_to_end
@@ -83,7 +84,7 @@ def form_text(value) -> str:
 def race_values(engine: InferenceEngine, settings: dict, setting: str, values) -> tuple:
     """The pair as setting values (validated); the default pair for `setting` when `values` is None."""
     if setting not in RACE_SETTINGS:
-        raise SettingsError("race", f"one of {', '.join(RACE_SETTINGS)}, got {setting!r}")
+        raise SettingsError("race", f"one of {', '.join([*RACE_SETTINGS, ENGINE_RACE])}, got {setting!r}")
     if values is None:
         values = default_values(engine.registry, engine.registry.get(settings.get("model")), setting)
     parsed = tuple(getattr(GenerationSettings.parse({**settings, setting: v}), setting) for v in values)

@@ -2,6 +2,7 @@
 import pytest
 
 from engine.kv_dtypes import kv_bytes_per_token
+from engine.engine_race import OURS, engine_pair
 from engine.race import race, race_choices, verdict
 from engine.settings import SettingsError
 
@@ -66,3 +67,13 @@ def test_the_verdict_reads_ratios_both_ways():
     v = verdict("B", fa, fb)
     assert v["text"] == "B: 4.0× more KV bytes/token, 2.0× slower per token." and v["speedup"] == 0.5
     assert verdict("A", fb, fa)["text"] == "A: 4.0× fewer KV bytes/token, 2.0× faster per token."
+
+
+def test_an_engine_race_pairs_our_engine_on_our_model_with_a_configured_server():
+    assert engine_pair(None, ["llama.cpp"], "smollm2-135m") == (OURS, "llama.cpp")
+    for values, names, model, field in ((("llama.cpp", OURS), ["llama.cpp"], None, "race"),
+                                        ((OURS, "vllm"), ["llama.cpp"], None, "race"),
+                                        (None, [], None, "race"),
+                                        (None, ["llama.cpp"], "llama.cpp", "model")):
+        with pytest.raises(SettingsError, match=f"{field}: "):
+            engine_pair(values, names, model)

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 from app.views.page import FORM_SETTINGS
 from app.views.recording import RECORDINGS
 from app.views.templating import templates
-from engine.settings import SettingsError
+from engine.settings import GenerationSettings, SettingsError
 
 MAX_FORM_BYTES = 64 * 1024
 
@@ -48,6 +48,21 @@ class OneAtATime:
 
 RUNS = OneAtATime()        # faults, race, shoot-out, the Theory view's plain run
 CURVES = OneAtATime()
+
+
+async def teaching_run(request: Request, playground, max_tokens: int, run) -> HTMLResponse:
+    """What every teaching run's endpoint does around its own part: the form read, its `max_tokens` capped, then
+    `await run(prompt, settings, fields)` (the fragment), and bad input or a busy engine answered as fragments."""
+    if playground.engine is None:
+        return error_fragment(request, playground.load_error or "no models loaded")
+    try:
+        prompt, settings, fields = await settings_from(request)
+        settings["max_tokens"] = min(GenerationSettings.parse(settings).max_tokens, max_tokens)
+        return await run(prompt, settings, fields)
+    except (SettingsError, ValueError) as e:
+        return error_fragment(request, str(e))
+    except BusyError:
+        return error_fragment(request, "Another comparison, race or shoot-out is running: try again in a moment.")
 
 
 async def run_job(playground, job, kind: OneAtATime):

@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from app.deps import PlaygroundDep
-from app.routers.teach.common import RUNS, BusyError, error_fragment, fragment, run_job, settings_from
-from engine.settings import FAULTS, GenerationSettings, SettingsError
+from app.routers.teach.common import RUNS, fragment, run_job, teaching_run
+from engine.settings import FAULTS, SettingsError
 from engine.teaching import fault_comparison_steps
 
 router = APIRouter()
@@ -39,18 +39,12 @@ FAULT_TEXT = {
 
 @router.post("/faults", response_class=HTMLResponse)
 async def faults(request: Request, playground: PlaygroundDep) -> HTMLResponse:
-    if playground.engine is None:
-        return error_fragment(request, playground.load_error or "no models loaded")
-    try:
-        prompt, settings, fields = await settings_from(request)
+    async def run(prompt: str, settings: dict, fields: dict) -> HTMLResponse:
         fault = fields.get("fault", "")
         if fault not in FAULTS or fault == "none":
             raise SettingsError("fault", f"one of {', '.join(FAULT_TEXT)}")
-        settings["max_tokens"] = min(GenerationSettings.parse(settings).max_tokens, FAULT_MAX_TOKENS)
         r = await run_job(playground, fault_comparison_steps(playground.engine, prompt, settings, fault), RUNS)
-    except (SettingsError, ValueError) as e:
-        return error_fragment(request, str(e))
-    except BusyError:
-        return error_fragment(request, "Another comparison or race is running: try again in a moment.")
-    emitted = {role: [t for t in r[role]["tokens"] if t["status"] != "rejected"] for role in ("reference", "faulty")}
-    return fragment(request, "faults", r=r, text=FAULT_TEXT[fault], emitted=emitted, prompt=prompt)
+        emitted = {role: [t for t in r[role]["tokens"] if t["status"] != "rejected"] for role in ("reference", "faulty")}
+        return fragment(request, "faults", r=r, text=FAULT_TEXT[fault], emitted=emitted, prompt=prompt)
+
+    return await teaching_run(request, playground, FAULT_MAX_TOKENS, run)

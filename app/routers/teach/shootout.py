@@ -11,8 +11,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from app.deps import PlaygroundDep
 from app.views.recording import RECORDINGS
-from app.routers.teach.common import RUNS, BusyError, error_fragment, fragment, run_job, settings_from
-from engine.settings import GenerationSettings, SettingsError
+from app.routers.teach.common import RUNS, BusyError, fragment, run_job, teaching_run
+from engine.settings import SettingsError
 from engine.shootout import shootout_steps
 from engine.teaching import trace_steps
 
@@ -22,17 +22,11 @@ SHOOTOUT_MAX_TOKENS = 64     # five whole runs of a large model; the table needs
 
 @router.post("/shootout", response_class=HTMLResponse)
 async def shootout_view(request: Request, playground: PlaygroundDep) -> HTMLResponse:
-    if playground.engine is None:
-        return error_fragment(request, playground.load_error or "no models loaded")
-    try:
-        prompt, settings, _ = await settings_from(request)
-        settings["max_tokens"] = min(GenerationSettings.parse(settings).max_tokens, SHOOTOUT_MAX_TOKENS)
+    async def run(prompt: str, settings: dict, fields: dict) -> HTMLResponse:
         r = await run_job(playground, shootout_steps(playground.engine, prompt, settings), RUNS)
-    except (SettingsError, ValueError) as e:
-        return error_fragment(request, str(e))
-    except BusyError:
-        return error_fragment(request, "Another comparison, race or shoot-out is running: try again in a moment.")
-    return fragment(request, "shootout", r=r, prompt=prompt)
+        return fragment(request, "shootout", r=r, prompt=prompt)
+
+    return await teaching_run(request, playground, SHOOTOUT_MAX_TOKENS, run)
 
 
 _plain: dict[str, dict] = {}          # recording key -> its plain-decoding comparison (a run is timed once)
