@@ -5,6 +5,7 @@
     .venv/bin/python scripts/weight_stream_experiments.py threads [--rounds 3]
     .venv/bin/python scripts/weight_stream_experiments.py panels [--repeats 11]
     .venv/bin/python scripts/weight_stream_experiments.py variance [--rounds 60]
+    .venv/bin/python scripts/weight_stream_experiments.py coretypes [--rounds 2] [--repeats 7]
 
 - layouts: one pass of products over matrices of SmolLM2's shapes (random float32: timing does not depend
   on the values) for 1, 2, 3, 5 and 9 rows, per layout and call pattern, against a bare read of the bytes.
@@ -17,7 +18,10 @@
 - variance: SmolLM2 itself (fetched), round after round: the bare read, the step's one-row products alone, a
   whole decode step at a 256-token context and a compute probe (as many small GEMMs on a cache-resident
   panel); the spread of each and the per-round ratios to the read.
-Figures are per-thread CPU time (time.thread_time) for `layouts`, `bytes` and `panels` (min / median ms),
+- coretypes: the one-row pass as [out, in] `W @ x`, as [in, out] `x @ W`, over 64-column panels as one row
+  and as two (the engine's), against the bare read, in a process per OpenBLAS kernel set (OPENBLAS_CORETYPE:
+  numpy's OpenBLAS picks one for the CPU at start-up; the variable makes it use another), alternated.
+Figures are per-thread CPU time (time.thread_time) for `layouts`, `bytes`, `panels` and `coretypes` (min / median ms),
 which leaves out the time other processes hold the core but not their use of the memory bus; wall time for
 `threads` and `variance`.
 Quoted in docs/benchmarks.md (`bench smollm2` section).
@@ -220,15 +224,52 @@ def variance(rounds: int) -> None:
         print(f"{k} / read, per round: p10 / median / p90 " + " / ".join(f"{np.percentile(r, q):.2f}" for q in (10, 50, 90)))
 
 
+CORETYPES = ["", "Haswell", "Zen", "SkylakeX", "Cooperlake", "Sandybridge"]     # "": OpenBLAS's own choice
+
+
+def coretypes_child(repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    w = [rng.standard_normal(s, dtype=np.float32) for s in SHAPES]
+    x = [rng.standard_normal(s[0], dtype=np.float32) for s in SHAPES]
+    flat, out_in, panels = [a.reshape(-1) for a in w], [np.ascontiguousarray(a.T) for a in w], [PanelWeight(a) for a in w]
+    ms = timed({"bare read": lambda: [np.dot(v, v) for v in flat],
+                "[out, in], W @ x": lambda: [a @ xi for a, xi in zip(out_in, x)],
+                "[in, out], x @ W": lambda: [xi @ a for a, xi in zip(w, x)],
+                "64-column panels, one row": lambda: [xi @ lw.panels for lw, xi in zip(panels, x)],
+                "64-column panels, as two rows (used)": lambda: [lw.vec(xi) for lw, xi in zip(panels, x)]},
+               repeats, show=False)
+    print(json.dumps({k: [min(v), statistics.median(v)] for k, v in ms.items()}))
+
+
+def coretypes(rounds: int, repeats: int) -> None:
+    runs: dict = {c: [] for c in CORETYPES}
+    core = {}
+    for _ in range(rounds):
+        for c in CORETYPES:
+            env = {**os.environ, "OPENBLAS_CORETYPE": c, "OPENBLAS_VERBOSE": "2"}
+            done = subprocess.run([sys.executable, __file__, "coretypes-child", "--repeats", str(repeats)], env=env,
+                                  capture_output=True, text=True, check=True)
+            lines = (done.stdout + done.stderr).splitlines()
+            core[c] = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Core:")), "?")
+            runs[c].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for c, rs in runs.items():
+        print(f"OPENBLAS_CORETYPE={c or '(unset)'} -> kernels {core[c]}")
+        for k in rs[0]:
+            lo, med = min(r[k][0] for r in rs), statistics.median(r[k][1] for r in rs)
+            print(f"  {k:40s} {lo:7.1f} / {med:7.1f} ms")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["layouts", "bytes", "threads", "threads-child", "panels", "variance"])
+    p.add_argument("what", choices=["layouts", "bytes", "threads", "threads-child", "panels", "variance",
+                                      "coretypes", "coretypes-child"])
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
     {"layouts": lambda: layouts(a.repeats), "bytes": lambda: fewer_bytes(a.repeats),
      "threads": lambda: threads(a.rounds), "threads-child": threads_child,
-     "panels": lambda: panel_widths(a.repeats), "variance": lambda: variance(a.rounds)}[a.what]()
+     "panels": lambda: panel_widths(a.repeats), "variance": lambda: variance(a.rounds),
+     "coretypes": lambda: coretypes(a.rounds, a.repeats), "coretypes-child": lambda: coretypes_child(a.repeats)}[a.what]()
 
 
 if __name__ == "__main__":
