@@ -30,7 +30,7 @@ from .layout import LAYOUTS, use_layout, weight_rows, weight_vec
 from .model import Model
 from .proposers import point_masses
 from .runner import ForwardRequest, PagedRunner
-from .sampling import probs_from_logits, sample
+from .sampling import draft_confidence, probs_from_logits, sample
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "models" / "heads"
 METHODS = ("eagle", "medusa")
@@ -167,7 +167,7 @@ class EagleProposer:
         self.display_q = None
         self.forward_calls, self.forward_s = 0, 0.0
 
-    def propose(self, tokens, k, temperature, top_p, rng):  # generator of ForwardRequests -> (drafts, q)
+    def propose(self, tokens, k, temperature, top_p, rng, min_confidence: float = 0.0):  # generator -> (drafts, q)
         head, runner, feats = self.head, self.runner, self.features
         if self.start is None:
             self.start = feats.start
@@ -184,10 +184,11 @@ class EagleProposer:
             shown.append(full)
             if q is not None:
                 qs.append(q)
-            if i < k - 1:
-                feat = runner.hidden[-1:]                                           # the predicted feature
-                logits = (yield ForwardRequest(runner, [x], last_only=True, inputs_embeds=head.inputs(feat, [x])))[-1]
-        self.forward_calls += k
+            if i == k - 1 or (min_confidence and draft_confidence(logits, x, q) < min_confidence):
+                break
+            feat = runner.hidden[-1:]                                               # the predicted feature
+            logits = (yield ForwardRequest(runner, [x], last_only=True, inputs_embeds=head.inputs(feat, [x])))[-1]
+        self.forward_calls += len(drafts)
         self.display_q = np.array(shown)
         return drafts, np.array(qs) if qs else point_masses(drafts, head.vocab_size)
 
@@ -208,7 +209,7 @@ class MedusaProposer:
         self.display_q = None
         self.forward_calls, self.forward_s = 0, 0.0
 
-    def propose(self, tokens, k, temperature, top_p, rng):  # generator (no forwards) -> (drafts, q)
+    def propose(self, tokens, k, temperature, top_p, rng, min_confidence: float = 0.0):  # generator -> (drafts, q)
         k = min(k, self.head.num_heads)
         rows = self.head.logits(self.features.rows[len(tokens) - 2])[:k]          # [k, Vs]
         drafts, qs, shown = [], [], []
@@ -218,6 +219,8 @@ class MedusaProposer:
             shown.append(full)
             if q is not None:
                 qs.append(q)
+            if min_confidence and draft_confidence(row, x, q) < min_confidence:
+                break                      # the later heads' drafts follow this doubtful one: not verified
         self.forward_calls += k
         self.display_q = np.array(shown)
         return drafts, np.array(qs) if qs else point_masses(drafts, self.head.vocab_size)

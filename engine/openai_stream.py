@@ -27,7 +27,8 @@ from .events import Done, Error, Event, Metrics, Prefill, RoundDone, SettingsApp
 from .settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
 
 # Our settings that describe our engine's internals; a server has them fixed at its start-up.
-SERVER_SETTINGS = ("method", "num_speculative_tokens", "num_speculative_tokens_schedule", "prompt_lookup_min",
+SERVER_SETTINGS = ("method", "num_speculative_tokens", "num_speculative_tokens_schedule", "draft_confidence_threshold",
+                   "prompt_lookup_min",
                    "prompt_lookup_max", "kv_cache", "kv_cache_dtype", "num_kv_heads", "block_size",
                    "enable_prefix_caching", "fault")
 

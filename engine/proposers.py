@@ -3,13 +3,16 @@ as a generator that yields the forwards it needs (engine.runner.ForwardRequest) 
 
 q is [k, V]: the draft distribution each token was drawn from (a point mass for n-gram lookup and at
 temperature 0). `rollback(num_valid)` tells the proposer how many tokens of its context survived verification.
+A neural drafter given `min_confidence` > 0 proposes fewer than k tokens when its probability of a draft
+(sampling.draft_confidence) falls below it: the length of each round's draft is then the drafter's own call,
+made before the target sees it, so verification stays exact.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .runner import ForwardRequest, PagedRunner, RecomputeRunner
-from .sampling import probs_from_logits, sample
+from .sampling import draft_confidence, probs_from_logits, sample
 from .speculative import ngram_propose
 
 
@@ -26,7 +29,7 @@ class NgramProposer:
         self.vocab_size, self.min_n, self.max_n = vocab_size, prompt_lookup_min, prompt_lookup_max
         self.forward_calls, self.forward_s, self.logits = 0, 0.0, None
 
-    def propose(self, tokens, k, temperature, top_p, rng):  # generator (no forwards) -> (drafts, q)
+    def propose(self, tokens, k, temperature, top_p, rng, min_confidence: float = 0.0):  # -> (drafts, q)
         drafts = ngram_propose(tokens, k, self.min_n, self.max_n)
         return drafts.tolist(), point_masses(drafts, self.vocab_size)
         yield  # a generator like DraftModelProposer.propose, which yields forward requests
@@ -55,7 +58,7 @@ class DraftModelProposer:
     def forward_s(self) -> float:
         return self.runner.forward_s
 
-    def propose(self, tokens, k, temperature, top_p, rng):  # generator of ForwardRequests -> (drafts, q)
+    def propose(self, tokens, k, temperature, top_p, rng, min_confidence: float = 0.0):  # generator -> (drafts, q)
         runner = self.runner
         catch_up = ForwardRequest(runner, tokens[runner.num_tokens:], last_only=True, role="draft")
         logits = (yield catch_up)[-1]
@@ -68,8 +71,9 @@ class DraftModelProposer:
                 x = sample(qs[-1], rng)
             drafts.append(x)
             raw.append(logits)
-            if i < k - 1:
-                logits = (yield ForwardRequest(runner, [x], last_only=True))[-1]
+            if i == k - 1 or (min_confidence and draft_confidence(logits, x, qs[-1] if qs else None) < min_confidence):
+                break
+            logits = (yield ForwardRequest(runner, [x], last_only=True))[-1]
         self.display_q = np.array(raw)
         return drafts, np.array(qs) if qs else point_masses(drafts, len(logits))
 

@@ -56,6 +56,17 @@ def sample(p, rng: np.random.Generator) -> int:
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(p) - 1))
 
 
+def draft_confidence(logits, token: int, q) -> float:  # logits [V'] (the drafter's), q [V] or None (greedy)
+    """The drafter's probability of its own draft: q(token) when it sampled from q, else (greedy) the largest
+    softmax probability of its logits. Drafting stops below a threshold (Hugging Face's
+    assistant_confidence_threshold; EAGLE-2 grows its draft tree where this is high): a draft the drafter
+    doubts is rarely accepted and costs a drafting step and a verification row."""
+    if q is not None:
+        return float(q[token])
+    z = np.asarray(logits, np.float64)
+    return float(1.0 / np.exp(z - z.max()).sum())
+
+
 def top_k_rows(p, k: int = 5):  # [n, V] -> per row [(token, prob)], the k most likely tokens first
     """For the inspector. argpartition over a whole row costs ~1-3 ms for V = 49,152 and runs for every
     verified position, so each row is cut to candidates first: the k-th largest of every 32nd entry is at

@@ -272,7 +272,8 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         if k > 0:
             calls_before = self.proposer.forward_calls
             t = time.perf_counter()
-            drafts, q = yield from self.proposer.propose(self.tokens, k, s.temperature, s.top_p, self.rng)
+            drafts, q = yield from self.proposer.propose(self.tokens, k, s.temperature, s.top_p, self.rng,
+                                                         s.draft_confidence_threshold)
             draft_ms = (time.perf_counter() - t) * 1e3
             self.stats.draft_forward(draft_ms, self.proposer.forward_calls - calls_before)
         if not drafts:

@@ -41,6 +41,7 @@ class GenerationSettings(BaseModel):
     method: Literal["none", "draft_model", "ngram", "eagle", "medusa"] = "draft_model"
     num_speculative_tokens: int = Field(4, ge=1, le=16)
     num_speculative_tokens_schedule: Literal["constant", "heuristic"] = "constant"
+    draft_confidence_threshold: float = Field(0.0, ge=0.0, le=1.0)   # stop drafting below it (0: never)
     prompt_lookup_min: int = Field(1, ge=1, le=16)
     prompt_lookup_max: int = Field(4, ge=1, le=16)
     kv_cache: bool = True
@@ -96,5 +97,6 @@ class GenerationSettings(BaseModel):
 
 # Settings a running generation picks up at its next round; the rest need a new generation.
 LIVE_SETTINGS = {"temperature", "top_p", "method", "num_speculative_tokens", "num_speculative_tokens_schedule",
+                 "draft_confidence_threshold",
                  "prompt_lookup_min", "prompt_lookup_max", "kv_cache", "kv_cache_dtype", "num_kv_heads",
                  "block_size", "enable_prefix_caching", "fault", "max_tokens"}

@@ -14,7 +14,7 @@ SETTING_LABELS = {"num_speculative_tokens": "γ", "kv_cache_dtype": "KV dtype", 
                   "enable_prefix_caching": "prefix caching", "kv_cache": "KV cache", "block_size": "block size",
                   "temperature": "temperature", "top_p": "top-p", "method": "method", "max_tokens": "max tokens",
                   "prompt_lookup_min": "n-gram min", "prompt_lookup_max": "n-gram max",
-                  "num_speculative_tokens_schedule": "γ schedule"}
+                  "num_speculative_tokens_schedule": "γ schedule", "draft_confidence_threshold": "stop drafting below"}
 
 
 def piece(text: str) -> Markup:

@@ -20,7 +20,7 @@ from engine.theory import worked_table
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
-                 "num_speculative_tokens_schedule", "prompt_lookup_min", "prompt_lookup_max", "kv_cache",
+                 "num_speculative_tokens_schedule", "draft_confidence_threshold", "prompt_lookup_min", "prompt_lookup_max", "kv_cache",
                  "kv_cache_dtype", "num_kv_heads", "block_size", "enable_prefix_caching"]
 BOOL_SETTINGS = {"kv_cache", "enable_prefix_caching", "chat"}
 SPEEDS = [("0.5", "½ round/s"), ("1", "1 round/s"), ("2", "2 rounds/s"), ("5", "5 rounds/s"),
@@ -297,7 +297,7 @@ def model_options(registry, name: str | None) -> dict:
 
 # What an external engine fixes when it starts (its KV cache, attention and drafter): the page disables them.
 SERVER_SET_CONTROLS = ("f-num_kv_heads", "f-method", "f-num_speculative_tokens", "f-num_speculative_tokens_schedule",
-                       "f-prompt_lookup_min", "f-prompt_lookup_max", "f-kv_cache", "f-kv_cache_dtype", "f-block_size",
+                       "f-draft_confidence_threshold", "f-prompt_lookup_min", "f-prompt_lookup_max", "f-kv_cache", "f-kv_cache_dtype", "f-block_size",
                        "f-enable_prefix_caching")
 
 
