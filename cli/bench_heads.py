@@ -7,9 +7,10 @@ median over repeats of plain over method summed over the prompts: of the decode 
 after the first, what speculation changes and what the targets are about), and of the whole generation,
 wall-clock from the session's creation to its last event (what `generate`'s tokens/s shows; the prompt's
 prefill, the same for every method, dilutes it). Beside them, the prediction for the decode phase from the same
-runs' measured figures: mean acceptance length L (tokens per target
-call), c (drafting time per draft token / the plain runs' mean one-token forward) and the verify ratio
-t(γ+1)/t(1) (in-run means): L / (γ c + t(γ+1)/t(1)). And the same acceptance projected on an H100 with the
+runs' measured figures: mean acceptance length L (tokens per target call), c (drafting time per draft forward /
+the plain runs' mean one-token forward), k the draft forwards per round (γ; fewer where a confidence threshold
+stopped the drafter early) and the verify ratio v (the in-run mean of the verification forwards, γ + 1 rows or
+fewer, over the one-token forward): L / (k c + v). And the same acceptance projected on an H100 with the
 Cost model's roofline (engine/theory.py). Prompts: held-out questions (subjects the heads never saw in
 training) and summaries of paragraphs written here.
 """
@@ -43,6 +44,7 @@ PARAGRAPHS = [
     "journey is dangerous, and storms, hunting and the loss of stopover habitats kill many birds on the way.",
 ]
 SUMMARIES = [summary_prompt(p) for p in PARAGRAPHS]
+CONFIDENCE = 0.4      # draft_confidence_threshold of the rows that stop drafting early (held-out sweep: docs)
 
 
 def configs(quick: bool) -> list[tuple[str, dict]]:
@@ -51,7 +53,11 @@ def configs(quick: bool) -> list[tuple[str, dict]]:
                 ("medusa γ=3", {"method": "medusa", "num_speculative_tokens": 3})]
     return ([("ngram γ=3", {"method": "ngram", "num_speculative_tokens": 3})]
             + [(f"eagle γ={k}", {"method": "eagle", "num_speculative_tokens": k}) for k in (1, 2, 3, 4)]
-            + [(f"medusa γ={k}", {"method": "medusa", "num_speculative_tokens": k}) for k in (1, 2, 3)])
+            + [(f"eagle γ≤{k}, q≥{CONFIDENCE}", {"method": "eagle", "num_speculative_tokens": k,
+                                                 "draft_confidence_threshold": CONFIDENCE}) for k in (3, 5)]
+            + [(f"medusa γ={k}", {"method": "medusa", "num_speculative_tokens": k}) for k in (1, 2, 3)]
+            + [(f"medusa γ≤3, q≥{CONFIDENCE}", {"method": "medusa", "num_speculative_tokens": 3,
+                                                "draft_confidence_threshold": CONFIDENCE})])
 
 
 def generate(engine, prompt, max_tokens, **settings) -> tuple[float, dict, dict]:
@@ -66,8 +72,9 @@ def generate(engine, prompt, max_tokens, **settings) -> tuple[float, dict, dict]
     return wall, events[-1].summary, dict(session.stats.target_ms_by_tokens)
 
 
-def mean_ms(runs, n):
-    v = [ms for r in runs for ms in r[2].get(n, [])]
+def mean_ms(runs, n, upto=None):
+    """Mean forward ms over `runs` of the target's forwards over n rows (n to `upto` rows)."""
+    v = [ms for r in runs for rows in range(n, (upto or n) + 1) for ms in r[2].get(rows, [])]
     return sum(v) / len(v) if v else None
 
 
@@ -93,15 +100,19 @@ def measure(engine, prompts, max_tokens, repeats, cfgs) -> dict:
         calls = sum(x[1]["draft_forward_calls"] for x in last)
         c = [sum(x[1]["draft_time_s"] for x in r) * 1e3 / max(1, sum(x[1]["draft_forward_calls"] for x in r))
              / mean_ms(b, 1) for r, b in zip(spec[name], plain)]
-        v = [(mean_ms(r, k + 1) or mean_ms(r, 1)) / mean_ms(b, 1) for r, b in zip(spec[name], plain)]
+        # a round verifies its drafts + 1 rows: γ + 1, fewer near the end or when the drafter stopped early
+        v = [(mean_ms(r, 2, k + 1) or mean_ms(r, 1)) / mean_ms(b, 1) for r, b in zip(spec[name], plain)]
         mal = 1 + accepted / drafts if drafts else 1.0
         c_med, v_med = statistics.median(c), statistics.median(v)
+        calls_per_round = calls / drafts if drafts else 0.0
         ratios = [sum(x[0] for x in b) / sum(x[0] for x in r) for r, b in zip(spec[name], plain)]
         decode = [sum(x[1]["tpot_s"] for x in b) / sum(x[1]["tpot_s"] for x in r) for r, b in zip(spec[name], plain)]
         rows.append({"config": name, "method": s["method"], "gamma": k, "mean_acceptance_length": mal,
                      "acceptance_per_position": per_pos, "alpha": accepted / (accepted + rejected) if accepted + rejected else 0,
                      "c": c_med if calls else 0.0, "verify_ratio": v_med,
-                     "predicted": mal / (k * (c_med if calls else 0.0) + v_med), "measured": statistics.median(decode),
+                     "confidence": s.get("draft_confidence_threshold", 0.0), "draft_calls_per_round": calls_per_round,
+                     "predicted": mal / (calls_per_round * (c_med if calls else 0.0) + v_med),
+                     "measured": statistics.median(decode),
                      "measured_wall": statistics.median(ratios),
                      "identical": [x[1]["text"] for x in last] == [x[1]["text"] for x in plain[-1]]})
     return {"t1_ms": t1, "rows": rows, "plain_ids": [t["id"] for x in plain[-1] for t in x[1]["tokens"]]}
@@ -142,13 +153,14 @@ def run(args) -> int:
 
 def markdown_set(label, r) -> str:
     lines = [f"**{label}** (plain decoding: {r['t1_ms']:.1f} ms per one-token forward in these runs)", "",
-             "| config | mean acceptance length | acceptance per position | α | c | t(γ+1)/t(1) | predicted | measured, "
-             "decode | measured, whole generation | H100 projection | identical output |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| config | mean acceptance length | acceptance per position | α | draft forwards per round | c | "
+             "t(verify)/t(1) | predicted | measured, decode | measured, whole generation | H100 projection | identical output |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in r["rows"]:
         h = f"{x['h100_projected']:.2f}x" if x.get("h100_projected") else "–"
         lines.append(f"| {x['config']} | {x['mean_acceptance_length']:.2f} | "
-                     f"{' / '.join(f'{a:.2f}' for a in x['acceptance_per_position'])} | {x['alpha']:.2f} | {x['c']:.3f} | "
+                     f"{' / '.join(f'{a:.2f}' for a in x['acceptance_per_position'])} | {x['alpha']:.2f} | "
+                     f"{x['draft_calls_per_round']:.2f} | {x['c']:.3f} | "
                      f"{x['verify_ratio']:.2f} | {x['predicted']:.2f}x | {x['measured']:.2f}x | {x['measured_wall']:.2f}x | {h} | "
                      f"{'yes' if x['identical'] else 'NO'} |")
     return "\n".join(lines)
@@ -175,7 +187,7 @@ def targets_lines(sets: dict) -> list[str]:
         return max(rows, key=lambda x: x["measured"] if x["identical"] else 0.0, default=None)
     eagle, summary, medusa = best("open questions", "eagle"), best("summaries", "eagle"), best("open questions", "medusa")
     eagle3 = next((x for x in sets.get("open questions", {}).get("rows", [])
-                   if x["method"] == "eagle" and x["gamma"] == 3), None)
+                   if x["method"] == "eagle" and x["gamma"] == 3 and not x.get("confidence")), None)
     every = [x for r in sets.values() for x in r["rows"]]
     error = max((abs(x["measured"] / x["predicted"] - 1) for x in every if x["predicted"]), default=None)
     checks = [("EAGLE at its best γ, open questions, identical output (decode)", eagle, "measured", ">=", 1.5),
@@ -269,7 +281,9 @@ def write_card(folder: Path, bench: dict) -> None:
               f"From `decoding-playground bench heads`, {bench['date']} (docs/benchmarks.md has the full tables):", ""]
     for label, r in bench["sets"].items():
         lines += [markdown_set(label, r), ""]
-    lines += ["c: drafting time per draft token over the plain runs' one-token forward, in the same runs.",
+    lines += ["c: drafting time per draft forward over the plain runs' one-token forward, in the same runs. "
+              "γ≤k, q≥τ: a round drafts at most k tokens and stops at the first one the head gives less than τ "
+              "(the setting `draft_confidence_threshold`).",
               "", f"Reproduce: `decoding-playground train-heads {NAME} data --held-out`, `... data --prompts N` "
               "(N open prompts of a fixed shuffle, summaries and rewrites after every 256; resumable), then "
               f"`... train --config '{json.dumps({k: v for k, v in cfg.items() if k != 'init_from'})}'` (warm start: "

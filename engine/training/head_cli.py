@@ -64,6 +64,19 @@ def _trainer(args, log):
                        folder / "state", log=log)
 
 
+def warm_start(init_from: str | None, previous: Path) -> dict | None:
+    """What the training state was warm-started from: the exported heads' training.json in `init_from`, or, once
+    that folder is gone, what the previous export from the same state (`previous`) recorded of it."""
+    if not init_from:
+        return None
+    start = Path(init_from) / "training.json"
+    if start.is_file():
+        warm = json.loads(start.read_text())
+        return {"steps": warm["steps"], "train_s": warm["train_s"], "answer_tokens": warm["data"]["answer_tokens"]}
+    before = json.loads(previous.read_text()) if previous.is_file() else {}
+    return before.get("warm_start") if before.get("config", {}).get("init_from") == init_from else None
+
+
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
 
@@ -96,12 +109,10 @@ def run(args: argparse.Namespace) -> int:
         from ..heads import HEADS_DIR
         trainer = _trainer(args, log)
         out = Path(args.out or HEADS_DIR / args.target)
-        start = Path(trainer.trained_with.get("init_from") or "/nonexistent") / "training.json"
-        warm = json.loads(start.read_text()) if start.is_file() else None       # read before it is overwritten
+        warm = warm_start(trainer.trained_with.get("init_from"), out / "training.json")   # before it is overwritten
         info = trainer.export(out, args.vocab_subset)
         if warm:
-            info["warm_start"] = {"steps": warm["steps"], "train_s": warm["train_s"],
-                                  "answer_tokens": warm["data"]["answer_tokens"]}
+            info["warm_start"] = warm
         if trainer.held_out:
             trainer.load_exported(out)                    # the float16 files as shipped
             info["held_out"] = {"conversations": len(trainer.held_out), **trainer.evaluate(trainer.held_out, 5)}

@@ -28,3 +28,21 @@ def test_a_run_starts_each_chain_where_the_last_one_stopped():
     # γ = 2: t = 0 (right, wrong: 2 tokens), t = 2 (wrong: 1), then no room for two drafts: 3 in 2
     assert out["run_acceptance_length"] == {1: round(5 / 3, 3), 2: 1.5}
     assert out["mean_acceptance_length"][2] == 2.0                # every start: the easy t = 1 counts too
+
+
+def test_an_export_keeps_the_warm_start_record_when_the_heads_it_started_from_are_gone(tmp_path):
+    import json
+
+    from engine.training.head_cli import warm_start
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / "training.json").write_text(json.dumps({"steps": 730, "train_s": 3600.0,
+                                                     "data": {"answer_tokens": 49743}}))
+    record = {"steps": 730, "train_s": 3600.0, "answer_tokens": 49743}
+    assert warm_start(str(first), tmp_path / "none.json") == record
+    previous = tmp_path / "previous.json"
+    previous.write_text(json.dumps({"config": {"init_from": str(first)}, "warm_start": record}))
+    (first / "training.json").unlink()
+    assert warm_start(str(first), previous) == record                   # the same state exported before
+    assert warm_start(str(tmp_path / "other"), previous) is None        # another state's record is not taken
+    assert warm_start(None, previous) is None
