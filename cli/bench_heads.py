@@ -10,7 +10,8 @@ prefill, the same for every method, dilutes it). Beside them, the prediction for
 runs' measured figures: mean acceptance length L (tokens per target call), c (drafting time per draft forward /
 the plain runs' mean one-token forward), k the draft forwards per round (γ; fewer where a confidence threshold
 stopped the drafter early) and the verify ratio v (the in-run mean of the verification forwards, γ + 1 rows or
-fewer, over the one-token forward): L / (k c + v). And the same acceptance projected on an H100 with the
+fewer, over the one-token forward): L / (k c + v) per round, mixed with the decode steps that had nothing to
+verify (n-gram lookup finding no match: one token for one forward). And the same acceptance projected on an H100 with the
 Cost model's roofline (engine/theory.py). Prompts: held-out questions (subjects the heads never saw in
 training) and summaries of paragraphs written here.
 """
@@ -44,7 +45,7 @@ PARAGRAPHS = [
     "journey is dangerous, and storms, hunting and the loss of stopover habitats kill many birds on the way.",
 ]
 SUMMARIES = [summary_prompt(p) for p in PARAGRAPHS]
-CONFIDENCE = 0.4      # draft_confidence_threshold of the rows that stop drafting early (held-out sweep: docs)
+CONFIDENCE = 0.5      # draft_confidence_threshold of the rows that stop drafting early (chosen by a held-out sweep: docs)
 
 
 def configs(quick: bool) -> list[tuple[str, dict]]:
@@ -105,13 +106,15 @@ def measure(engine, prompts, max_tokens, repeats, cfgs) -> dict:
         mal = 1 + accepted / drafts if drafts else 1.0
         c_med, v_med = statistics.median(c), statistics.median(v)
         calls_per_round = calls / drafts if drafts else 0.0
+        plain_steps = sum(len(x[2].get(1, [])) for x in last)      # decode steps with nothing proposed (n-gram)
         ratios = [sum(x[0] for x in b) / sum(x[0] for x in r) for r, b in zip(spec[name], plain)]
         decode = [sum(x[1]["tpot_s"] for x in b) / sum(x[1]["tpot_s"] for x in r) for r, b in zip(spec[name], plain)]
         rows.append({"config": name, "method": s["method"], "gamma": k, "mean_acceptance_length": mal,
                      "acceptance_per_position": per_pos, "alpha": accepted / (accepted + rejected) if accepted + rejected else 0,
                      "c": c_med if calls else 0.0, "verify_ratio": v_med,
                      "confidence": s.get("draft_confidence_threshold", 0.0), "draft_calls_per_round": calls_per_round,
-                     "predicted": mal / (calls_per_round * (c_med if calls else 0.0) + v_med),
+                     "predicted": (drafts * mal + plain_steps)
+                     / (drafts * (calls_per_round * (c_med if calls else 0.0) + v_med) + plain_steps),
                      "measured": statistics.median(decode),
                      "measured_wall": statistics.median(ratios),
                      "identical": [x[1]["text"] for x in last] == [x[1]["text"] for x in plain[-1]]})

@@ -120,7 +120,8 @@ def defaults() -> dict[str, str]:
 
 
 # The demo the page opens on when SmolLM2 and its EAGLE head are there: a real model, drafting with EAGLE.
-SMOLLM2_DEMO = {"model": "smollm2-135m", "chat": "true", "method": "eagle", "num_speculative_tokens": "3",
+SMOLLM2_DEMO = {"model": "smollm2-135m", "chat": "true", "method": "eagle", "num_speculative_tokens": "5",
+                "draft_confidence_threshold": "0.5",
                 "prompt": "Explain how a rainbow forms, in a short paragraph."}
 
 
