@@ -11,8 +11,8 @@ runs' measured figures: mean acceptance length L (tokens per target call), c (dr
 the plain runs' mean one-token forward), k the draft forwards per round (γ; fewer where a confidence threshold
 stopped the drafter early) and the verify ratio v (the in-run mean of the verification forwards, γ + 1 rows or
 fewer, over the one-token forward): L / (k c + v) per round, mixed with the decode steps that had nothing to
-verify (n-gram lookup finding no match: one token for one forward). And the same acceptance projected on an H100 with the
-Cost model's roofline (engine/theory.py). Prompts: held-out questions (subjects the heads never saw in
+verify (n-gram lookup finding no match: one token for one forward). And the same acceptance projected on an
+H100 with the Cost model's roofline (engine/theory.py). Prompts: held-out questions (subjects the heads never saw in
 training) and summaries of paragraphs written here.
 """
 from __future__ import annotations

@@ -139,8 +139,9 @@ class InferenceEngine:
         for lm in (target, draft):
             if lm is not None:
                 self.prepare_pool(lm, s.kv_cache_dtype, s.block_size)
-        if s.method == "eagle" and "eagle" in self.registry.heads_for(target):    # else refused by the session
-            self.prepare_pool(self.registry.heads_for(target)["eagle"], "auto", 16)
+        heads = self.registry.heads_for(target) if s.method == "eagle" else {}
+        if "eagle" in heads:                                    # else the session refuses the method
+            self.prepare_pool(heads["eagle"], "auto", 16)
 
     def warm_up(self, target: LoadedModel, stopped: Callable[[], bool] = lambda: False) -> None:
         """Ahead of the first request, from any thread: what a first generation on `target` would otherwise pay
@@ -148,7 +149,7 @@ class InferenceEngine:
         EAGLE drafting (the page's SmolLM2 demo); `stopped()` is asked between them."""
         target = self.registry.get(target.name)
         for s in (GenerationSettings(), GenerationSettings(method="eagle")):
-            if stopped() or (s.method == "eagle" and "eagle" not in self.registry.heads_for(target)):
+            if stopped():
                 return
             self.prepare_pools_for(target, s)
 
