@@ -77,7 +77,7 @@ class Playground:
         return cls(config, InferenceEngine(registry, max_sessions=config.max_sessions))
 
     def loading(self) -> list[str]:
-        """Models whose weights are still being loaded in the background (fetched models)."""
+        """Fetched models still being made ready in the background (weights, heads, KV pools: `_warm_up`)."""
         return sorted(self._loading)
 
     def _warm_up(self) -> None:

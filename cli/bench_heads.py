@@ -45,7 +45,7 @@ PARAGRAPHS = [
     "journey is dangerous, and storms, hunting and the loss of stopover habitats kill many birds on the way.",
 ]
 SUMMARIES = [summary_prompt(p) for p in PARAGRAPHS]
-CONFIDENCE = 0.5      # draft_confidence_threshold of the rows that stop drafting early (chosen by a held-out sweep: docs)
+CONFIDENCE = 0.5      # draft_confidence_threshold of the rows that stop early (a held-out sweep chose it: docs)
 
 
 def configs(quick: bool) -> list[tuple[str, dict]]:

@@ -127,8 +127,8 @@ class InferenceEngine:
             with self.lock:
                 self.managers.setdefault(key, mgr)
 
-    def prepare_pools_for(self, target: LoadedModel, s) -> None:
-        """Make every pool a generation on `target` with settings `s` (GenerationSettings) uses, from any thread:
+    def prepare_pools_for(self, target: LoadedModel, s: GenerationSettings) -> None:
+        """Make every pool a generation on `target` with settings `s` uses, from any thread:
         a session's constructor and each settings change, and a server's start-up for its targets' defaults
         (vLLM allocates its KV cache at start-up too), so that no first request pays for writing a pool."""
         if not s.kv_cache:

@@ -20,8 +20,8 @@ from engine.theory import worked_table
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
-                 "num_speculative_tokens_schedule", "draft_confidence_threshold", "prompt_lookup_min", "prompt_lookup_max", "kv_cache",
-                 "kv_cache_dtype", "num_kv_heads", "block_size", "enable_prefix_caching"]
+                 "num_speculative_tokens_schedule", "draft_confidence_threshold", "prompt_lookup_min",
+                 "prompt_lookup_max", "kv_cache", "kv_cache_dtype", "num_kv_heads", "block_size", "enable_prefix_caching"]
 BOOL_SETTINGS = {"kv_cache", "enable_prefix_caching", "chat"}
 SPEEDS = [("0.5", "½ round/s"), ("1", "1 round/s"), ("2", "2 rounds/s"), ("5", "5 rounds/s"),
           ("10", "10 rounds/s"), ("25", "25 rounds/s"), ("max", "full speed")]
@@ -298,8 +298,8 @@ def model_options(registry, name: str | None) -> dict:
 
 # What an external engine fixes when it starts (its KV cache, attention and drafter): the page disables them.
 SERVER_SET_CONTROLS = ("f-num_kv_heads", "f-method", "f-num_speculative_tokens", "f-num_speculative_tokens_schedule",
-                       "f-draft_confidence_threshold", "f-prompt_lookup_min", "f-prompt_lookup_max", "f-kv_cache", "f-kv_cache_dtype", "f-block_size",
-                       "f-enable_prefix_caching")
+                       "f-draft_confidence_threshold", "f-prompt_lookup_min", "f-prompt_lookup_max", "f-kv_cache",
+                       "f-kv_cache_dtype", "f-block_size", "f-enable_prefix_caching")
 
 
 def server_set(model: str | None, external) -> dict:

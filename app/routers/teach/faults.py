@@ -44,7 +44,8 @@ async def faults(request: Request, playground: PlaygroundDep) -> HTMLResponse:
         if fault not in FAULTS or fault == "none":
             raise SettingsError("fault", f"one of {', '.join(FAULT_TEXT)}")
         r = await run_job(playground, fault_comparison_steps(playground.engine, prompt, settings, fault), RUNS)
-        emitted = {role: [t for t in r[role]["tokens"] if t["status"] != "rejected"] for role in ("reference", "faulty")}
+        emitted = {role: [t for t in r[role]["tokens"] if t["status"] != "rejected"]
+                   for role in ("reference", "faulty")}
         return fragment(request, "faults", r=r, text=FAULT_TEXT[fault], emitted=emitted, prompt=prompt)
 
     return await teaching_run(request, playground, FAULT_MAX_TOKENS, run)
