@@ -138,7 +138,8 @@ def run(args) -> int:
         cs = cfgs if label == "open questions" else [c for c in cfgs if c[1]["method"] == "eagle"]
         r = measure(engine, prompts, args.max_tokens, args.repeats, cs)
         for row in r["rows"]:
-            row["h100_projected"] = h100_speedup(engine, lm, row["method"], row["alpha"], row["gamma"], context=256)
+            row["h100_projected"] = h100_speedup(engine, lm, row["method"], row["mean_acceptance_length"],
+                                                  row["draft_calls_per_round"], context=256)
         out["sets"][label] = r
         print(markdown_set(label, r), flush=True)
     held_out = np.array([i for r in out["sets"].values() for i in r.pop("plain_ids")])

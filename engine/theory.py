@@ -59,18 +59,26 @@ def roofline_step_seconds(acc: Accelerator, weight_bytes: float, kv_bytes_read: 
     return max(moved / acc.memory_bandwidth, batch * tokens * flops_per_token / acc.peak_flops)
 
 
-def projected_speedup(acc: Accelerator, alpha: float, gamma: int, target_params: float, draft_params: float,
-                      kv_bytes_per_token: float, draft_kv_bytes_per_token: float, context: int,
-                      bytes_per_param: float = 2.0, batch: int = 1) -> dict:
-    """Speculative speed-up on a roofline model of `acc` (2 FLOPs per parameter per token)."""
+def projected_costs(acc: Accelerator, gamma: int, target_params: float, draft_params: float,
+                    kv_bytes_per_token: float, draft_kv_bytes_per_token: float, context: int,
+                    bytes_per_param: float = 2.0, batch: int = 1) -> dict:
+    """One target step, c and t(gamma+1)/t(1) on a roofline model of `acc` (2 FLOPs per parameter per token)."""
     t1 = roofline_step_seconds(acc, target_params * bytes_per_param, kv_bytes_per_token * context,
                                2 * target_params, 1, batch)
     tv = roofline_step_seconds(acc, target_params * bytes_per_param, kv_bytes_per_token * context,
                                2 * target_params, gamma + 1, batch)
     td = roofline_step_seconds(acc, draft_params * bytes_per_param, draft_kv_bytes_per_token * context,
                                2 * draft_params, 1, batch)
-    return {"accelerator": acc.name, "batch": batch, "target_step_ms": t1 * 1e3, "verify_ratio": tv / t1,
-            "c": td / t1, "speedup": speedup_from_curve(alpha, gamma, td / t1, tv / t1)}
+    return {"accelerator": acc.name, "batch": batch, "target_step_ms": t1 * 1e3, "verify_ratio": tv / t1, "c": td / t1}
+
+
+def projected_speedup(acc: Accelerator, alpha: float, gamma: int, target_params: float, draft_params: float,
+                      kv_bytes_per_token: float, draft_kv_bytes_per_token: float, context: int,
+                      bytes_per_param: float = 2.0, batch: int = 1) -> dict:
+    """Speculative speed-up on a roofline model of `acc` at acceptance rate alpha."""
+    p = projected_costs(acc, gamma, target_params, draft_params, kv_bytes_per_token, draft_kv_bytes_per_token,
+                        context, bytes_per_param, batch)
+    return {**p, "speedup": speedup_from_curve(alpha, gamma, p["c"], p["verify_ratio"])}
 
 
 def projected_verify_curve(acc: Accelerator, params: float, kv_bytes_per_token: float, context: int, ns,

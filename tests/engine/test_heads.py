@@ -9,6 +9,7 @@ from engine.heads import EagleHead, FeatureLog, MedusaHead, draft_from
 from engine.model import forward
 from engine.sampling import probs_from_logits
 from engine.session import GenerationSession
+from engine.shootout import h100_speedup, shootout
 from engine.settings import SettingsError
 from engine.speculative import first_token_distribution
 from engine.training import heads as head_math
@@ -276,3 +277,18 @@ def test_training_unrolled_chain_drafts_what_the_engine_drafts(family):
         elif e.type == "token" and e.status != "rejected":
             committed += 1
     assert rounds >= 5
+
+
+def test_the_shootout_predicts_and_projects_from_the_drafts_a_threshold_let_through(engine):
+    """With threshold 1 every round drafts one token, whatever γ: the prediction L / (k c + v) and the H100
+    projection count that one draft forward per round (k = 1), not γ."""
+    out = shootout(engine, PROMPTS[0], {"model": "t-mha", "num_speculative_tokens": 3, "max_tokens": 40,
+                                        "draft_confidence_threshold": 1.0})
+    lm = engine.registry.get("t-mha")
+    for row in out["rows"]:
+        if row["method"] in ("eagle", "medusa"):
+            assert row["identical"], row["method"]
+            L = row["mean_acceptance_length"]
+            assert row["predicted"] == pytest.approx(L / (row["c"] + row["verify_ratio"]))
+            assert row["h100"] == pytest.approx(h100_speedup(engine, lm, row["method"], L, 1.0, 40 + 64), rel=0.05)
+            assert row["h100"] > h100_speedup(engine, lm, row["method"], L, 3.0, 40 + 64) or row["method"] == "medusa"
