@@ -2,8 +2,9 @@
 propose draft tokens, behind the proposer interface of engine/proposers.py.
 
 Both end in the target's own LM head restricted to a frequent-token subset S of the vocabulary
-(FR-Spec, Zhao et al. 2025), so a draft step does not pay for the whole vocabulary. Their q is zero
-outside S; verification (engine/speculative.py) stays exact, the residual covers those tokens.
+(FR-Spec, Zhao et al. 2025), so a draft step does not pay for the whole vocabulary, plus the rows of the
+tokens the session's context holds outside S (`ContextVocabulary`). Their q is zero outside those;
+verification (engine/speculative.py) stays exact, the residual covers the other tokens.
 
 - EAGLE-1 (Li et al. 2024): z = [f_t, emb(x_{t+1})] W_fc -> one Llama decoder layer with its own paged
   KV cache -> h; h's norm is the predicted next feature and (norm h) @ LM head[S] the next token. It
@@ -82,6 +83,42 @@ class FeatureLog:
 shared_rows: dict = {}    # (KV cache manager, block hash) -> the target's hidden states of that block [block_size, C]
 
 
+class ContextVocabulary:
+    """A head's draft vocabulary in one session: its subset S, then every token of the context outside S.
+
+    S holds the training answers' most frequent tokens; an answer also repeats rare tokens of its own context
+    (a subject's name, the words of a text it summarises), which S misses and a draft could never propose.
+    Their rows of the same frozen LM head cost little: at most one per context token."""
+
+    def __init__(self, head):
+        self.ids = head.subset                                 # [Vs + n]: the draft vocabulary's token ids
+        self.rows = np.zeros((0, head.lm_rows.shape[1]), np.float32)   # [n, C]: the LM head's rows of the extra ones
+        self.lm_rows, self.known, self.seen = head.lm_rows, set(head.subset.tolist()), 0
+
+    def update(self, tokens) -> None:
+        """Add the context's tokens outside the vocabulary (`tokens`: the session's, prompt and output)."""
+        new = [x for x in dict.fromkeys(tokens[min(self.seen, len(tokens)):]) if x not in self.known]
+        self.seen = len(tokens)
+        if new:
+            self.known.update(new)
+            self.ids = np.concatenate([self.ids, np.asarray(new, np.int64)])
+            self.rows = np.concatenate([self.rows, self.lm_rows[new]])
+
+    def logits(self, subset_logits, z):  # [.., Vs], the LM head's input [.., C] -> [.., Vs + n]
+        return np.concatenate([subset_logits, z @ self.rows.T], axis=-1) if len(self.rows) else subset_logits
+
+
+class LMRows:
+    """Rows of the target's LM head with its final norm's weight folded in, g * E[x]: [n, C] for token ids x."""
+
+    def __init__(self, target_weights: dict):
+        self.head, self.norm = target_weights["head"], target_weights["norm"]
+        self.shape = self.head.shape
+
+    def __getitem__(self, ids):
+        return (self.head[np.asarray(ids)] * self.norm).astype(np.float32)
+
+
 class EagleHead:
     """EAGLE-1 weights for one target: a one-layer `Model` over the subset vocabulary (its LM head is the
     target's final norm times the subset's rows of the output embedding) plus the fusing matrix.
@@ -107,6 +144,8 @@ class EagleHead:
             use_layout(self.model, layout)
             self.w_fc = LAYOUTS[layout](self.w_fc)
         self.target_embed = np.ascontiguousarray(target_weights["embed"], np.float32)   # [V, C]
+        self.sqrt_c = np.float32(math.sqrt(c))
+        self.lm_rows = LMRows(target_weights)
         self.vocab_size = target_cfg.vocab_size
         self.num_parameters = int(sum(v.size for k, v in head_weights.items() if k != "vocab_subset"))
 
@@ -133,25 +172,27 @@ class MedusaHead:
             self.w, self.lm_head = LAYOUTS[layout](self.w), LAYOUTS[layout](self.lm_head)
             self.vec_dot, self.dot = weight_vec, weight_rows
         self.sqrt_c = np.float32(math.sqrt(c))
+        self.lm_rows = LMRows(target_weights)
         self.vocab_size = target_cfg.vocab_size
         self.num_parameters = int(sum(w.size for w in ws))
 
-    def logits(self, feat):  # [C] (x / |x|) -> [K, Vs]
+    def logits(self, feat, vocab: ContextVocabulary | None = None):  # [C] (x / |x|) -> [K, Vs (+ n)]
         a = self.vec_dot(feat, self.w)                                             # f W_i for all i: [K C]
         r = feat * self.sqrt_c + (a / (1.0 + np.exp(-a))).reshape(self.num_heads, -1)   # f + SiLU(f W_i): [K, C]
-        return self.dot(r, self.lm_head)
+        out = self.dot(r, self.lm_head)
+        return vocab.logits(out, r) if vocab is not None else out
 
 
-def full_vocab(row, subset, vocab_size):  # [Vs] -> [V] with -inf outside the subset
+def full_vocab(row, ids, vocab_size):  # [n] logits of tokens `ids` -> [V] with -inf elsewhere
     out = np.full(vocab_size, -np.inf, np.float32)
-    out[subset] = row
+    out[ids] = row
     return out
 
 
-def draft_from(logits_sub, head, temperature, top_p, rng):  # -> (token, q [V] or None, display logits [V])
-    full = full_vocab(logits_sub, head.subset, head.vocab_size)
+def draft_from(logits, ids, vocab_size, temperature, top_p, rng):  # -> (token, q [V] or None, display logits [V])
+    full = full_vocab(logits, ids, vocab_size)
     if temperature == 0:
-        return int(head.subset[int(np.argmax(logits_sub))]), None, full
+        return int(ids[int(np.argmax(logits))]), None, full
     q = probs_from_logits(full, temperature, top_p)
     return sample(q, rng), q, full
 
@@ -162,6 +203,7 @@ class EagleProposer:
 
     def __init__(self, head: EagleHead, runner: PagedRunner, features: FeatureLog):
         self.head, self.runner, self.features = head, runner, features
+        self.vocab = ContextVocabulary(head)
         self.start = None        # the position of the head's first cache entry
         self.real = 0            # entries made from the target's own features (kept after verification)
         self.display_q = None
@@ -177,9 +219,12 @@ class EagleProposer:
         logits = (yield ForwardRequest(runner, new, last_only=True,
                                        inputs_embeds=head.inputs(feats.rows[first:last + 1], new)))[-1]
         self.real = last + 1 - self.start
+        vocab = self.vocab
+        vocab.update(tokens)
         drafts, qs, shown = [], [], []
         for i in range(k):
-            x, q, full = draft_from(logits, head, temperature, top_p, rng)
+            logits = vocab.logits(logits, runner.hidden[-1] * head.sqrt_c)       # the LM head's input: rms-normed
+            x, q, full = draft_from(logits, vocab.ids, head.vocab_size, temperature, top_p, rng)
             drafts.append(x)
             shown.append(full)
             if q is not None:
@@ -206,15 +251,17 @@ class MedusaProposer:
 
     def __init__(self, head: MedusaHead, features: FeatureLog):
         self.head, self.features = head, features
+        self.vocab = ContextVocabulary(head)
         self.display_q = None
         self.forward_calls, self.forward_s = 0, 0.0
 
     def propose(self, tokens, k, temperature, top_p, rng, min_confidence: float = 0.0):  # generator -> (drafts, q)
         k = min(k, self.head.num_heads)
-        rows = self.head.logits(self.features.rows[len(tokens) - 2])[:k]          # [k, Vs]
+        self.vocab.update(tokens)
+        rows = self.head.logits(self.features.rows[len(tokens) - 2], self.vocab)[:k]    # [k, Vs + n]
         drafts, qs, shown = [], [], []
         for row in rows:
-            x, q, full = draft_from(row, self.head, temperature, top_p, rng)
+            x, q, full = draft_from(row, self.vocab.ids, self.head.vocab_size, temperature, top_p, rng)
             drafts.append(x)
             shown.append(full)
             if q is not None:

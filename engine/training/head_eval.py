@@ -4,8 +4,9 @@ The target's greedy answers are the data, so a draft is accepted exactly when it
 the answer. For EAGLE the chains are unrolled as drafting runs them (heads.eagle_unroll: step s at
 position i is the (s+1)-th draft of the chain started from the real feature at i - s); for Medusa head i
 proposes token t+1+i from f_t. A chain started at t accepts its k-th draft when drafts 1..k are all right;
-every answer position with γ tokens after it starts one chain. Drafts are the argmax over the vocabulary
-subset, so a token outside it is a rejection, as in the engine. `run_acceptance_length` walks each answer as a
+every answer position with γ tokens after it starts one chain. Drafts are the argmax over the draft
+vocabulary the engine's proposers use (engine.heads.ContextVocabulary): the subset and the tokens of the
+conversation up to the chain's start; another token is a rejection, as in the engine. `run_acceptance_length` walks each answer as a
 run does instead: a chain starts where the last one stopped, so hard spots start more chains than at every
 position. This is not `bench heads` (whose figures are timed on a few prompts); it is quick and measures the
 heads alone.
@@ -51,30 +52,49 @@ def _per_conversation(convs, scale):
         yield c, f, valid
 
 
-def eagle_acceptance(params, cfg, convs, subset, head_w, embed, gamma: int, scale) -> dict:
-    """-> {per_position: [gamma], mean_acceptance_length: {γ: L for γ = 1..gamma}, chains}."""
+def _draft_vocabulary(ids, subset, lm_rows):
+    """A conversation's draft vocabulary: U = S ∪ its tokens [u], their LM head rows [u, C], and the position
+    from which each is in it [u] (-1: S's, always; else its first position in the conversation)."""
+    vocab = np.union1d(subset, ids)
+    first_at = {}
+    for i, x in enumerate(ids.tolist()):
+        first_at.setdefault(x, i)
+    since = np.array([-1 if s else first_at[u] for u, s in zip(vocab.tolist(), np.isin(vocab, subset))])
+    return vocab, lm_rows[vocab], since
+
+
+def _drafts(logits, vocab, since, start):  # [n, u], chain starts [n] -> the argmax token ids [n]
+    """A chain started at t drafts from S and the tokens up to x_{t+1} (the proposer's context then)."""
+    return vocab[np.argmax(np.where(since[None, :] <= start[:, None] + 1, logits, -np.inf), -1)]
+
+
+def eagle_acceptance(params, cfg, convs, subset, lm_rows, embed, gamma: int, scale) -> dict:
+    """lm_rows: the target's LM head rows by token id (engine.heads.LMRows) -> {per_position: [gamma],
+    mean_acceptance_length: {γ: L for γ = 1..gamma}, chains, run_acceptance_length}."""
     total = np.zeros(3 * gamma + 1)
     for c, f, valid in _per_conversation(convs, scale):
         n = len(valid)
+        vocab, rows, since = _draft_vocabulary(c.ids, subset, lm_rows)
         e = embed[c.ids[1:n + 1]][None]                                 # emb(x_{t+1}) [1, n, C]
         correct = np.zeros((gamma, n), bool)
         for s, (fh, _) in enumerate(heads.eagle_unroll(params, cfg, f[None, :n], e, gamma)):
-            correct[s] = subset[np.argmax(fh[0] @ head_w.T, -1)] == c.ids[2:n + 2]
+            correct[s] = _drafts(fh[0] @ rows.T, vocab, since, np.arange(n) - s) == c.ids[2:n + 2]
         total += _chain_acceptance(correct, valid, gamma)
     return _summary(total, gamma)
 
 
-def medusa_acceptance(params, convs, subset, head_w, gamma: int, scale) -> dict:
+def medusa_acceptance(params, convs, subset, lm_rows, gamma: int, scale) -> dict:
     total = np.zeros(3 * gamma + 1)
     for c, f, valid in _per_conversation(convs, scale):
         n = len(valid)
+        vocab, rows, since = _draft_vocabulary(c.ids, subset, lm_rows)
         correct = np.zeros((gamma, n), bool)
         for i in range(gamma):                                          # head i + 1 proposes x_{t+2+i}
             w = params[f"medusa.{i}.weight"]
             x = f[:n]
             a = x @ w.T
             r = x + a / (1 + np.exp(-a))
-            pred = subset[np.argmax(r @ head_w.T, -1)]                  # at t, for x_{t+2+i}
+            pred = _drafts(r @ rows.T, vocab, since, np.arange(n))      # at t, for x_{t+2+i}
             ok = np.zeros(n, bool)
             ok[:n - i] = pred[:n - i] == c.ids[2 + i:n + 2]
             correct[i, i:] = ok[:n - i]                                 # indexed like EAGLE: chain start t, row t + i

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from rejection_check import rejection_check
 
-from engine.heads import EagleHead, FeatureLog, MedusaHead, draft_from
+from engine.heads import ContextVocabulary, EagleHead, FeatureLog, MedusaHead, draft_from
 from engine.model import forward
 from engine.sampling import probs_from_logits
 from engine.session import GenerationSession
@@ -151,21 +151,68 @@ def test_a_model_without_heads_refuses_them_clearly(engine):
 
 
 def head_q_and_p(engine, temperature=1.0):
-    """The target's p and a head's q (zero outside its subset) for the same position of a real context."""
+    """The target's p and a head's q (zero outside its subset and the context's tokens) for the same position
+    of a real context -> (p, q, the draft vocabulary's ids)."""
     lm = engine.registry.get("t-mha")
     head = engine.registry.heads_for(lm)["medusa"]
     ids = np.array(lm.tokenizer.encode(PROMPTS[2]))
     logits, hidden = forward(lm.model, ids, 0, None, with_hidden=True)
     p = probs_from_logits(logits[-1].astype(np.float64), temperature, 1.0)
-    _, q, _ = draft_from(head.logits(hidden[-2])[0], head, temperature, 1.0, np.random.default_rng(0))
-    return p, q.astype(np.float64), head.subset
+    vocab = ContextVocabulary(head)
+    vocab.update(ids[:-1].tolist())
+    assert len(vocab.ids) > len(head.subset)
+    _, q, _ = draft_from(head.logits(hidden[-2], vocab)[0], vocab.ids, lm.cfg.vocab_size, temperature, 1.0,
+                         np.random.default_rng(0))
+    return p, q.astype(np.float64), vocab.ids
 
 
 def test_exact_distribution_with_a_subset_head_equals_p(engine):
-    p, q, subset = head_q_and_p(engine)
-    outside = np.setdiff1d(np.arange(len(p)), subset)
+    p, q, ids = head_q_and_p(engine)
+    outside = np.setdiff1d(np.arange(len(p)), ids)
     assert q[outside].max() == 0 and p[outside].sum() > 0.05           # the residual must cover these tokens
     assert np.abs(first_token_distribution(p, q) - p).max() <= 1e-12
+
+
+def test_the_context_vocabulary_gives_the_logits_a_subset_holding_its_tokens_gives(engine):
+    """The context's tokens outside S are drafted from the same LM head's rows: their logits equal those of a
+    head whose subset holds them (EAGLE: after its layer; Medusa: after each head), to float32 rounding."""
+    lm = engine.registry.get("t-mha")
+    eagle, medusa, subset, norm_w = random_head_weights(lm)
+    ids = lm.tokenizer.encode(PROMPTS[1])
+    target = {"embed": lm.model.embed, "head": lm.model.embed, "norm": norm_w}
+    both = np.union1d(subset, ids)
+    small = {"vocab_subset": subset}, {"vocab_subset": both}
+    vocab_e = ContextVocabulary(EagleHead(lm.name, lm.cfg, target, {**eagle, **small[0]}))
+    vocab_e.update(ids)
+    assert sorted(vocab_e.ids.tolist()) == both.tolist()
+    order = np.searchsorted(both, vocab_e.ids)                      # the larger head's column of each draft token
+    _, hidden = forward(lm.model, np.asarray(ids), 0, None, with_hidden=True)
+    for heads in ((EagleHead(lm.name, lm.cfg, target, {**eagle, **small[0]}),
+                   EagleHead(lm.name, lm.cfg, target, {**eagle, **small[1]})),):
+        x = heads[0].inputs(hidden[:-1], ids[1:])
+        a, h = forward(heads[0].model, np.asarray(ids[1:]), 0, None, with_hidden=True, inputs_embeds=x)
+        b = forward(heads[1].model, np.asarray(ids[1:]), 0, None, inputs_embeds=x)
+        np.testing.assert_allclose(vocab_e.logits(a, h * heads[0].sqrt_c), b[:, order], rtol=1e-4, atol=1e-4)
+    m_small = MedusaHead(lm.name, lm.cfg, target, {**medusa, **small[0]})
+    m_big = MedusaHead(lm.name, lm.cfg, target, {**medusa, **small[1]})
+    vocab_m = ContextVocabulary(m_small)
+    vocab_m.update(ids)
+    np.testing.assert_allclose(m_small.logits(hidden[-1], vocab_m), m_big.logits(hidden[-1])[:, order],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_heads_draft_the_contexts_tokens_outside_their_subset_and_keep_the_output(engine):
+    """A head's subset here holds none of the prompt's tokens; drafts still propose them (from the context
+    vocabulary), and greedy output equals plain greedy."""
+    _, plain = run(engine, method="none", max_tokens=40)
+    lm = engine.registry.get("t-mha")
+    prompt_ids = set(lm.tokenizer.encode(PROMPTS[0]))
+    for method, head in engine.registry.heads_for(lm).items():
+        events, summary = run(engine, method=method, num_speculative_tokens=3, max_tokens=40)
+        assert summary["text"] == plain["text"], method
+        drafted = {t["id"] for e in events if e.type == "draft" for t in e.tokens}
+        outside = drafted - set(head.subset.tolist())
+        assert outside and outside <= prompt_ids | {t["id"] for t in summary["tokens"]}, method
 
 
 def test_rejection_sampler_with_a_subset_head_200k_samples_matches_p(engine):
@@ -247,7 +294,8 @@ def test_a_chunked_prefill_gives_eagle_the_same_features_as_a_whole_one(family):
 def test_training_unrolled_chain_drafts_what_the_engine_drafts(family):
     """The training-time test (heads.eagle_unroll at depth 3, chain attention) computes the drafts the engine's
     EAGLE proposer makes: for every round, from the target's features up to the chain's start and the round's
-    own drafts as tokens, step s at position j + s gives draft s + 1 (all of them, accepted or not)."""
+    own drafts as tokens, step s at position j + s gives draft s + 1 (all of them, accepted or not), over the
+    round's draft vocabulary: the subset and the tokens committed so far."""
     eng = family()
     lm = eng.registry.get("t-mha")
     eagle, medusa, subset, norm_w = random_head_weights(lm, seed=3)
@@ -261,18 +309,19 @@ def test_training_unrolled_chain_drafts_what_the_engine_drafts(family):
     n_prompt = len(tokens) - len(emitted)
     _, hidden = forward(lm.model, np.asarray(tokens), 0, None, with_hidden=True)         # x / |x| at each position
     c = lm.cfg.hidden_size
-    head_w = lm.model.embed[subset] * norm_w
     committed, rounds = n_prompt, 0
     for e in events:
         if e.type == "draft":
             drafts = [t["id"] for t in e.tokens]
             seq = tokens[:committed] + drafts
+            vocab = np.union1d(subset, tokens[:committed])
+            head_w = lm.model.embed[vocab] * norm_w
             j, k = committed - 2, len(drafts)                            # the chain starts at the last real feature
             f = np.zeros((1, j + k, c), np.float32)
             f[0, :j + 1] = hidden[:j + 1] * np.sqrt(c)
             emb = lm.model.embed[np.asarray(seq[1:j + k + 1])][None]
             steps = [fh for fh, _ in head_math.eagle_unroll(eagle, head_math.eagle_config(lm.cfg, len(subset)), f, emb, k)]
-            assert [int(subset[np.argmax(steps[i][0, j + i] @ head_w.T)]) for i in range(k)] == drafts
+            assert [int(vocab[np.argmax(steps[i][0, j + i] @ head_w.T)]) for i in range(k)] == drafts
             rounds += 1
         elif e.type == "token" and e.status != "rejected":
             committed += 1

@@ -1,7 +1,7 @@
 """Offline acceptance (engine/training/head_eval.py): chains counted as greedy verification counts them."""
 import numpy as np
 
-from engine.training.head_eval import _chain_acceptance, _summary
+from engine.training.head_eval import _chain_acceptance, _draft_vocabulary, _drafts, _summary
 
 
 def test_a_chain_accepts_drafts_until_the_first_wrong_one():
@@ -13,6 +13,17 @@ def test_a_chain_accepts_drafts_until_the_first_wrong_one():
     out = _summary(counts, 2)
     assert out["per_position"] == [round(2 / 3, 4), round(1 / 3, 4)]
     assert out["mean_acceptance_length"] == {1: round(1 + 2 / 3, 3), 2: 2.0}
+
+
+def test_a_chain_drafts_from_the_subset_and_the_tokens_before_its_start():
+    """As the engine's ContextVocabulary: a token outside S counts from the chain whose context holds it."""
+    ids = np.array([5, 9, 7, 9, 8])
+    rows = np.eye(10, dtype=np.float32)                            # token x's LM head row: e_x
+    vocab, vrows, since = _draft_vocabulary(ids, np.array([1, 2]), rows)
+    assert vocab.tolist() == [1, 2, 5, 7, 8, 9] and since.tolist() == [-1, -1, 0, 2, 4, 1]
+    logits = np.tile(np.arange(6, dtype=np.float32), (5, 1))      # prefers 9, then 8, 7, 5, then S's 2
+    assert _drafts(logits, vocab, since, np.arange(-1, 4)).tolist() == [5, 9, 9, 9, 9]
+    assert _drafts(logits[:1], vocab, since, np.array([-2])).tolist() == [2]      # nothing of the context yet
 
 
 def test_chains_start_only_where_every_drafted_position_is_an_answer_position():
