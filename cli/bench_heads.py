@@ -12,8 +12,9 @@ the plain runs' mean one-token forward), k the draft forwards per round (γ; few
 stopped the drafter early) and the verify ratio v (the in-run mean of the verification forwards, γ + 1 rows or
 fewer, over the one-token forward): L / (k c + v) per round, mixed with the decode steps that had nothing to
 verify (n-gram lookup finding no match: one token for one forward). And the same acceptance projected on an
-H100 with the Cost model's roofline (engine/theory.py). Prompts: held-out questions (subjects the heads never saw in
-training) and summaries of paragraphs written here.
+H100 with the Cost model's roofline (engine/theory.py). Prompts: held-out questions (the first 8 in the order
+`train-heads data --held-out` answers them: subjects and tasks the heads never saw in training) and summaries
+of 4 paragraphs written here.
 """
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ from engine.heads import HEADS_DIR
 from engine.registry import InferenceEngine, ModelRegistry
 from engine.session import GenerationSession
 from engine.shootout import SPEC_BENCH, h100_speedup
-from engine.training.head_prompts import summary_prompt
+from engine.training.head_prompts import held_out_prompts, summary_prompt
 
 NAME = "smollm2-135m"
-OPEN = ["Explain glaciers in simple terms.", "Why are octopuses important?", "Describe telescopes to a ten-year-old.",
-        "What are the main advantages and disadvantages of batteries?"]
+HELD_OUT = held_out_prompts()
+OPEN = [HELD_OUT[i] for i in np.random.default_rng(0).permutation(len(HELD_OUT))[:8]]   # head_data's held-out order
 PARAGRAPHS = [
     "Lighthouses were built to warn ships of dangerous coasts and to guide them into harbours at night. Early "
     "lighthouses burned wood or coal in open fires, later ones used oil lamps with mirrors, and in the nineteenth "
@@ -43,6 +44,14 @@ PARAGRAPHS = [
     "fly thousands of kilometres each year, guided by the sun, the stars, the Earth's magnetic field and familiar "
     "landmarks. Migration lets birds use food that is plentiful in one place for only part of the year, but the "
     "journey is dangerous, and storms, hunting and the loss of stopover habitats kill many birds on the way.",
+    "Tea was first drunk in China thousands of years ago, at first as a medicine and later as an everyday "
+    "drink. Traders carried it along the Silk Road, and in the seventeenth century Dutch and English ships brought "
+    "it to Europe, where it became so popular that Britain began growing it in India. Today tea is the most widely "
+    "drunk beverage in the world after water, and green, black and oolong teas all come from the same plant.",
+    "Honeybees live in colonies of tens of thousands of workers, a few hundred drones and a single queen. The "
+    "workers collect nectar and pollen, build the wax comb, and tell each other where to find flowers with a "
+    "waggle dance. Besides honey, bees pollinate many of the crops people eat, so the recent decline of bee "
+    "colonies, caused by pesticides, parasites and disease, worries farmers and scientists alike.",
 ]
 SUMMARIES = [summary_prompt(p) for p in PARAGRAPHS]
 CONFIDENCE = 0.5      # draft_confidence_threshold of the rows that stop early (a held-out sweep chose it: docs)
