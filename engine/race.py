@@ -142,12 +142,17 @@ def race_steps(engine: InferenceEngine, prompt: str, settings: dict, setting: st
     """The prompt run with `setting` = values[0] (side a), then = values[1] (side b), all else the same.
 
     A race of γ needs something to propose: with method "none" it uses the draft model (or n-gram lookup).
-    Greedy runs that differ only in how they compute (KV cache, speculative decoding) write the same text."""
+    Greedy runs that differ only in how they compute (KV cache, speculative decoding) write the same text.
+    Bad settings raise here, when the job is made, not once it has its turn."""
     s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
     if setting == "num_speculative_tokens" and s["method"] == "none":
         target = engine.registry.get(s["model"])
         s["method"] = "draft_model" if engine.registry.draft_for(target) is not None else "ngram"
-    a, b = race_values(engine, s, setting, values)
+    return _race_runs(engine, prompt, s, setting, race_values(engine, s, setting, values))
+
+
+def _race_runs(engine: InferenceEngine, prompt: str, s: dict, setting: str, pair: tuple) -> Job[dict]:
+    a, b = pair
     runs = []
     for v in (a, b):
         runs.append((yield from trace_steps(engine, prompt, {**s, setting: v})))

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from app.config import AppConfig
 from app.protocol import Batch, RenderContext
+from app.routers.teach.common import RUNS
 from app.views.html import HtmlView
 from app.main import create_app
 from app.presets import DEFAULT_PROMPT
@@ -349,6 +350,8 @@ def test_a_race_of_any_two_settings_names_its_pair_and_quotes_the_engine(client)
                                                                "two different values"),
                          ({"race": "num_kv_heads", "race_a": "1", "race_b": "5"}, "num_kv_heads")):
         assert message in client.post("/teach/race", data={**FORM, **bad}).text
+    with RUNS.taken():                     # another run holds the turn: bad input is still answered as such
+        assert "race: one of" in client.post("/teach/race", data={**FORM, "race": "top_p"}).text
 
 
 def test_the_distribution_check_runs_in_the_background(client):
