@@ -5,7 +5,9 @@
             --held-out answers held-out prompts into a separate folder
     train   both heads on that data, resumable from the state folder (run it in the background)
     eval    held-out acceptance per position and mean acceptance length at each γ, offline, from the
-            held-out answers (`data --held-out`), of the training state or of exported heads (--heads)
+            held-out answers (`data --held-out`), of the training state or of exported heads (--heads);
+            --on-training scores the last training conversations instead (how much better the heads do
+            on answers they were taught: the gap is what more data could close)
     export  float16 safetensors into models/heads/TARGET/ (what the engine loads); the model card
             (README.md there) is written by `decoding-playground bench heads --card`, which measures it
 
@@ -28,8 +30,9 @@ def heads_cache(target: str) -> Path:
     return cache_dir() / "heads" / target
 
 
-def corpus_data(folder: Path, lm, windows: int = 384, length: int = 256, log=print) -> None:
-    """A character model's hidden states over fixed windows of its training corpus (teacher forcing)."""
+def corpus_data(folder: Path, lm, windows: int = 384, length: int = 256, split: str = "train", log=print) -> None:
+    """A character model's hidden states over fixed windows of its corpus's `split` (teacher forcing; "val"
+    for held-out figures)."""
     from ..model import forward
     from .corpus import load_corpus
     folder.mkdir(parents=True, exist_ok=True)
@@ -37,7 +40,8 @@ def corpus_data(folder: Path, lm, windows: int = 384, length: int = 256, log=pri
     if (folder / "conversations.jsonl").is_file():
         log("data exists")
         return
-    train, _, _, _ = load_corpus()
+    train, val, _, _ = load_corpus()
+    train = val if split == "val" else train
     starts = np.random.default_rng(0).integers(0, len(train) - length, windows)
     lines = []
     for i, s in enumerate(starts):
@@ -95,15 +99,24 @@ def run(args: argparse.Namespace) -> int:
                 build(folder / "data", lm, n_open=args.prompts or 576, prompts=more_train_prompts(),
                       derived_every=args.derived_every, log=log)
         else:
-            corpus_data(folder / "data", lm, log=log)
+            corpus_data(folder / ("heldout" if args.held_out else "data"), lm,
+                        windows=args.prompts or (96 if args.held_out else 384),
+                        split="val" if args.held_out else "train", log=log)
     elif args.stage == "train":
         _trainer(args, log).run()
     elif args.stage == "eval":
         trainer = _trainer(args, log)
         if args.heads:
             trainer.load_exported(Path(args.heads))
-        convs = trainer.held_out[:args.conversations] if args.conversations else trainer.held_out
+        if args.on_training:
+            convs = trainer.convs[-(args.conversations or 100):]
+        elif not trainer.held_out:
+            raise SystemExit(f"no held-out answers in {folder / 'heldout'}: run `decoding-playground train-heads "
+                             f"{args.target} data --held-out` first, or score training answers (--on-training)")
+        else:
+            convs = trainer.held_out[:args.conversations] if args.conversations else trainer.held_out
         print(json.dumps({"heads": args.heads or "training state", "conversations": len(convs),
+                          "of": "the last training conversations" if args.on_training else "held out",
                           **trainer.evaluate(convs, args.gamma)}, indent=1))
     else:
         from ..heads import HEADS_DIR
@@ -127,7 +140,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("target", help="a target model name (decoding-playground models)")
     p.add_argument("stage", choices=("data", "train", "eval", "export"))
     p.add_argument("--folder", help="data and state folder (default: the cache's heads/TARGET)")
-    p.add_argument("--prompts", type=int, help="data: how many chat prompts to answer (default 576; 96 held out)")
+    p.add_argument("--prompts", type=int, help="data: how many chat prompts to answer (default 576; 96 held out), or corpus windows (384; 96)")
     p.add_argument("--derived-every", type=int, default=3, metavar="N",
                    help="data: a summary or rewrite of every N-th of the model's prose answers (default 3)")
     p.add_argument("--held-out", action="store_true",
@@ -136,7 +149,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", help="export folder (default models/heads/TARGET)")
     p.add_argument("--heads", help="eval: a folder of exported heads (default: the training state)")
     p.add_argument("--gamma", type=int, default=4, help="eval: the longest chain to score")
-    p.add_argument("--conversations", type=int, help="eval: only the first N held-out conversations")
+    p.add_argument("--conversations", type=int,
+                   help="eval: only the first N held-out conversations (the last N training ones, default 100)")
+    p.add_argument("--on-training", action="store_true", help="eval: score the last training conversations")
     p.add_argument("--vocab-subset", type=int, help="export: the size of the heads' vocabulary subset (FR-Spec)")
     p.set_defaults(func=run)
     return p
