@@ -253,8 +253,9 @@ def write_card(folder: Path, bench: dict) -> None:
     lines = [f"# Draft heads for {NAME} (EAGLE-1, Medusa-1)", "",
              "Trained here in numpy (engine/training/heads.py, handwritten backward, gradient-checked) on the frozen "
              "target's own hidden states; loaded by engine/heads.py when SmolLM2 has been fetched. Both end in the "
-             "target's own LM head restricted to a frequent-token subset (FR-Spec) and the tokens of the session's "
-             "context outside it: q = 0 outside those, and verification stays exact (the residual covers the rest).", "",
+             "target's own LM head restricted to a frequent-token subset (FR-Spec), EAGLE's also to the tokens of "
+             "the session's context outside it: q = 0 outside those, and verification stays exact (the residual "
+             "covers the rest).", "",
              "| head | what | parameters | file (float16) |", "|---|---|---|---|"]
     what = {"eagle": "[f_t, emb(x_{t+1})] → linear 1152→576 → one Llama decoder layer (9 heads, 3 KV heads, MLP 1536, "
                      "own paged KV cache) → norm → LM head rows of the subset; drafts autoregressively on its own features",
@@ -267,9 +268,9 @@ def write_card(folder: Path, bench: dict) -> None:
     lines += ["", "## Vocabulary subset", "",
               f"The {h['vocab_subset']:,} most frequent tokens of the training answers (of 49,152). Coverage: "
               f"{data['coverage_in_data']:.1%} of the training answers' tokens, {h['coverage_held_out']:.1%} of the "
-              "plain-decoding answers to the held-out prompts of `bench heads`. A draft may also propose any token "
-              "of its context (the prompt and the output so far): a subject's name, the words of a text to summarise "
-              "(engine/heads.py `ContextVocabulary`).", "",
+              "plain-decoding answers to the held-out prompts of `bench heads`. An EAGLE draft may also propose any "
+              "token of its context (the prompt and the output so far): a subject's name, the words of a text to "
+              "summarise (engine/heads.py `ContextVocabulary`).", "",
               "## Data and time", "",
               f"Self-distillation: SmolLM2's own greedy answers (chat template, at most 160 tokens; summaries and "
               f"rewrites at most 96) to {data['conversations']:,} prompts composed in engine/training/head_prompts.py "

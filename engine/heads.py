@@ -2,8 +2,8 @@
 propose draft tokens, behind the proposer interface of engine/proposers.py.
 
 Both end in the target's own LM head restricted to a frequent-token subset S of the vocabulary
-(FR-Spec, Zhao et al. 2025), so a draft step does not pay for the whole vocabulary, plus the rows of the
-tokens the session's context holds outside S (`ContextVocabulary`). Their q is zero outside those;
+(FR-Spec, Zhao et al. 2025), so a draft step does not pay for the whole vocabulary; EAGLE's also holds the
+tokens the session's context has outside S (`ContextVocabulary`). Their q is zero outside those;
 verification (engine/speculative.py) stays exact, the residual covers the other tokens.
 
 - EAGLE-1 (Li et al. 2024): z = [f_t, emb(x_{t+1})] W_fc -> one Llama decoder layer with its own paged
@@ -84,11 +84,12 @@ shared_rows: dict = {}    # (KV cache manager, block hash) -> the target's hidde
 
 
 class ContextVocabulary:
-    """A head's draft vocabulary in one session: its subset S, then every token of the context outside S.
+    """An EAGLE head's draft vocabulary in one session: its subset S, then every token of the context outside S.
 
     S holds the training answers' most frequent tokens; an answer also repeats rare tokens of its own context
     (a subject's name, the words of a text it summarises), which S misses and a draft could never propose.
-    Their rows of the same frozen LM head cost little: at most one per context token."""
+    Their rows of the same frozen LM head cost little: at most one per context token. (Medusa's heads, which
+    guess further ahead from one feature, drafted worse with them held out: docs/benchmarks.md.)"""
 
     def __init__(self, head):
         self.ids = head.subset                                 # [Vs + n]: the draft vocabulary's token ids
@@ -172,15 +173,13 @@ class MedusaHead:
             self.w, self.lm_head = LAYOUTS[layout](self.w), LAYOUTS[layout](self.lm_head)
             self.vec_dot, self.dot = weight_vec, weight_rows
         self.sqrt_c = np.float32(math.sqrt(c))
-        self.lm_rows = LMRows(target_weights)
         self.vocab_size = target_cfg.vocab_size
         self.num_parameters = int(sum(w.size for w in ws))
 
-    def logits(self, feat, vocab: ContextVocabulary | None = None):  # [C] (x / |x|) -> [K, Vs (+ n)]
+    def logits(self, feat):  # [C] (x / |x|) -> [K, Vs]
         a = self.vec_dot(feat, self.w)                                             # f W_i for all i: [K C]
         r = feat * self.sqrt_c + (a / (1.0 + np.exp(-a))).reshape(self.num_heads, -1)   # f + SiLU(f W_i): [K, C]
-        out = self.dot(r, self.lm_head)
-        return vocab.logits(out, r) if vocab is not None else out
+        return self.dot(r, self.lm_head)
 
 
 def full_vocab(row, ids, vocab_size):  # [n] logits of tokens `ids` -> [V] with -inf elsewhere
@@ -251,17 +250,15 @@ class MedusaProposer:
 
     def __init__(self, head: MedusaHead, features: FeatureLog):
         self.head, self.features = head, features
-        self.vocab = ContextVocabulary(head)
         self.display_q = None
         self.forward_calls, self.forward_s = 0, 0.0
 
     def propose(self, tokens, k, temperature, top_p, rng, min_confidence: float = 0.0):  # generator -> (drafts, q)
         k = min(k, self.head.num_heads)
-        self.vocab.update(tokens)
-        rows = self.head.logits(self.features.rows[len(tokens) - 2], self.vocab)[:k]    # [k, Vs + n]
+        rows = self.head.logits(self.features.rows[len(tokens) - 2])[:k]          # [k, Vs]
         drafts, qs, shown = [], [], []
         for row in rows:
-            x, q, full = draft_from(row, self.vocab.ids, self.head.vocab_size, temperature, top_p, rng)
+            x, q, full = draft_from(row, self.head.subset, self.head.vocab_size, temperature, top_p, rng)
             drafts.append(x)
             shown.append(full)
             if q is not None:

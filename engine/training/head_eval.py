@@ -5,8 +5,8 @@ the answer. For EAGLE the chains are unrolled as drafting runs them (heads.eagle
 position i is the (s+1)-th draft of the chain started from the real feature at i - s); for Medusa head i
 proposes token t+1+i from f_t. A chain started at t accepts its k-th draft when drafts 1..k are all right;
 every answer position with γ tokens after it starts one chain. Drafts are the argmax over the draft
-vocabulary the engine's proposers use (engine.heads.ContextVocabulary): the subset and the tokens of the
-conversation up to the chain's start; another token is a rejection, as in the engine. `run_acceptance_length` walks each answer as a
+vocabulary the engine's proposers use: the subset, and for EAGLE the tokens of the conversation up to the
+chain's start (engine.heads.ContextVocabulary); another token is a rejection, as in the engine. `run_acceptance_length` walks each answer as a
 run does instead: a chain starts where the last one stopped, so hard spots start more chains than at every
 position. This is not `bench heads` (whose figures are timed on a few prompts); it is quick and measures the
 heads alone.
@@ -83,18 +83,18 @@ def eagle_acceptance(params, cfg, convs, subset, lm_rows, embed, gamma: int, sca
     return _summary(total, gamma)
 
 
-def medusa_acceptance(params, convs, subset, lm_rows, gamma: int, scale) -> dict:
+def medusa_acceptance(params, convs, subset, head_w, gamma: int, scale) -> dict:
+    """head_w: the LM head's rows of the subset [Vs, C]."""
     total = np.zeros(3 * gamma + 1)
     for c, f, valid in _per_conversation(convs, scale):
         n = len(valid)
-        vocab, rows, since = _draft_vocabulary(c.ids, subset, lm_rows)
         correct = np.zeros((gamma, n), bool)
         for i in range(gamma):                                          # head i + 1 proposes x_{t+2+i}
             w = params[f"medusa.{i}.weight"]
             x = f[:n]
             a = x @ w.T
             r = x + a / (1 + np.exp(-a))
-            pred = _drafts(r @ rows.T, vocab, since, np.arange(n))      # at t, for x_{t+2+i}
+            pred = subset[np.argmax(r @ head_w.T, -1)]                  # at t, for x_{t+2+i}
             ok = np.zeros(n, bool)
             ok[:n - i] = pred[:n - i] == c.ids[2 + i:n + 2]
             correct[i, i:] = ok[:n - i]                                 # indexed like EAGLE: chain start t, row t + i

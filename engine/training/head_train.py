@@ -252,11 +252,11 @@ class HeadTrainer:
         eagle = {k: p for k, p in self.params.items() if not k.startswith("medusa.")}
         medusa = {k: p for k, p in self.params.items() if k.startswith("medusa.")}
         out = {"coverage": coverage(convs, self.subset)}
-        rows = LMRows({"head": self.out_embed, "norm": self.norm_w})
         if eagle:
-            out["eagle"] = eagle_acceptance(eagle, self.eagle_cfg, convs, self.subset, rows, self.embed, gamma, scale)
+            out["eagle"] = eagle_acceptance(eagle, self.eagle_cfg, convs, self.subset,
+                                            LMRows({"head": self.out_embed, "norm": self.norm_w}), self.embed, gamma, scale)
         if medusa:
-            out["medusa"] = medusa_acceptance(medusa, convs, self.subset, rows, min(gamma, len(medusa)), scale)
+            out["medusa"] = medusa_acceptance(medusa, convs, self.subset, self.head_w, min(gamma, len(medusa)), scale)
         return out
 
     def load_exported(self, folder: Path) -> None:
