@@ -1,4 +1,4 @@
-"""`decoding-playground train-heads TARGET {data,train,export}`: EAGLE and Medusa heads for a target.
+"""`decoding-playground train-heads TARGET {data,train,eval,export}`: EAGLE and Medusa heads for a target.
 
     data    the target's own answers to chat prompts with its hidden states (a chat model such as
             smollm2-135m), or windows of the training corpus (our character models); resumable;
@@ -41,11 +41,11 @@ def corpus_data(folder: Path, lm, windows: int = 384, length: int = 256, split: 
         log("data exists")
         return
     train, val, _, _ = load_corpus()
-    train = val if split == "val" else train
-    starts = np.random.default_rng(0).integers(0, len(train) - length, windows)
+    text = val if split == "val" else train
+    starts = np.random.default_rng(0).integers(0, len(text) - length, windows)
     lines = []
     for i, s in enumerate(starts):
-        ids = train[s:s + length].astype(np.int64)
+        ids = text[s:s + length].astype(np.int64)
         _, hidden = forward(lm.model, ids[:-1], 0, None, with_hidden=True)
         np.save(folder / "feats" / f"{i:05d}.npy", hidden.astype(np.float16))
         lines.append(json.dumps({"index": i, "prompt": f"corpus[{s}:{s + length}]", "kind": "corpus",
