@@ -91,6 +91,24 @@ def test_a_late_watcher_gets_the_run_so_far_then_follows_it(server):
     run(scenario())
 
 
+def test_a_presenter_back_while_its_old_socket_is_still_closing_takes_the_room():
+    """The same key can come back while the old connection's tasks have ended (its task group is gone) but it
+    is still giving back its run: the new connection presents, the old one is detached and not closed a
+    second time, and its late leave does not empty the room. (Starting the close in the ended task group
+    raised and lost the new connection.)"""
+    from types import SimpleNamespace
+
+    from app.watch.rooms import Rooms
+    rooms = Rooms(make_view=lambda kind: None)
+    old = SimpleNamespace(_tg=None, room=None, watch_id=None)      # a Connection past its task group
+    rooms.join_presenter(old, "k")
+    new = SimpleNamespace(_tg=None, room=None, watch_id=None)
+    room = rooms.join_presenter(new, "k")
+    assert room.presenter is new and new.room is room and old.room is None
+    rooms.leave_presenter(old)                                     # its `finally`, late
+    assert room.presenter is new and rooms.rooms[room.watch_id] is room
+
+
 def test_html_watchers_get_fragments_and_keep_following_a_presenter_who_reconnects(server):
     key = "html-watchers-presenter-key-3"
 

@@ -213,10 +213,11 @@ class Rooms:
         room = self._room(watch_id)
         old, room.presenter = room.presenter, conn
         conn.room, conn.watch_id = room, watch_id
-        if old is not None and old is not conn and old._tg is not None:
+        if old is not None and old is not conn:
             # the same key again (a reconnect before the old socket was noticed dead, a duplicated tab)
             old.room = None
-            old._tg.start_soon(old.close, 1000, "another connection took over this session")
+            if old._tg is not None:          # None: its tasks have ended and it is on its way out already
+                old._tg.start_soon(old.close, 1000, "another connection took over this session")
         if room.watchers:
             room.publish(Notice("note", {"kind": "presenter", "text": "the presenter is connected"}))
         return room

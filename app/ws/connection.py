@@ -107,6 +107,7 @@ class Connection(PacedSender, Socket):
                 tg.start_soon(self._sender)
                 tg.start_soon(self._idle_watch)
         finally:
+            self._tg = None                  # ended: nothing may start in it now (Rooms.join_presenter checks)
             with anyio.CancelScope(shield=True):
                 await self.end_run()
             pg.connections -= 1

@@ -329,4 +329,5 @@ def test_the_shootout_predicts_and_projects_from_the_drafts_a_threshold_let_thro
             L = row["mean_acceptance_length"]
             assert row["predicted"] == pytest.approx(L / (row["c"] + row["verify_ratio"]))
             assert row["h100"] == pytest.approx(h100_speedup(engine, lm, row["method"], L, 1.0, 40 + 64), rel=0.05)
-            assert row["h100"] > h100_speedup(engine, lm, row["method"], L, 3.0, 40 + 64) or row["method"] == "medusa"
+            if row["method"] == "eagle":                      # Medusa drafts in one pass, whatever k
+                assert row["h100"] > h100_speedup(engine, lm, "eagle", L, 3.0, 40 + 64)

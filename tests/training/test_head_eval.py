@@ -21,6 +21,7 @@ def test_a_chain_drafts_from_the_subset_and_the_tokens_before_its_start():
     rows = np.eye(10, dtype=np.float32)                            # token x's LM head row: e_x
     vocab, vrows, since = _draft_vocabulary(ids, np.array([1, 2]), rows)
     assert vocab.tolist() == [1, 2, 5, 7, 8, 9] and since.tolist() == [-1, -1, 0, 2, 4, 1]
+    assert (vrows == rows[vocab]).all()
     logits = np.tile(np.arange(6, dtype=np.float32), (5, 1))      # prefers 9, then 8, 7, 5, then S's 2
     assert _drafts(logits, vocab, since, np.arange(-1, 4)).tolist() == [5, 9, 9, 9, 9]
     assert _drafts(logits[:1], vocab, since, np.array([-2])).tolist() == [2]      # nothing of the context yet
