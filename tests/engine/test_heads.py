@@ -178,17 +178,16 @@ def test_the_context_vocabulary_gives_the_logits_a_subset_holding_its_tokens_giv
     ids = lm.tokenizer.encode(PROMPTS[1])
     target = {"embed": lm.model.embed, "head": lm.model.embed, "norm": norm_w}
     both = np.union1d(subset, ids)
-    small = {"vocab_subset": subset}, {"vocab_subset": both}
-    vocab_e = ContextVocabulary(EagleHead(lm.name, lm.cfg, target, {**eagle, **small[0]}))
-    vocab_e.update(ids)
-    assert sorted(vocab_e.ids.tolist()) == both.tolist()
-    order = np.searchsorted(both, vocab_e.ids)                      # the larger head's column of each draft token
+    small, large = (EagleHead(lm.name, lm.cfg, target, {**eagle, "vocab_subset": s}) for s in (subset, both))
+    vocab = ContextVocabulary(small)
+    vocab.update(ids)
+    assert sorted(vocab.ids.tolist()) == both.tolist()
+    order = np.searchsorted(both, vocab.ids)                        # the larger head's column of each draft token
     _, hidden = forward(lm.model, np.asarray(ids), 0, None, with_hidden=True)
-    heads = [EagleHead(lm.name, lm.cfg, target, {**eagle, **vocabulary}) for vocabulary in small]
-    x = heads[0].inputs(hidden[:-1], ids[1:])
-    a, h = forward(heads[0].model, np.asarray(ids[1:]), 0, None, with_hidden=True, inputs_embeds=x)
-    b = forward(heads[1].model, np.asarray(ids[1:]), 0, None, inputs_embeds=x)
-    np.testing.assert_allclose(vocab_e.logits(a, h * heads[0].sqrt_c), b[:, order], rtol=1e-4, atol=1e-4)
+    x = small.inputs(hidden[:-1], ids[1:])
+    a, h = forward(small.model, np.asarray(ids[1:]), 0, None, with_hidden=True, inputs_embeds=x)
+    b = forward(large.model, np.asarray(ids[1:]), 0, None, inputs_embeds=x)
+    np.testing.assert_allclose(vocab.logits(a, h * small.sqrt_c), b[:, order], rtol=1e-4, atol=1e-4)
 
 
 def test_eagle_drafts_the_contexts_tokens_outside_its_subset_and_keeps_the_output(engine):
