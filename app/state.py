@@ -25,12 +25,12 @@ from app.watch.rooms import Rooms
 from app.ws.admission import Admission
 from app.ws.engine_thread import EngineThread
 from app.ws.external import publish_server_config, start_embedded_llamacpp
-from engine.checkpoint import CheckpointError
-from engine.fetched import LazyModel
-from engine.kv_cache import PoolSnapshot
-from engine.openai_stream import configured_engines
-from engine.registry import InferenceEngine, ModelRegistry
-from engine.scheduler import MAX_NUM_BATCHED_TOKENS
+from engine.external.openai_stream import configured_engines
+from engine.kv.cache import PoolSnapshot
+from engine.model.checkpoint import CheckpointError
+from engine.model.fetched import LazyModel
+from engine.serving.registry import InferenceEngine, ModelRegistry
+from engine.serving.scheduler import MAX_NUM_BATCHED_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Playground:
     def _warm_up(self) -> None:
         """At start-up, in the background, what would otherwise be paid inside a first request, a first token
         late by up to seconds: a fetched model's weights (SmolLM2: seconds), each target's heads and the KV pools
-        of its defaults (engine.registry.InferenceEngine.warm_up). A start that needs a model still loading waits
+        of its defaults (engine.serving.registry.InferenceEngine.warm_up). A start that needs a model still loading waits
         for it (LazyModel's lock); the models already in memory go first."""
         targets = sorted(self.registry.targets, key=lambda m: m.name in self._loading)
         for lm in targets:

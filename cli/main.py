@@ -63,7 +63,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from cli import bench
+    from cli.bench import engine as bench
     return bench.run(args)
 
 
@@ -139,17 +139,17 @@ def add_bench_parsers(sub) -> None:
     be.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     be.add_argument("--models-dir", default=None, help="models for the speculative sweep (default: models/)")
     be.set_defaults(func=cmd_bench)
-    from cli import bench_page
+    from cli.bench import page as bench_page
     bench_page.add_parser(bsub)
-    from cli import bench_smollm2
+    from cli.bench import smollm2 as bench_smollm2
     bench_smollm2.add_parser(bsub)
-    from cli import bench_heads
+    from cli.bench import heads as bench_heads
     bench_heads.add_parser(bsub)
-    from cli import bench_serve
+    from cli.bench import serve as bench_serve
     bench_serve.add_parser(bsub)
-    from cli import bench_engines
+    from cli.bench import engines as bench_engines
     bench_engines.add_parser(bsub)
-    from cli import bench_faults
+    from cli.bench import faults as bench_faults
     bench_faults.add_parser(bsub)
 
 

@@ -1,4 +1,12 @@
-"""The numpy inference engine: model, paged KV cache, tokenizer and checkpoints.
+"""The numpy inference engine, one package per concern, each importing only the rooms below it:
+
+    model/        the Llama-style decoder, its weights, layouts, checkpoints, tokenizers, fetched models
+    kv/           the paged KV cache (block pool, stores, dtypes, memory formulas) and the model run over it
+    spec_decode/  sampling, verification, proposers and draft heads (EAGLE, Medusa)
+    serving/      settings, sessions as generators of typed events, the registry, the scheduler, jobs
+    external/     clients of other engines (OpenAI-compatible servers, embedded llama.cpp)
+    experiments/  what the teaching views run: traces, races, the shoot-out, measurements, theory
+    training/     numpy training with handwritten backprop, and the draft heads' training
 
 NOTE: BLAS is pinned to one thread before numpy is first imported. On a shared 2-core machine a
 second BLAS thread has made decode steps 10-25x slower (docs/benchmarks.md). Set the variables

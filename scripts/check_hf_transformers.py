@@ -48,8 +48,8 @@ NEW_TOKENS = 64
 def engine_side(out: Path, models: list[str]) -> None:
     """In the project's venv: ids, logits and greedy continuations from the engine, as .npy files."""
     sys.path.insert(0, str(ROOT))
-    from engine.checkpoint import load_checkpoint
-    from engine.model import Model, forward_no_cache
+    from engine.model.checkpoint import load_checkpoint
+    from engine.model.llama import Model, forward_no_cache
 
     for name in models:
         cfg, weights, tok = load_checkpoint(ROOT / "models" / name)

@@ -28,7 +28,7 @@ def main() -> int:
 
     from playwright.sync_api import sync_playwright
 
-    from cli.bench_serve import server     # `decoding-playground serve` on a free port, stopped afterwards
+    from cli.bench.serve import server  # `decoding-playground serve` on a free port, stopped afterwards
 
     query = urlencode({"prompt": PROMPT, "method": "draft_model", "num_speculative_tokens": 4, "max_tokens": 128,
                        "speed": 5, "autoplay": 1})

@@ -12,7 +12,7 @@
 - bytes: the same one-row pass with weights stored in fewer bytes (float16, bfloat16, int8 with per-column
   scales), each 1 MB piece converted to float32 just before its product, against float32.
 - threads: decode steps, a 5-row verification and a prefill of the draft, target-mha and SmolLM2 (the layout
-  engine/layout.py chooses) in processes with OPENBLAS_NUM_THREADS=1 and 2, alternated.
+  engine/model/layout.py chooses) in processes with OPENBLAS_NUM_THREADS=1 and 2, alternated.
 - panels: the one-row pass over panels of 32-128 columns, and over 64-column panels stacked r at a time and
   multiplied by a block-diagonal [r, r C] of the row (r times fewer calls, the same multiply count at r = 2).
 - variance: SmolLM2 itself (fetched), round after round: the bare read, the step's one-row products alone, a
@@ -40,10 +40,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import engine  # noqa: E402,F401  (BLAS threads pinned unless set)
 import numpy as np  # noqa: E402
 
-from engine.layout import FEW_ROWS, OutInWeight, PanelWeight  # noqa: E402
+import engine  # noqa: E402,F401  (BLAS threads pinned unless set)
+from engine.model.layout import FEW_ROWS, OutInWeight, PanelWeight  # noqa: E402
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)] * 30 + [(576, 49152)]   # [in, out], as x @ W
 
@@ -124,10 +124,10 @@ def fewer_bytes(repeats: int) -> None:
 
 
 def threads_child() -> None:
-    from engine.checkpoint import load_checkpoint, load_config
-    from engine.fetched import LazyModel, model_dir
-    from engine.kv_cache import KVCacheManager
-    from engine.model import Model, forward
+    from engine.kv.cache import KVCacheManager
+    from engine.model.checkpoint import load_checkpoint, load_config
+    from engine.model.fetched import LazyModel, model_dir
+    from engine.model.llama import Model, forward
 
     out = {}
     models = {name: (lambda n=name: Model(*load_checkpoint(ROOT / "models" / n)[:2])) for name in ("draft", "target-mha")}
@@ -197,12 +197,12 @@ def panel_widths(repeats: int) -> None:
 
 
 def variance(rounds: int) -> None:
-    from cli.bench_smollm2 import CONTEXT
-    from engine.fetched import fetched_models
-    from engine.kv_cache import KVCacheManager
-    from engine.layout import WeightStream, weights_of
-    from engine.model import forward
-    from engine.registry import ModelRegistry
+    from cli.bench.smollm2 import CONTEXT
+    from engine.kv.cache import KVCacheManager
+    from engine.model.fetched import fetched_models
+    from engine.model.layout import WeightStream, weights_of
+    from engine.model.llama import forward
+    from engine.serving.registry import ModelRegistry
     model = ModelRegistry(fetched_models()).get("smollm2-135m").model
     tokens = np.random.default_rng(0).integers(0, model.cfg.vocab_size, CONTEXT + 1)
     mgr = KVCacheManager(model.cfg, num_blocks=CONTEXT // 16 + 2, block_size=16, enable_prefix_caching=False)

@@ -131,7 +131,7 @@
   })
 
   // --- theory: every round the page receives (the latency chart's feed), against the formulas --------------------
-  // The figures are the server's (/teach/theory.json: engine/theory.py over the run's recorded rounds); this
+  // The figures are the server's (/teach/theory.json: engine/experiments/theory.py over the run's recorded rounds); this
   // counts the rounds the page has received and draws what the server computed for that many.
   var theory = { reset: null, rounds: 0, series: null, asked: -1, loading: false, pending: false, colors: null }
 

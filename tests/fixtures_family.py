@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.checkpoint import init_weights, save_checkpoint
-from engine.config import ModelConfig
-from engine.tokenizer import TextTokenizer
+from engine.model.checkpoint import init_weights, save_checkpoint
+from engine.model.config import ModelConfig
+from engine.model.tokenizer import TextTokenizer
 
 CHARS = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789():\n\t.,=_+-*/'\"[]{}#<>!"
 

@@ -123,7 +123,7 @@ def test_no_project_imports_inside_functions_in_app_or_engine():
 def test_the_reader_sees_imports():
     """The test itself: a known import is found, relative and absolute (so an empty graph cannot pass)."""
     g = graph()
-    assert any(t == "engine.registry" for t, _, _ in g["engine.session"])
+    assert any(t == "engine.serving.registry" for t, _, _ in g["engine.serving.session"])
     assert any(layer(t) == "engine" for t, _, _ in g["app.main"] + g["app.protocol"])
 
 
@@ -150,3 +150,56 @@ def test_each_room_of_app_imports_only_what_the_architecture_allows():
                                                   ALLOWED_IN_APP[room]):
                 wrong.append(f"{module} (line {line}) imports {target}")
     assert wrong == []
+
+
+# What each room of engine/ may import of engine/ (docs/architecture.md's table; each package's __init__ says
+# the same). The rooms stand on floors: a room imports only rooms below it, never one beside or above.
+ALLOWED_IN_ENGINE = {
+    "engine.model": (),
+    "engine.kv": ("engine.model",),
+    "engine.spec_decode": ("engine.model", "engine.kv"),
+    "engine.serving": ("engine.model", "engine.kv", "engine.spec_decode"),
+    "engine.external": ("engine.serving.events", "engine.serving.settings"),
+    "engine.experiments": ("engine.model", "engine.kv", "engine.spec_decode", "engine.serving", "engine.external"),
+    "engine.training": ("engine.model", "engine.kv", "engine.spec_decode", "engine.serving"),
+}
+# The numpy model and what runs it: a client of another engine reaches none of these, not even through
+# the vocabulary it shares with our engine (events, settings; these know the cache dtypes' names).
+NUMPY_MODEL = ("engine.model.llama", "engine.model.layout", "engine.kv.cache", "engine.kv.runner",
+               "engine.kv.block_pool", "engine.spec_decode")
+
+
+def room_of(module: str, rooms) -> str | None:
+    return next((r for r in rooms if module == r or module.startswith(r + ".")), None)
+
+
+def test_each_room_of_engine_imports_only_the_rooms_below_it():
+    g = graph()
+    homeless = [m for m in g if layer(m) == "engine" and m != "engine" and room_of(m, ALLOWED_IN_ENGINE) is None]
+    assert homeless == [], "every module of engine/ lives in a room (a new one needs its line here)"
+    wrong = []
+    for module, found in g.items():
+        room = room_of(module, ALLOWED_IN_ENGINE)
+        if room is None:
+            continue
+        for target, line, _ in found:
+            if layer(target) == "engine" and target != "engine" and room_of(target, (room,)) is None and \
+                    room_of(target, ALLOWED_IN_ENGINE[room]) is None:
+                wrong.append(f"{module} (line {line}) imports {target}")
+    assert wrong == []
+
+
+def test_clients_of_other_engines_do_not_reach_the_numpy_model():
+    g = {m: {t for t, _, _ in found} for m, found in graph().items()}
+    reached = {}
+    for start in (m for m in g if room_of(m, ("engine.external",))):
+        seen, todo = set(), [start]
+        while todo:
+            for t in g.get(todo.pop(), ()):
+                if t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+        numpy_model = sorted(t for t in seen if room_of(t, NUMPY_MODEL))
+        if numpy_model:
+            reached[start] = numpy_model
+    assert reached == {}

@@ -10,13 +10,13 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from test_ws_api import run
 
+from app.metrics import ServerMetrics
 from app.ws.admission import Admission, Busy
 from app.ws.engine_thread import PARKED, EngineThread, SessionLink
-from app.metrics import ServerMetrics
-from engine.registry import InferenceEngine, ModelRegistry
-from engine.session import GenerationSession
-from test_ws_api import run
+from engine.serving.registry import InferenceEngine, ModelRegistry
+from engine.serving.session import GenerationSession
 
 PROMPTS = ["def add(a, b):\n    return a", "class Foo:\n    def __init__(self", "import os\nimport s",
            "for i in range(10):\n    print(i", "x = [1, 2, 3]\ny = x"]
@@ -322,10 +322,10 @@ def test_a_waiter_cancelled_as_it_gets_the_slot_passes_it_on():
 
 
 def test_a_teaching_job_runs_between_the_sessions_steps_and_they_keep_generating(registry):
-    """A fault comparison submitted as a job (engine/jobs.py) gets the same answer as run alone, while a session
+    """A fault comparison submitted as a job (engine/serving/jobs.py) gets the same answer as run alone, while a session
     started after it keeps delivering rounds before the job has finished: no engine work waits for a whole job."""
-    from engine.jobs import run_to_end
-    from engine.teaching import fault_comparison_steps
+    from engine.experiments.traces import fault_comparison_steps
+    from engine.serving.jobs import run_to_end
 
     engine = InferenceEngine(registry, max_sessions=8)
     settings = {"max_tokens": 24, "method": "draft_model", "num_speculative_tokens": 3}

@@ -13,7 +13,7 @@ import pytest
 from hostile_engine import HostileEngine
 from test_ws_api import connect, get_json, run, ws_url
 
-from engine.llamacpp_server import LABEL, gguf_path, unavailable_reason
+from engine.external.llamacpp_server import LABEL, gguf_path, unavailable_reason
 
 FAULTS = {   # scenario -> what the error says
     "bad-json": "an event is not JSON",
@@ -191,7 +191,7 @@ def test_the_page_view_streams_an_external_engine_and_names_what_it_cannot_apply
 
 
 def test_llamacpp_ngram_speculation_reports_accepted_drafts_per_round(app, server, llamacpp):
-    from engine.llamacpp_server import NGRAM_LABEL
+    from engine.external.llamacpp_server import NGRAM_LABEL
     if NGRAM_LABEL not in app.state.playground.external:
         pytest.fail(f"the app started llama.cpp but not its n-gram variant: {sorted(app.state.playground.external)}")
     prompt = "Repeat exactly: the cat sat on the mat. the cat sat on the mat. the cat sat on the mat."

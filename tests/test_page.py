@@ -234,7 +234,7 @@ def test_serve_options_override_the_environment(tmp_path, monkeypatch):
     assert config.models_dir == tmp_path and config.max_sessions == 5
     assert config.allowed_origins == ("https://a.example", "https://b.example")
     assert config.embed_frame_ancestors == "'self'"
-    assert build_parser().parse_args(["bench", "page", "--quick"]).func.__module__ == "cli.bench_page"
+    assert build_parser().parse_args(["bench", "page", "--quick"]).func.__module__ == "cli.bench.page"
 
 
 def test_streamed_tokens_are_escaped_and_whitespace_made_visible():
@@ -269,7 +269,7 @@ def test_a_chat_template_collapses_and_the_prompt_last_line_runs_into_the_answer
 
 
 def test_a_chat_template_knows_where_the_user_text_sits():
-    from engine.chat import ChatTemplate
+    from engine.model.chat import ChatTemplate
 
     chat = ChatTemplate("chatml", "You are an assistant")
     for user in ("assistant", "", "<|im_end|>user"):

@@ -1,6 +1,6 @@
 """A room that cannot be stalled (issue 19): a client that never reads, bad form values, a fuzzed page form, a
 long prefill beside a bystander, foreign Host names. Real uvicorn on loopback, raw sockets and `websockets`
-clients; every wait is bounded. The scenarios are those of `decoding-playground bench faults` (cli/bench_faults.py),
+clients; every wait is bounded. The scenarios are those of `decoding-playground bench faults` (cli/bench/faults.py),
 which records their figures in docs/benchmarks.md; here they must stay within the issue's bounds.
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 
 import pytest
 import websockets
-
-from cli.bench_faults import SUMMARY, TOKEN, Server, fuzz_forms, long_prompt, stuck_client
 from test_ws_api import PROMPT, connect, get_json, run, ws_url
 from test_ws_html import HtmlClient, form, status_is
+
+from cli.bench.faults import SUMMARY, TOKEN, Server, fuzz_forms, long_prompt, stuck_client
 
 RELEASE_BOUND_S = 10.0          # the issue's bound: after the 1008 decision, and for SIGTERM
 TTFT_BOUND_S = 0.5              # the issue's bound for a bystander during a long prefill
@@ -153,7 +153,7 @@ def test_each_targets_default_pools_are_made_at_start_up_not_in_a_first_request(
 def test_the_page_shows_a_long_prefill_chunk_by_chunk(live_server):
     """/ws: while a long prompt prefills in chunks, the status says how far (`data-prefill`) and so does the
     draft lane; then the run goes on as usual."""
-    from cli.bench_faults import LONG_TEXT
+    from cli.bench.faults import LONG_TEXT
 
     async def scenario():
         async with websockets.connect(ws_url(live_server, "/ws"), open_timeout=10, max_size=2 ** 24) as ws:

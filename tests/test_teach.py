@@ -11,15 +11,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.config import AppConfig
+from app.main import create_app
+from app.presets import DEFAULT_PROMPT
 from app.protocol import Batch, RenderContext
 from app.routers.teach.common import RUNS
 from app.views.html import HtmlView
-from app.main import create_app
-from app.presets import DEFAULT_PROMPT
 from app.views.recording import MAX_EVENTS, RECORDINGS, Recording, RecordingError, RecordingStore
 from app.views.replay import replay_frames, rounds_of
-from engine.kv_memory import paging_waste, seed_request_mix
-from engine.session import GenerationSession
+from engine.kv.memory import paging_waste, seed_request_mix
+from engine.serving.session import GenerationSession
 
 PROMPT = "def parse(line):\n    "
 TOKEN_RE = re.compile(r'<span class="tok[^"]*" data-token-status="(\w+)"[^>]*>(.*?)</span>', re.S)
@@ -99,7 +99,7 @@ def test_the_store_keeps_recent_recordings_within_its_budget():
 
 def test_a_recording_is_cut_at_its_event_limit():
     rec = Recording("k")
-    from engine.events import Metrics
+    from engine.serving.events import Metrics
     for _ in range(MAX_EVENTS + 5):
         rec.add(Metrics({}))
     assert len(rec.events) == MAX_EVENTS and rec.truncated
@@ -330,8 +330,8 @@ def test_theory_measures_a_run_against_plain_decoding_of_the_same_prompt_and_set
 
 def test_a_race_of_any_two_settings_names_its_pair_and_quotes_the_engine(client):
     from app.config import AppConfig
-    from engine.checkpoint import load_config
-    from engine.kv_dtypes import kv_bytes_per_token
+    from engine.kv.dtypes import kv_bytes_per_token
+    from engine.model.checkpoint import load_config
 
     models = AppConfig.from_env().models_dir                          # the client's models (configs only)
     cfg = {c.num_key_value_heads: c for c in (load_config(models / name) for name in ("target-mha", "target-mqa"))}

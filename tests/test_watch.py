@@ -10,10 +10,9 @@ import urllib.request
 
 import pytest
 import websockets
-from websockets.exceptions import InvalidStatus
-
 from test_serving import serve_with, stats_settle
 from test_ws_api import PROMPT, Client, connect, get_json, run, ws_url
+from websockets.exceptions import InvalidStatus
 
 KEY = "a-presenter-key-for-tests-0001"
 
@@ -142,7 +141,7 @@ def test_a_watchers_view_redraws_the_status_for_a_run_that_ends_as_the_one_befor
     from app.config import AppConfig
     from app.main import create_app
     from app.protocol import Batch, RenderContext
-    from engine.session import GenerationSession
+    from engine.serving.session import GenerationSession
 
     with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character")),
                     base_url="http://localhost") as client:

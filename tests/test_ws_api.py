@@ -314,9 +314,10 @@ def test_own_origin_and_no_origin_are_accepted(live_server):
 @pytest.fixture(scope="module")
 def small_server(models_dir):
     """A server with an extra allowed origin and room for one session only."""
+    from live_server import serve
+
     from app.config import AppConfig
     from app.main import create_app
-    from live_server import serve
 
     config = AppConfig(models_dir=models_dir, allowed_origins=("https://slides.example",), max_sessions=1)
     with serve(create_app(config)) as base_url:
@@ -423,7 +424,7 @@ def test_a_vanished_client_mid_stream_frees_its_blocks(live_server):
 
 def test_an_engine_failure_is_reported_and_the_connection_and_server_stay_up(live_server, monkeypatch):
     """A bug inside a round (simulated) ends that generation with an error event, not the connection."""
-    from engine.session import GenerationSession
+    from engine.serving.session import GenerationSession
 
     original = GenerationSession._round
 
@@ -450,10 +451,10 @@ def test_an_engine_failure_is_reported_and_the_connection_and_server_stay_up(liv
 def test_a_client_that_never_reads_is_closed_before_it_costs_memory():
     """Answers to a client that sends but never reads (its socket full) pile up; past a bound it is closed (1008)."""
     from app.config import AppConfig
+    from app.state import Playground
     from app.views.json import JsonView
     from app.ws.connection import Connection
     from app.ws.socket import MAX_UNSENT_ITEMS
-    from app.state import Playground
 
     class StuckSocket:                          # receives at once, never finishes a send
         def __init__(self):

@@ -42,7 +42,7 @@ def layers(model: dict) -> str:
 
 def model_line(info: str, model: dict, step_ms: float | None) -> str:
     """The model line, with a model's measured floor beside its measured decode step when it has one (a model
-    whose weights do not fit in the caches: its step streams them all, engine/layout.py)."""
+    whose weights do not fit in the caches: its step streams them all, engine/model/layout.py)."""
     floor = model.get("weights_stream_ms")
     if floor is None:
         return info

@@ -15,21 +15,27 @@ app/views/kv_map.py) and sends only what changed. It renders from data only: the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 from typing import Callable, Collection
 
 from app.protocol import Batch, Command, CommandError, Notice, RenderContext, json_object, parse_speed
-from app.views.fragments import (fmt_metric, human_bytes, model_info_text, model_line, setting_text, status_view,
-                                 summary_text, token_html)
+from app.views.fragments import (
+    fmt_metric,
+    human_bytes,
+    model_info_text,
+    model_line,
+    setting_text,
+    status_view,
+    summary_text,
+    token_html,
+)
 from app.views.kv_map import KvMap
-from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_options,
-                            server_set)
+from app.views.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_options, server_set
 from app.views.recording import RECORDINGS
 from app.views.templating import macros
-from engine.kv_cache import PoolSnapshot
-from engine.registry import ModelRegistry
-from engine.server_metrics import server_gauges
-from engine.settings import LIVE_SETTINGS, excerpt
+from engine.external.server_metrics import server_gauges
+from engine.kv.cache import PoolSnapshot
+from engine.serving.registry import ModelRegistry
+from engine.serving.settings import LIVE_SETTINGS, excerpt
 
 METRICS = tuple(name for name, _, _ in GAUGES)
 ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")

@@ -12,11 +12,11 @@ from urllib.parse import urlencode
 
 from app.presets import DEFAULT_PROMPT, PRESETS
 from app.protocol import CommandError
-from engine.kv_dtypes import KV_CACHE_DTYPES
-from engine import engine_race
-from engine.race import default_values, form_text, race_choices
-from engine.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError
-from engine.theory import worked_table
+from engine.experiments.race import default_values, form_text, race_choices
+from engine.experiments.theory import worked_table
+from engine.external import engine_race
+from engine.kv.dtypes import KV_CACHE_DTYPES
+from engine.serving.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",

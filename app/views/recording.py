@@ -1,6 +1,6 @@
 """Recorded runs: the events of a generation as the page showed them, for export, the token inspector and replay.
 
-A `Recording` is one run's engine events in order (the objects of engine/events.py; their JSON form is
+A `Recording` is one run's engine events in order (the objects of engine/serving/events.py; their JSON form is
 `to_dict()`), plus the KV pools as the page drew them after the run had freed its blocks. Exported, it is
 a JSON file (`to_json`) that `from_json` reads back; app/views/replay.py turns it into the very messages the page
 received, one per round, without an engine.
@@ -22,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from engine.events import Event, event_from_dict
+from engine.serving.events import Event, event_from_dict
 
 FORMAT = "decoding-playground/recording"
 VERSION = 1

@@ -44,8 +44,8 @@ from app.ws.external import start_external
 from app.ws.run import OUTBOX_MAX_BATCHES, Run, next_run_id
 from app.ws.sender import PacedSender
 from app.ws.socket import Outbox, Socket
-from engine.session import GenerationSession
-from engine.settings import SettingsError, excerpt
+from engine.serving.session import GenerationSession
+from engine.serving.settings import SettingsError, excerpt
 
 if TYPE_CHECKING:
     from app.state import Playground

@@ -4,9 +4,9 @@
     link = SessionLink(session, pacing, deliver)    # one generation of one connection
     await engine_thread.add(session, link)          # events now reach deliver(), a round at a time
     await engine_thread.remove(session)             # stop it now and free its KV blocks (idempotent)
-    result = await engine_thread.submit(job)        # a teaching experiment (engine/jobs.py), step by step
+    result = await engine_thread.submit(job)        # a teaching experiment (engine/serving/jobs.py), step by step
 
-The thread runs the engine's `Scheduler` (engine/scheduler.py): every admitted session advances to its
+The thread runs the engine's `Scheduler` (engine/serving/scheduler.py): every admitted session advances to its
 next forward, and the forwards of the same model run as one batched computation. Between steps it runs
 the calls the event loop queued (add, remove), one step of every submitted job (the teaching views'
 experiments: a fault comparison, a race, a distribution check, a verify-cost curve), and sends everything
@@ -36,7 +36,7 @@ import time
 from collections import deque
 from typing import Callable, Protocol
 
-from engine.scheduler import MAX_NUM_BATCHED_TOKENS, Scheduler, ServedSession
+from engine.serving.scheduler import MAX_NUM_BATCHED_TOKENS, Scheduler, ServedSession
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class EngineThread:
         return future
 
     def submit(self, job) -> asyncio.Future:
-        """Run a job (engine/jobs.py) in the engine thread, one step between two scheduler steps, so that
+        """Run a job (engine/serving/jobs.py) in the engine thread, one step between two scheduler steps, so that
         every session keeps generating meanwhile; the future gets its result (or its exception). A job whose
         future is cancelled (its request went away) is closed at its next step."""
         future = self._loop.create_future()

@@ -2,7 +2,7 @@
 
 The operator configures them at start-up (`serve --openai-url ...`, and the embedded llama.cpp server that
 `serve` starts on the fetched GGUF); a client only names one. A generation on one is an asyncio task on
-the connection (it waits on the network, never on our engine thread) that reads `engine/openai_stream.py`'s
+the connection (it waits on the network, never on our engine thread) that reads `engine/external/openai_stream.py`'s
 events and delivers them as the engine thread would: one chunk's events at a time, through the same
 `Connection._deliver`, held between chunks while the client lags behind, while paused, or by its speed.
 """
@@ -19,10 +19,10 @@ import httpx
 from app.protocol import CommandError
 from app.ws.engine_thread import PARKED
 from app.ws.run import OUTBOX_MAX_BATCHES, Run, next_run_id
-from engine.events import Done
-from engine.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
-from engine.openai_stream import ExternalEngine, stream_chat, validated
-from engine.server_metrics import fetch_server_config, fetch_server_metrics
+from engine.external.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
+from engine.external.openai_stream import ExternalEngine, stream_chat, validated
+from engine.external.server_metrics import fetch_server_config, fetch_server_metrics
+from engine.serving.events import Done
 
 logger = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from .train import TrainConfig
 
-# Training recipes of the shipped models. The architecture of each is engine.config.PRESETS[name].
+# Training recipes of the shipped models. The architecture of each is engine.model.config.PRESETS[name].
 RECIPES: dict[str, dict] = {
     "target-mha": dict(steps=3600, batch_size=4, seq_len=512, lr=3e-3, warmup_steps=100, eval_every=200,
                        notes="the target, trained from scratch"),
@@ -45,7 +45,7 @@ RECIPES: dict[str, dict] = {
 
 
 def _describe() -> str:
-    lines = ["presets (architecture from engine.config.PRESETS, recipe from engine.training.cli.RECIPES):"]
+    lines = ["presets (architecture from engine.model.config.PRESETS, recipe from engine.training.cli.RECIPES):"]
     for name, r in RECIPES.items():
         cfg = ModelConfig.from_name(r.get("arch", name))
         layers = f"{cfg.num_hidden_layers} layer{'s' if cfg.num_hidden_layers > 1 else ''}"

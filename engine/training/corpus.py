@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..tokenizer import TextTokenizer
+from ..model.tokenizer import TextTokenizer
 
 VOCAB_CHARS = "\t\n" + "".join(chr(c) for c in range(32, 127))
 VAL_EVERY = 10

@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from ..kv_cache import KVCacheManager
-from ..model import Model, forward, forward_no_cache
+from ..kv.cache import KVCacheManager
+from ..model.llama import Model, forward, forward_no_cache
 
 
 def speculative_greedy(target: Model, draft: Model, prompt, max_tokens=128, k=4):

@@ -26,14 +26,14 @@ import numpy as np
 
 
 def heads_cache(target: str) -> Path:
-    from ..fetched import cache_dir
+    from ..model.fetched import cache_dir
     return cache_dir() / "heads" / target
 
 
 def corpus_data(folder: Path, lm, windows: int = 384, length: int = 256, split: str = "train", log=print) -> None:
     """A character model's hidden states over fixed windows of its corpus's `split` (teacher forcing; "val"
     for held-out figures)."""
-    from ..model import forward
+    from ..model.llama import forward
     from .corpus import load_corpus
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "feats").mkdir(exist_ok=True)
@@ -55,8 +55,8 @@ def corpus_data(folder: Path, lm, windows: int = 384, length: int = 256, split: 
 
 
 def _trainer(args, log):
-    from ..checkpoint import load_checkpoint
-    from ..registry import ModelRegistry
+    from ..model.checkpoint import load_checkpoint
+    from ..serving.registry import ModelRegistry
     from .head_train import HeadTrainConfig, HeadTrainer
     lm = ModelRegistry.from_dir().models[args.target]
     cfg, w, _ = load_checkpoint(lm.path, with_tokenizer=False)
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{time.time() - t0:7.0f}s] {msg}", file=sys.stderr, flush=True)
     folder = Path(args.folder or heads_cache(args.target))
     if args.stage == "data":
-        from ..registry import ModelRegistry
+        from ..serving.registry import ModelRegistry
         lm = ModelRegistry.from_dir().get(args.target)
         if lm.tokenizer.chat_template is not None:
             from .head_data import build
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                           "of": "the last training conversations" if args.on_training else "held out",
                           **trainer.evaluate(convs, args.gamma)}, indent=1))
     else:
-        from ..heads import HEADS_DIR
+        from ..spec_decode.heads import HEADS_DIR
         trainer = _trainer(args, log)
         out = Path(args.out or HEADS_DIR / args.target)
         warm = warm_start(trainer.trained_with.get("init_from"), out / "training.json")   # before it is overwritten

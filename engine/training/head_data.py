@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..kv_cache import KVCacheManager
-from ..model import forward, forward_batch
+from ..kv.cache import KVCacheManager
+from ..model.llama import forward, forward_batch
 from .head_prompts import derived_prompt, train_prompts
 
 

@@ -6,7 +6,7 @@ position i is the (s+1)-th draft of the chain started from the real feature at i
 proposes token t+1+i from f_t. A chain started at t accepts its k-th draft when drafts 1..k are all right;
 every answer position with γ tokens after it starts one chain. Drafts are the argmax over the draft
 vocabulary the engine's proposers use: the subset, and for EAGLE the tokens of the conversation up to the
-chain's start (engine.heads.ContextVocabulary); another token is a rejection, as in the engine. `run_acceptance_length` walks each answer as a
+chain's start (engine.spec_decode.heads.ContextVocabulary); another token is a rejection, as in the engine. `run_acceptance_length` walks each answer as a
 run does instead: a chain starts where the last one stopped, so hard spots start more chains than at every
 position. This is not `bench heads` (whose figures are timed on a few prompts); it is quick and measures the
 heads alone.
@@ -69,7 +69,7 @@ def _drafts(logits, vocab, since, start):  # [n, u], chain starts [n] -> the arg
 
 
 def eagle_acceptance(params, cfg, convs, subset, lm_rows, embed, gamma: int, scale) -> dict:
-    """lm_rows: the target's LM head rows by token id (engine.heads.LMRows) -> {per_position: [gamma],
+    """lm_rows: the target's LM head rows by token id (engine.spec_decode.heads.LMRows) -> {per_position: [gamma],
     mean_acceptance_length: {γ: L for γ = 1..gamma}, chains, run_acceptance_length}."""
     total = np.zeros(3 * gamma + 1)
     for c, f, valid in _per_conversation(convs, scale):

@@ -4,7 +4,7 @@ One process trains both heads on random windows of the data (EAGLE every step, M
 batch every `medusa_every` steps), AdamW, cosine schedule. Everything resumes from
 `state_dir/state.npz` (weights, moments, step, sampler state), written every `ckpt_every` steps; the
 data folder is re-read every `reload_every` steps, so training may start while the data is still
-being generated. `export` writes float16 safetensors for engine/heads.py.
+being generated. `export` writes float16 safetensors for engine/spec_decode/heads.py.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from ..config import ModelConfig
-from ..heads import LMRows
+from ..model.config import ModelConfig
+from ..spec_decode.heads import LMRows
 from . import heads
 from .train import adamw_step, clip_grads
 

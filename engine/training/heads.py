@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from . import llama, ops
 
 LAYER = "model.layers.0."

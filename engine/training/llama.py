@@ -2,14 +2,14 @@
 
 `forward(params, cfg, ids, targets) -> loss, cache` and `backward(cache) -> grads` work on a batch
 of training windows [B, T] at positions 0..T-1. Parameter names and shapes are those of
-`engine.checkpoint.expected_shapes` (Hugging Face's), so a trained dict saves as a checkpoint as is.
+`engine.model.checkpoint.expected_shapes` (Hugging Face's), so a trained dict saves as a checkpoint as is.
 Q/K/V and gate/up are multiplied as one fused matrix each (one matmul instead of three / two).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from . import ops
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import load_checkpoint
-from ..model import Model, forward_no_cache
+from ..model.checkpoint import load_checkpoint
+from ..model.llama import Model, forward_no_cache
 from .corpus import load_corpus
 from .evaluate import acceptance, draft_cost, top1_agreement
 
@@ -36,8 +36,8 @@ ids = tok("def __init__(self", return_tensors="pt").input_ids
 print(tok.decode(model.generate(ids, max_new_tokens=64, do_sample=False)[0]))
 ```
 
-{verified}In this project: `engine.checkpoint.load_checkpoint("models/{name}")` -> (config, float32 weights,
-tokenizer), then `engine.model.Model(config, weights)`.
+{verified}In this project: `engine.model.checkpoint.load_checkpoint("models/{name}")` -> (config, float32 weights,
+tokenizer), then `engine.model.llama.Model(config, weights)`.
 """
 
 # The last run of scripts/check_hf_transformers.py (by hand, in a separate venv with torch and transformers;

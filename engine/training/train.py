@@ -20,15 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import init_weights, load_checkpoint, save_checkpoint
-from ..config import ModelConfig
+from ..model.checkpoint import init_weights, load_checkpoint, save_checkpoint
+from ..model.config import ModelConfig
 from . import llama
 from .corpus import load_corpus
 
 
 @dataclass
 class TrainConfig:
-    preset: str                      # the architecture: a name in engine.config.PRESETS
+    preset: str                      # the architecture: a name in engine.model.config.PRESETS
     steps: int = 1000
     batch_size: int = 8              # windows per step
     seq_len: int = 512               # tokens per window (positions 0..seq_len-1)

@@ -277,8 +277,8 @@ def test_the_phone_watcher_shows_the_lane_and_the_stream_legibly(live_server, br
 
 
 def test_a_race_of_mha_against_mqa_from_its_url(live_server, models_dir, browser, artifacts_dir):
-    from engine.checkpoint import load_config
-    from engine.kv_dtypes import kv_bytes_per_token
+    from engine.kv.dtypes import kv_bytes_per_token
+    from engine.model.checkpoint import load_config
 
     context = browser.new_context(viewport={"width": 1280, "height": 720})
     page = context.new_page()

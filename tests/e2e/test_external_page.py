@@ -5,7 +5,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from engine.llamacpp_server import LABEL, gguf_path, unavailable_reason
+from engine.external.llamacpp_server import LABEL, gguf_path, unavailable_reason
 
 from .test_playground import open_page, url, wait_state
 
@@ -15,9 +15,10 @@ def llamacpp_server(models_dir):
     reason = unavailable_reason(gguf_path())
     if reason:
         pytest.skip(f"!!! llama.cpp page test SKIPPED: {reason} !!!")
+    from live_server import serve
+
     from app.config import AppConfig
     from app.main import create_app
-    from live_server import serve
 
     app = create_app(AppConfig(models_dir=models_dir, embedded_llamacpp=True))
     with serve(app) as base_url:

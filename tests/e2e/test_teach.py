@@ -14,8 +14,8 @@ from playwright.sync_api import expect
 
 from app.presets import DEFAULT_PROMPT
 from e2e.test_playground import PROMPT, open_page, url, wait_state, wait_until
-from engine.kv_memory import paging_waste, seed_request_mix
-from engine.theory import expected_tokens_per_round
+from engine.experiments.theory import expected_tokens_per_round
+from engine.kv.memory import paging_waste, seed_request_mix
 
 pytestmark = pytest.mark.browser
 
@@ -75,11 +75,11 @@ def test_theory_view_follows_the_run(live_server, page, artifacts_dir):
     wait_until(page, "document.querySelector('#theory-figures').dataset.rounds === "
                      "document.querySelector('#run-status').dataset.round")
     wait_until(page, "document.querySelector('#theory-run-row [data-col=curve]').textContent.includes('×')")
-    # its acceptance rate is the gauge's, and its E is Leviathan's formula (the same one engine/theory.py has)
+    # its acceptance rate is the gauge's, and its E is Leviathan's formula (the same one engine/experiments/theory.py has)
     # (to their precisions: the figure has 3 decimals, the gauge 2)
     assert float(page.inner_text("#theory-figures [data-figure=acceptance_rate]")) == \
         pytest.approx(float(page.inner_text("#m-acceptance_rate")), abs=0.005 + 0.0005 + 1e-9)
-    # the figures are the server's (engine/theory.py over the recorded rounds): the page draws what it is sent,
+    # the figures are the server's (engine/experiments/theory.py over the recorded rounds): the page draws what it is sent,
     # and with γ the same in every proposing round E is Leviathan's formula at the run's α
     key = page.get_attribute("#stream", "data-recording")
     series = page.evaluate(f"fetch('/teach/theory.json?recording={key}').then(r => r.json())")

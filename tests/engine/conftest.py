@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 
 import engine  # noqa: F401  (pins BLAS threads before numpy work)
-from engine.checkpoint import init_weights
-from engine.config import ModelConfig
-from engine.model import Model
+from engine.model.checkpoint import init_weights
+from engine.model.config import ModelConfig
+from engine.model.llama import Model
 
 
 def make_model(preset="tiny", seed=0, std=0.2, **changes):
@@ -38,8 +38,8 @@ def rng():
 def family():
     """A small in-memory model family: MHA / GQA / MQA targets, a different draft, and the target's twin
     as a draft (always agrees greedily, so every round ends with a bonus token)."""
-    from engine.registry import InferenceEngine, LoadedModel, ModelRegistry
-    from engine.tokenizer import TextTokenizer
+    from engine.model.tokenizer import TextTokenizer
+    from engine.serving.registry import InferenceEngine, LoadedModel, ModelRegistry
 
     tok = TextTokenizer.char_level("abcdefghijklmnopqrstuvwxyz ():\n.=_,")
     base = ModelConfig.from_name("tiny").replace(vocab_size=tok.vocab_size, eos_token_id=None)

@@ -1,9 +1,9 @@
-"""The seeded sampling check both rejection-sampler tests use: draw from q, verify against p (engine.speculative),
+"""The seeded sampling check both rejection-sampler tests use: draw from q, verify against p (engine.spec_decode.verify),
 and compare the emitted tokens' distribution with p and with direct samples from p."""
 import numpy as np
 
-from engine.sampling import sample
-from engine.speculative import verify
+from engine.spec_decode.sampling import sample
+from engine.spec_decode.verify import verify
 
 
 def rejection_check(p, q, n: int = 200_000, seed: int = 42) -> tuple[float, float, float]:

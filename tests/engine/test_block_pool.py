@@ -1,11 +1,12 @@
 """The block pool and the manager, step by step (after vLLM's test_kv_cache_utils), plus a property test."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engine.block_pool import BlockPool, KVCacheFullError, hash_block_tokens
-from engine.config import ModelConfig
-from engine.kv_cache import KVCacheManager
+from engine.kv.block_pool import BlockPool, KVCacheFullError, hash_block_tokens
+from engine.kv.cache import KVCacheManager
+from engine.model.config import ModelConfig
 
 CFG = ModelConfig.from_name("tiny")
 

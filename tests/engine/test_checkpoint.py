@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from engine.checkpoint import CheckpointError, init_weights, load_checkpoint, save_checkpoint
-from engine.config import ModelConfig
-from engine.model import Model, forward_no_cache
-from engine.tokenizer import TextTokenizer, UnknownCharactersError
+from engine.model.checkpoint import CheckpointError, init_weights, load_checkpoint, save_checkpoint
+from engine.model.config import ModelConfig
+from engine.model.llama import Model, forward_no_cache
+from engine.model.tokenizer import TextTokenizer, UnknownCharactersError
 
 TEXT = "def f(x):\n    return x + 1  # ok\n"
 

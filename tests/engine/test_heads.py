@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 from rejection_check import rejection_check
 
-from engine.heads import ContextVocabulary, EagleHead, FeatureLog, MedusaHead, draft_from
-from engine.model import forward
-from engine.sampling import probs_from_logits
-from engine.session import GenerationSession
-from engine.shootout import h100_speedup, shootout
-from engine.settings import SettingsError
-from engine.speculative import first_token_distribution
+from engine.experiments.shootout import h100_speedup, shootout
+from engine.model.llama import forward
+from engine.serving.session import GenerationSession
+from engine.serving.settings import SettingsError
+from engine.spec_decode.heads import ContextVocabulary, EagleHead, FeatureLog, MedusaHead, draft_from
+from engine.spec_decode.sampling import probs_from_logits
+from engine.spec_decode.verify import first_token_distribution
 from engine.training import heads as head_math
 
 PROMPTS = ["def add(a, b):\n    return a", "class point:\n    def ", "x = (a, b)\nfor i in x:\n    "]
@@ -229,7 +229,7 @@ def test_feature_log_grows_and_keeps_rows():
 
 def test_top_rows_of_a_subset_head_match_a_full_sort_and_stay_cheap():
     """A head's q is 0 outside its subset; its top-5 (the inspector's) must equal a full sort's, rows of p too."""
-    from engine.sampling import softmax, top_k_rows
+    from engine.spec_decode.sampling import softmax, top_k_rows
     rng = np.random.default_rng(3)
     logits = np.full((3, 5000), -np.inf)
     logits[:, rng.choice(5000, 300, replace=False)] = rng.standard_normal((3, 300))
@@ -251,7 +251,7 @@ def test_a_chunked_prefill_gives_eagle_the_same_features_as_a_whole_one(family):
     """A prompt longer than the scheduler's token budget is prefilled in chunks; the EAGLE head must still see
     the target's hidden state at every prompt position, so it drafts exactly what it drafts after a whole
     prefill: the same drafts, hence the same acceptance counts, not only the same (exact) output."""
-    from engine.scheduler import Scheduler
+    from engine.serving.scheduler import Scheduler
 
     long_prompt = "def parse(line):\n    return line.split(),\n" * 4
     settings = {"model": "t-mha", "method": "eagle", "num_speculative_tokens": 3, "max_tokens": 40,

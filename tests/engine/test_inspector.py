@@ -1,9 +1,9 @@
-"""The token inspector's figures (engine/inspector.py): p(x), q(x) and the top-5 lists equal those of a float64
+"""The token inspector's figures (engine/spec_decode/inspector.py): p(x), q(x) and the top-5 lists equal those of a float64
 softmax and a full sort, whether a round hands over logits (greedy) or distributions (sampling)."""
 import numpy as np
 
-from engine.events import TokenResult
-from engine.inspector import InspectorAnnotations, Unshown
+from engine.serving.events import TokenResult
+from engine.spec_decode.inspector import InspectorAnnotations, Unshown
 
 
 class Tokens:

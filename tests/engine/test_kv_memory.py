@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.kv_cache import KVCacheManager
-from engine.kv_dtypes import KV_CACHE_DTYPES, kv_bytes_per_token, resolve_kv_cache_dtype
-from engine.model import forward, forward_no_cache
+from engine.kv.cache import KVCacheManager
+from engine.kv.dtypes import KV_CACHE_DTYPES, kv_bytes_per_token, resolve_kv_cache_dtype
+from engine.model.llama import forward, forward_no_cache
 
 ELEMENT_BYTES = {"auto": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8_per_token_head": 1}
 # Max |logit error| against float32, relative to the logits' standard deviation, measured on a random
@@ -36,8 +36,8 @@ def test_bytes_equal_the_formula_and_the_store(make_model, dtype, kv_heads):
 
 RESIDENT_GROWTH = """
 import os
-from engine.config import ModelConfig
-from engine.kv_cache import KVCacheManager
+from engine.model.config import ModelConfig
+from engine.kv.cache import KVCacheManager
 
 def resident_bytes():
     with open("/proc/self/statm") as f:
@@ -63,7 +63,7 @@ def test_a_pool_holds_its_memory_from_the_start():
 
 def test_seed_figures_for_its_own_model():
     # The seed: 4 layers x 2 x 4 heads x head dim 24 x 512 tokens x 4 bytes = 1,572,864 bytes.
-    from engine.config import ModelConfig
+    from engine.model.config import ModelConfig
     cfg = ModelConfig(hidden_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4)
     assert kv_bytes_per_token(cfg, "fp32") * 512 == 1_572_864
     assert kv_bytes_per_token(cfg, "fp16") * 512 == 786_432

@@ -1,10 +1,10 @@
-"""Weight layouts for models beyond the caches (engine/layout.py): the same products and the same logits."""
+"""Weight layouts for models beyond the caches (engine/model/layout.py): the same products and the same logits."""
 import numpy as np
 import pytest
 
-from engine.kv_cache import KVCacheManager
-from engine.layout import FEW_ROWS, LAYOUTS, stream_ms, use_fastest_layout, use_layout, weight_bytes, weights_of
-from engine.model import forward
+from engine.kv.cache import KVCacheManager
+from engine.model.layout import FEW_ROWS, LAYOUTS, stream_ms, use_fastest_layout, use_layout, weight_bytes, weights_of
+from engine.model.llama import forward
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -25,7 +25,7 @@ def test_each_layout_computes_the_same_products(layout):
 def test_three_panel_rows_run_as_four_where_that_is_faster(monkeypatch):
     """`pad_rows` measures 3 against 4 rows on the LM head and sets the process's padding from it; padded or
     not, 3 rows give the product of 3 rows."""
-    from engine.layout import PanelWeight, pad_rows
+    from engine.model.layout import PanelWeight, pad_rows
 
     class WithHead:
         lm_head = PanelWeight(np.random.default_rng(1).standard_normal((96, 640)).astype(np.float32))

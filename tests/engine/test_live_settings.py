@@ -1,9 +1,9 @@
 """Settings changed mid-generation take effect at the next round, and report true figures."""
 import pytest
 
-from engine.kv_dtypes import kv_bytes_per_token
-from engine.session import GenerationSession
-from engine.settings import SettingsError
+from engine.kv.dtypes import kv_bytes_per_token
+from engine.serving.session import GenerationSession
+from engine.serving.settings import SettingsError
 
 PROMPT = "def add(a, b):\n    return a + b\n"
 
@@ -107,12 +107,12 @@ def test_teaching_faults_reproduce_the_seed_symptoms(family):
 
 
 def test_making_a_kv_pool_is_part_of_no_measured_time(family, monkeypatch):
-    """A pool is made on first use and its memory written then (engine.kv_cache): that is not engine time,
+    """A pool is made on first use and its memory written then (engine.kv.cache): that is not engine time,
     neither of the first token nor of a settings change that needs a new pool. Making a pool is slowed
     here to 0.3 s so that counting it anywhere would show."""
     import time
 
-    from engine.kv_cache import KVCacheManager
+    from engine.kv.cache import KVCacheManager
 
     made = []
     original = KVCacheManager.__init__

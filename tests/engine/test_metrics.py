@@ -4,7 +4,7 @@ import statistics
 import numpy as np
 import pytest
 
-from engine.metrics import SpecDecodeStats
+from engine.serving.metrics import SpecDecodeStats
 
 
 def test_summary_medians_and_means_equal_their_definitions_after_every_record():

@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from engine import reference
-from engine.checkpoint import init_weights
-from engine.config import ModelConfig
-from engine.kv_cache import KVCacheManager
-from engine.model import ContextLengthError, Model, forward, forward_no_cache
+from engine.kv.cache import KVCacheManager
+from engine.model import reference
+from engine.model.checkpoint import init_weights
+from engine.model.config import ModelConfig
+from engine.model.llama import ContextLengthError, Model, forward, forward_no_cache
 
 
 def greedy_cached(model, mgr, prompt, steps):
@@ -111,7 +111,7 @@ def test_position_beyond_context_is_a_clear_error(tiny):
 @pytest.mark.parametrize("dtype", ["auto", "int8_per_token_head"])
 def test_batched_forward_equals_one_by_one(seed_target, dtype):
     """Continuous batching: mixed lengths (decode steps and a verify block) in one computation."""
-    from engine.model import forward_batch
+    from engine.model.llama import forward_batch
     model, _ = seed_target
     rng = np.random.default_rng(9)
     mgr_a = KVCacheManager(model.cfg, num_blocks=60, block_size=16, kv_cache_dtype=dtype)

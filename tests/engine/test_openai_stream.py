@@ -1,4 +1,4 @@
-"""engine/openai_stream.py against a hostile server on loopback (tests/hostile_engine.py) and against a real
+"""engine/external/openai_stream.py against a hostile server on loopback (tests/hostile_engine.py) and against a real
 llama.cpp server (xllamacpp, the SmolLM2 GGUF)."""
 import asyncio
 import concurrent.futures
@@ -9,8 +9,8 @@ import httpx
 import pytest
 from hostile_engine import HostileEngine
 
-from engine.llamacpp_server import EmbeddedLlamaCpp, gguf_path, unavailable_reason
-from engine.openai_stream import ExternalEngine, StreamLimits, stream_chat
+from engine.external.llamacpp_server import EmbeddedLlamaCpp, gguf_path, unavailable_reason
+from engine.external.openai_stream import ExternalEngine, StreamLimits, stream_chat
 
 LIMITS = StreamLimits(connect_s=2.0, stall_s=1.0, total_s=3.0, max_line_bytes=64 * 1024)
 
@@ -116,7 +116,7 @@ def test_llamacpp_refuses_a_request_without_its_key(llamacpp):
 
 
 def test_server_metrics_of_vllm_and_llamacpp_are_read_and_summed_over_labels():
-    from engine.server_metrics import parse_prometheus
+    from engine.external.server_metrics import parse_prometheus
     text = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.25
@@ -134,7 +134,7 @@ not a metric line
 
 
 def test_the_server_gauges_read_vllm_s_series_and_say_where_a_server_publishes_none():
-    from engine.server_metrics import server_gauges
+    from engine.external.server_metrics import server_gauges
     rows = {r["label"]: r["text"] for r in server_gauges({
         "vllm:kv_cache_usage_perc": 0.25, "vllm:num_requests_running": 3.0, "vllm:prefix_cache_hits_total": 96.0,
         "vllm:spec_decode_num_accepted_tokens_total": 42.0, "vllm:spec_decode_num_draft_tokens_total": 60.0,

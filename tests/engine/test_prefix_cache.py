@@ -1,8 +1,8 @@
 """Prefix caching: a cached prefix gives the same logits as a fresh run and computes fewer tokens."""
 import numpy as np
 
-from engine.kv_cache import KVCacheManager
-from engine.model import forward
+from engine.kv.cache import KVCacheManager
+from engine.model.llama import forward
 
 
 def test_prefix_cached_run_equals_fresh_run(tiny):

@@ -1,10 +1,10 @@
-"""A race of two settings (engine/race.py): each side's figures are the engine's, the verdict quotes them."""
+"""A race of two settings (engine/experiments/race.py): each side's figures are the engine's, the verdict quotes them."""
 import pytest
 
-from engine.kv_dtypes import kv_bytes_per_token
-from engine.engine_race import OURS, engine_pair
-from engine.race import race, race_choices, verdict
-from engine.settings import SettingsError
+from engine.experiments.race import race, race_choices, verdict
+from engine.external.engine_race import OURS, engine_pair
+from engine.kv.dtypes import kv_bytes_per_token
+from engine.serving.settings import SettingsError
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 

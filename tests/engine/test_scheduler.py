@@ -1,6 +1,6 @@
 """The scheduler: many sessions advanced together, forwards of one model batched, same results."""
-from engine.scheduler import Scheduler
-from engine.session import GenerationSession
+from engine.serving.scheduler import Scheduler
+from engine.serving.session import GenerationSession
 
 PROMPTS = ["def add(a, b):\n    return a", "class Foo:\n    def __init__(self", "import os\nimport s",
            "for i in range(10):\n    print(i", "x = [1, 2, 3]\ny = x"]

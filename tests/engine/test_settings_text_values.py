@@ -1,7 +1,7 @@
 """Settings arrive as text from forms, query strings and websocket messages; each must parse as its value."""
 import pytest
 
-from engine.settings import GenerationSettings, SettingsError
+from engine.serving.settings import GenerationSettings, SettingsError
 
 
 def test_every_setting_accepts_its_value_as_text():

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 from rejection_check import rejection_check
 
-from engine.sampling import probs_from_logits, top_k_rows, top_p_filter
-from engine.session import GenerationSession
-from engine.proposers import point_masses
-from engine.speculative import first_token_distribution, ngram_propose, verify, verify_greedy
+from engine.serving.session import GenerationSession
+from engine.spec_decode.proposers import point_masses
+from engine.spec_decode.sampling import probs_from_logits, top_k_rows, top_p_filter
+from engine.spec_decode.verify import first_token_distribution, ngram_propose, verify, verify_greedy
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 

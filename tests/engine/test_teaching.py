@@ -1,12 +1,12 @@
-"""The teaching views' experiments (engine/teaching.py) and the events' JSON round trip (replay)."""
+"""The teaching views' experiments (engine/experiments/traces.py) and the events' JSON round trip (replay)."""
 import json
 
 import pytest
 
-from engine.events import EVENT_TYPES, event_from_dict
-from engine.session import GenerationSession
-from engine.settings import SettingsError
-from engine.teaching import fault_comparison, first_divergence, trace
+from engine.experiments.traces import fault_comparison, first_divergence, trace
+from engine.serving.events import EVENT_TYPES, event_from_dict
+from engine.serving.session import GenerationSession
+from engine.serving.settings import SettingsError
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 

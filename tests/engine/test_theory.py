@@ -1,8 +1,8 @@
 """The seed articles' figures, reproduced by the formulas the playground shows."""
 import pytest
 
-from engine.kv_memory import GIB, KIB, MIB, PUBLIC_CONFIGS, calculator, paging_waste, seed_request_mix
-from engine.theory import ACCELERATORS, expected_tokens_per_round, projected_speedup, worked_table
+from engine.experiments.theory import ACCELERATORS, expected_tokens_per_round, projected_speedup, worked_table
+from engine.kv.memory import GIB, KIB, MIB, PUBLIC_CONFIGS, calculator, paging_waste, seed_request_mix
 
 
 def test_second_seed_worked_table():
@@ -57,7 +57,7 @@ def test_roofline_projection_memory_bound_at_batch_1():
 
 
 def test_projected_verify_curve_is_flat_until_compute_bound():
-    from engine.theory import projected_verify_curve
+    from engine.experiments.theory import projected_verify_curve
     acc = ACCELERATORS["H100-SXM"]
     alone = projected_verify_curve(acc, 8.03e9, 128 * KIB, 2048, range(1, 18))
     assert alone[1] == 1 and alone[17] == pytest.approx(1.0)            # batch 1: 17 tokens cost one step
@@ -68,9 +68,9 @@ def test_projected_verify_curve_is_flat_until_compute_bound():
 
 
 def test_a_runs_series_puts_its_measured_rounds_beside_the_formulas():
-    """engine/theory.py's run_series (the Theory view's figures): α counts the judged drafts (a rejection ends
+    """engine/experiments/theory.py's run_series (the Theory view's figures): α counts the judged drafts (a rejection ends
     its round), E is Leviathan's formula at that α, the speed-ups divide it by the cost of a round."""
-    from engine.theory import RoundPoint, run_alpha, run_series, speedup_flat_verify
+    from engine.experiments.theory import RoundPoint, run_alpha, run_series, speedup_flat_verify
 
     # γ = 3: all accepted (3 + bonus), one rejected at position 2 (1 accepted), one plain round without drafts
     points = [RoundPoint(2.0, 0.3, 4, 3, 3), RoundPoint(2.0, 0.3, 2, 3, 1), RoundPoint(1.0, 0.0, 1, 0, 0)]

@@ -24,7 +24,7 @@ def smollm2_dir():
 def gguf_reader(smollm2_dir):
     import gguf
 
-    from engine.fetched import CATALOGUE, gguf_path
+    from engine.model.fetched import CATALOGUE, gguf_path
 
     return gguf.GGUFReader(str(gguf_path(CATALOGUE[NAME])))
 
@@ -32,8 +32,8 @@ def gguf_reader(smollm2_dir):
 @pytest.fixture(scope="session")
 def smollm2_engine(smollm2_dir):
     """An engine serving SmolLM2 alone (weights loaded once for the whole test session)."""
-    from engine.fetched import fetched_models
-    from engine.registry import InferenceEngine, ModelRegistry
+    from engine.model.fetched import fetched_models
+    from engine.serving.registry import InferenceEngine, ModelRegistry
 
     registry = ModelRegistry(fetched_models())
     registry.get(NAME)
@@ -53,7 +53,7 @@ def tokenizer(smollm2):
 @pytest.fixture(scope="session")
 def run_session(smollm2_engine):
     """Run one SmolLM2 session to its end: (summary, token events)."""
-    from engine.session import GenerationSession
+    from engine.serving.session import GenerationSession
 
     def run(prompt, **settings):
         s = GenerationSession(smollm2_engine, prompt, {"model": NAME, "temperature": 0, **settings})

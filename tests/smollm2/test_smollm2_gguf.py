@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from engine.checkpoint import load_checkpoint
-from engine.gguf import config_from_gguf, dequantized, hf_name, unpermute_rope_rows
-from engine.model import Model, forward_no_cache
-from engine.sampling import softmax
+from engine.model.checkpoint import load_checkpoint
+from engine.model.gguf import config_from_gguf, dequantized, hf_name, unpermute_rope_rows
+from engine.model.llama import Model, forward_no_cache
+from engine.spec_decode.sampling import softmax
 
 
 def llamacpp_permute(w, n_heads):  # [n_heads hd, in]: llama.cpp's converter, HF rotate-half -> interleaved pairs

@@ -1,7 +1,7 @@
 """SmolLM2's shipped draft heads (models/heads/smollm2-135m): exact greedy output, real acceptance, no leaks."""
 import pytest
 
-from engine.session import GenerationSession
+from engine.serving.session import GenerationSession
 
 NAME = "smollm2-135m"
 PROMPTS = ["Explain glaciers in simple terms.", "Write a Python function that rotates a list by k positions."]
@@ -51,12 +51,13 @@ def test_heads_restrict_their_vocabulary_and_say_so(smollm2_engine, smollm2):
 
 
 def test_heads_stream_their_weights_like_the_target(smollm2_engine, smollm2):
-    """The heads' matrices take the target's weight layout (engine/layout.py), chosen by measurement at load;
+    """The heads' matrices take the target's weight layout (engine/model/layout.py), chosen by measurement at load;
     their drafts equal those of the same weights as plain arrays."""
     import numpy as np
-    from engine.heads import load_heads
-    from engine.kv_cache import KVCacheManager
-    from engine.model import forward
+
+    from engine.kv.cache import KVCacheManager
+    from engine.model.llama import forward
+    from engine.spec_decode.heads import load_heads
     eagle = smollm2_engine.registry.heads_for(smollm2)["eagle"]
     assert eagle.model.layout == smollm2.model.layout != "arrays"
     plain = load_heads(smollm2.name, smollm2.cfg, smollm2.model.embed, smollm2.path)["eagle"]

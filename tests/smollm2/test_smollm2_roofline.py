@@ -1,8 +1,8 @@
 """SmolLM2's roofline figures: the measured floor (one pass over its weight bytes) beside its measured step."""
 from app.views.fragments import model_line
-from engine.jobs import run_to_end
-from engine.layout import weights_of
-from engine.measure import verify_cost_steps
+from engine.experiments.measure import verify_cost_steps
+from engine.model.layout import weights_of
+from engine.serving.jobs import run_to_end
 
 
 def test_the_loaded_model_describes_its_weight_bytes_and_their_measured_stream(smollm2):

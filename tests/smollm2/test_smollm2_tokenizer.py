@@ -4,8 +4,8 @@ import json
 import jinja2
 import pytest
 
-from engine.chat import ChatTemplate, chatml, recognise_template
-from engine.tokenizer import StreamDecoder, TextTokenizer, byte_level_alphabet
+from engine.model.chat import ChatTemplate, chatml, recognise_template
+from engine.model.tokenizer import StreamDecoder, TextTokenizer, byte_level_alphabet
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. It's 3:45 pm, isn't it?",

@@ -3,9 +3,9 @@ checkpoint trained here runs unchanged in the engine."""
 import numpy as np
 import pytest
 
-from engine.checkpoint import init_weights
-from engine.config import ModelConfig
-from engine.model import Model, forward_no_cache
+from engine.model.checkpoint import init_weights
+from engine.model.config import ModelConfig
+from engine.model.llama import Model, forward_no_cache
 from engine.training import llama
 
 

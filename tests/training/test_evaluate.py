@@ -2,9 +2,9 @@
 decoding of the target, whatever the draft proposes."""
 import numpy as np
 
-from engine.checkpoint import init_weights
-from engine.config import ModelConfig
-from engine.model import Model, forward_no_cache
+from engine.model.checkpoint import init_weights
+from engine.model.config import ModelConfig
+from engine.model.llama import Model, forward_no_cache
 from engine.training.evaluate import acceptance, draft_cost, speculative_greedy
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from engine.training import heads, ops
 from tests.training.test_ops_gradcheck import TOL, check, numerical_grad, rel_err
 

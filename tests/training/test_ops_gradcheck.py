@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from engine.checkpoint import init_weights
-from engine.config import ModelConfig
+from engine.model.checkpoint import init_weights
+from engine.model.config import ModelConfig
 from engine.training import llama, ops
 
 TOL = 1e-5

@@ -6,13 +6,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engine.checkpoint import load_checkpoint
-from engine.model import Model, forward_no_cache
+from engine.model.checkpoint import load_checkpoint
+from engine.model.config import ModelConfig
+from engine.model.llama import Model, forward_no_cache
 from engine.training import llama
 from engine.training.cli import RECIPES, main
 from engine.training.corpus import load_corpus
 from engine.training.train import TrainConfig, mean_pool_kv, train
-from engine.config import ModelConfig
 
 
 @pytest.fixture(scope="module")

@@ -15,19 +15,18 @@ JSON the views' scripts read (static/teach.js).
 | `POST /teach/race` | the same prompt with one setting apart (`race`, `race_a`, `race_b`), on their engine clocks |
 | `POST /teach/shootout`, `GET /teach/plain.json` | every method of the target, one after another; a recorded run against plain decoding |
 
-One module a view. The routes translate: every figure comes from the engine (engine/theory.py,
-engine/kv_memory.py, engine/teaching.py, engine/race.py, engine/shootout.py, engine/measure.py). Errors are
+One module a view. The routes translate: every figure comes from the engine (engine/experiments/theory.py,
+engine/kv/memory.py, engine/experiments/traces.py, engine/experiments/race.py, engine/experiments/shootout.py, engine/experiments/measure.py). Errors are
 answered with an error fragment and status 200, because htmx does not swap a 4xx answer.
 
 NOTE: experiments started here (faults, race, shoot-out, the distribution check, a curve measurement) are
-jobs on the one engine thread (engine/jobs.py): their steps run between the scheduler's, so every other
+jobs on the one engine thread (engine/serving/jobs.py): their steps run between the scheduler's, so every other
 session keeps generating. At most one of each kind runs at a time per process (common.py), so a room of
 viewers cannot queue engine work here.
 """
 from fastapi import APIRouter
 
-from app.routers.teach import (cost, distribution, faults, inspect, memory, paging, race, replay, shootout,
-                               theory)
+from app.routers.teach import cost, distribution, faults, inspect, memory, paging, race, replay, shootout, theory
 
 router = APIRouter(prefix="/teach", tags=["teach"])
 for view in (inspect, replay, theory, distribution, memory, paging, cost, faults, race, shootout):

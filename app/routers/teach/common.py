@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 from app.views.page import FORM_SETTINGS
 from app.views.recording import RECORDINGS
 from app.views.templating import templates
-from engine.settings import GenerationSettings, SettingsError
+from engine.serving.settings import GenerationSettings, SettingsError
 
 MAX_FORM_BYTES = 64 * 1024
 
@@ -66,7 +66,7 @@ async def teaching_run(request: Request, playground, max_tokens: int, run) -> HT
 
 
 async def run_job(playground, job, kind: OneAtATime):
-    """A job (engine/jobs.py) on the engine thread, its steps between the other sessions' (BusyError while
+    """A job (engine/serving/jobs.py) on the engine thread, its steps between the other sessions' (BusyError while
     another of its kind runs)."""
     try:
         with kind.taken():

@@ -1,5 +1,5 @@
 """`GET /teach/cost`: the verify cost measured here beside a roofline projection for an accelerator
-(engine/theory.py); every figure is computed there, this only reads the form and picks the chart's axis."""
+(engine/experiments/theory.py); every figure is computed there, this only reads the form and picks the chart's axis."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -9,10 +9,16 @@ from app.deps import PlaygroundDep
 from app.routers.teach.common import BusyError, error_fragment, fragment, model_of, number
 from app.routers.teach.theory import recorded_rounds, verify_cost
 from app.views.recording import RECORDINGS
-from engine.kv_memory import PUBLIC_CONFIGS
-from engine.measure import CURVE_NS
-from engine.theory import (ACCELERATORS, accelerator_projections, expected_tokens_per_round, run_alpha,
-                           run_series, speedup_from_curve)
+from engine.experiments.measure import CURVE_NS
+from engine.experiments.theory import (
+    ACCELERATORS,
+    accelerator_projections,
+    expected_tokens_per_round,
+    run_alpha,
+    run_series,
+    speedup_from_curve,
+)
+from engine.kv.memory import PUBLIC_CONFIGS
 
 router = APIRouter()
 

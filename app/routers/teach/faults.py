@@ -1,5 +1,5 @@
 """`POST /teach/faults`: a teaching fault beside a correct run, with the point of divergence
-(engine/teaching.py, as an engine job)."""
+(engine/experiments/traces.py, as an engine job)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -7,8 +7,8 @@ from fastapi.responses import HTMLResponse
 
 from app.deps import PlaygroundDep
 from app.routers.teach.common import RUNS, fragment, run_job, teaching_run
-from engine.settings import FAULTS, SettingsError
-from engine.teaching import fault_comparison_steps
+from engine.experiments.traces import fault_comparison_steps
+from engine.serving.settings import FAULTS, SettingsError
 
 router = APIRouter()
 FAULT_MAX_TOKENS = 64

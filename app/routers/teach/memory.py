@@ -1,4 +1,4 @@
-"""`GET /teach/memory`: the KV memory calculator on public configs (engine/kv_memory.py), beside our models."""
+"""`GET /teach/memory`: the KV memory calculator on public configs (engine/kv/memory.py), beside our models."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -6,9 +6,9 @@ from fastapi.responses import HTMLResponse
 
 from app.deps import PlaygroundDep
 from app.routers.teach.common import fragment, number
-from engine.kv_dtypes import KV_CACHE_DTYPES, kv_bytes_per_token
-from engine.kv_memory import ELEMENT_BYTES, PUBLIC_CONFIGS, calculator
-from engine.theory import ACCELERATORS
+from engine.experiments.theory import ACCELERATORS
+from engine.kv.dtypes import KV_CACHE_DTYPES, kv_bytes_per_token
+from engine.kv.memory import ELEMENT_BYTES, PUBLIC_CONFIGS, calculator
 
 router = APIRouter()
 

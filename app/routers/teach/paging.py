@@ -8,8 +8,8 @@ from fastapi.responses import HTMLResponse
 from app.deps import PlaygroundDep
 from app.routers.teach.common import fragment
 from app.views.recording import RECORDINGS, Recording
-from engine.kv_memory import paging_waste, seed_request_mix
-from engine.teaching import live_pools
+from engine.experiments.traces import live_pools
+from engine.kv.memory import paging_waste, seed_request_mix
 
 router = APIRouter()
 

@@ -1,5 +1,5 @@
 """`POST /teach/shootout`: the shoot-out view. One prompt, every method the target supports, run one after
-another on the engine (engine/shootout.py), as a table beside Spec-Bench's published acceptance lengths.
+another on the engine (engine/experiments/shootout.py), as a table beside Spec-Bench's published acceptance lengths.
 
 `GET /teach/plain.json?recording=KEY`: the Theory view's measured speed-up. Plain decoding of a recorded run's
 prompt with its settings, timed on the same engine (as the Race does); the run's engine time per token
@@ -10,11 +10,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from app.deps import PlaygroundDep
-from app.views.recording import RECORDINGS
 from app.routers.teach.common import RUNS, BusyError, fragment, run_job, teaching_run
-from engine.settings import SettingsError
-from engine.shootout import shootout_steps
-from engine.teaching import trace_steps
+from app.views.recording import RECORDINGS
+from engine.experiments.shootout import shootout_steps
+from engine.experiments.traces import trace_steps
+from engine.serving.settings import SettingsError
 
 router = APIRouter()
 SHOOTOUT_MAX_TOKENS = 64     # five whole runs of a large model; the table needs a few dozen rounds, not more

@@ -1,9 +1,9 @@
 """The Theory view's figures, all computed here (static/teach.js only draws them):
 
 - `GET /teach/curve.json`: this machine's measured verify-cost curve t(n) of a model and its draft's step
-  (engine/measure.py), measured once per model as an engine job; the Cost view uses it too;
+  (engine/experiments/measure.py), measured once per model as an engine job; the Cost view uses it too;
 - `GET /teach/theory.json?recording=KEY&rounds=N`: a run's first N rounds against the formulas
-  (engine/theory.py's `run_series`), with that curve's t(1), t(n)/t(1) and c."""
+  (engine/experiments/theory.py's `run_series`), with that curve's t(1), t(n)/t(1) and c."""
 from __future__ import annotations
 
 from fastapi import APIRouter
@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse
 from app.deps import PlaygroundDep
 from app.routers.teach.common import CURVES, BusyError, model_of, run_job
 from app.views.recording import RECORDINGS
-from engine.measure import verify_cost_steps
-from engine.theory import RoundPoint, run_series
+from engine.experiments.measure import verify_cost_steps
+from engine.experiments.theory import RoundPoint, run_series
 
 router = APIRouter()
 _curves: dict[str, dict] = {}

@@ -1,0 +1,318 @@
+"""`decoding-playground bench heads`: EAGLE and Medusa against plain decoding on SmolLM2 (and n-gram beside them).
+
+What a user sees: every figure comes from fresh generations (a new session per prompt with an empty prefix
+cache, as a `generate` process runs one), through the chat template at temperature 0. Per repeat and prompt the
+plain run comes first, then every method, so noise on the shared machine hits all alike. Two speed-ups, each the
+median over repeats of plain over method summed over the prompts: of the decode phase (time per output token
+after the first, what speculation changes and what the targets are about), and of the whole generation,
+wall-clock from the session's creation to its last event (what `generate`'s tokens/s shows; the prompt's
+prefill, the same for every method, dilutes it). Beside them, the prediction for the decode phase from the same
+runs' measured figures: mean acceptance length L (tokens per target call), c (drafting time per draft forward /
+the plain runs' mean one-token forward), k the draft forwards per round (γ; fewer where a confidence threshold
+stopped the drafter early) and the verify ratio v (the in-run mean of the verification forwards, γ + 1 rows or
+fewer, over the one-token forward): L / (k c + v) per round, mixed with the decode steps that had nothing to
+verify (n-gram lookup finding no match: one token for one forward). And the same acceptance projected on an
+H100 with the Cost model's roofline (engine/experiments/theory.py). Prompts: held-out questions (the first 8 in the order
+`train-heads data --held-out` answers them: subjects and tasks the heads never saw in training) and summaries
+of 4 paragraphs written here.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine.experiments.shootout import SPEC_BENCH, h100_speedup
+from engine.serving.registry import InferenceEngine, ModelRegistry
+from engine.serving.session import GenerationSession
+from engine.spec_decode.heads import HEADS_DIR
+from engine.training.head_prompts import held_out_prompts, summary_prompt
+
+NAME = "smollm2-135m"
+HELD_OUT = held_out_prompts()
+OPEN = [HELD_OUT[i] for i in np.random.default_rng(0).permutation(len(HELD_OUT))[:8]]   # head_data's held-out order
+PARAGRAPHS = [
+    "Lighthouses were built to warn ships of dangerous coasts and to guide them into harbours at night. Early "
+    "lighthouses burned wood or coal in open fires, later ones used oil lamps with mirrors, and in the nineteenth "
+    "century the Fresnel lens made their beams visible more than twenty miles out to sea. Today most lighthouses "
+    "are automated, and satellite navigation has made many of them less important, but they remain landmarks.",
+    "Bird migration is the regular seasonal movement of birds between breeding and wintering grounds. Many species "
+    "fly thousands of kilometres each year, guided by the sun, the stars, the Earth's magnetic field and familiar "
+    "landmarks. Migration lets birds use food that is plentiful in one place for only part of the year, but the "
+    "journey is dangerous, and storms, hunting and the loss of stopover habitats kill many birds on the way.",
+    "Tea was first drunk in China thousands of years ago, at first as a medicine and later as an everyday "
+    "drink. Traders carried it along the Silk Road, and in the seventeenth century Dutch and English ships brought "
+    "it to Europe, where it became so popular that Britain began growing it in India. Today tea is the most widely "
+    "drunk beverage in the world after water, and green, black and oolong teas all come from the same plant.",
+    "Honeybees live in colonies of tens of thousands of workers, a few hundred drones and a single queen. The "
+    "workers collect nectar and pollen, build the wax comb, and tell each other where to find flowers with a "
+    "waggle dance. Besides honey, bees pollinate many of the crops people eat, so the recent decline of bee "
+    "colonies, caused by pesticides, parasites and disease, worries farmers and scientists alike.",
+]
+SUMMARIES = [summary_prompt(p) for p in PARAGRAPHS]
+CONFIDENCE = 0.5      # draft_confidence_threshold of the rows that stop early (a held-out sweep chose it: docs)
+
+
+def configs(quick: bool) -> list[tuple[str, dict]]:
+    if quick:
+        return [("eagle γ=3", {"method": "eagle", "num_speculative_tokens": 3}),
+                ("medusa γ=3", {"method": "medusa", "num_speculative_tokens": 3})]
+    return ([("ngram γ=3", {"method": "ngram", "num_speculative_tokens": 3})]
+            + [(f"eagle γ={k}", {"method": "eagle", "num_speculative_tokens": k}) for k in (1, 2, 3, 4)]
+            + [(f"eagle γ≤{k}, q≥{CONFIDENCE}", {"method": "eagle", "num_speculative_tokens": k,
+                                                 "draft_confidence_threshold": CONFIDENCE}) for k in (3, 5)]
+            + [(f"medusa γ={k}", {"method": "medusa", "num_speculative_tokens": k}) for k in (1, 2, 3)]
+            + [(f"medusa γ≤3, q≥{CONFIDENCE}", {"method": "medusa", "num_speculative_tokens": 3,
+                                                "draft_confidence_threshold": CONFIDENCE})])
+
+
+def generate(engine, prompt, max_tokens, **settings) -> tuple[float, dict, dict]:
+    """One fresh generation as `generate` runs it: (wall seconds, summary, forward times by row count)."""
+    t = time.perf_counter()
+    session = GenerationSession(engine, prompt, {"model": NAME, "chat": True, "temperature": 0,
+                                                 "max_tokens": max_tokens, "enable_prefix_caching": False, **settings})
+    events = list(session.events())
+    wall = time.perf_counter() - t
+    if events[-1].type != "done":
+        raise RuntimeError(events[-1].message)
+    return wall, events[-1].summary, dict(session.stats.target_ms_by_tokens)
+
+
+def mean_ms(runs, n, upto=None):
+    """Mean forward ms over `runs` of the target's forwards over n rows (n to `upto` rows)."""
+    v = [ms for r in runs for rows in range(n, (upto or n) + 1) for ms in r[2].get(rows, [])]
+    return sum(v) / len(v) if v else None
+
+
+def measure(engine, prompts, max_tokens, repeats, cfgs) -> dict:
+    plain, spec = [], {name: [] for name, _ in cfgs}           # per repeat: [(wall, summary, times) per prompt]
+    for _ in range(repeats):
+        plain.append([])
+        for name, _ in cfgs:
+            spec[name].append([])
+        for p in prompts:
+            plain[-1].append(generate(engine, p, max_tokens, method="none"))
+            for name, s in cfgs:
+                spec[name][-1].append(generate(engine, p, max_tokens, **s))
+    t1 = statistics.median(mean_ms(r, 1) for r in plain)
+    rows = []
+    for name, s in cfgs:
+        k, last = s["num_speculative_tokens"], spec[name][-1]
+        drafts = sum(x[1]["num_drafts"] for x in last)
+        accepted = sum(x[1]["num_accepted_tokens"] for x in last)
+        rejected = drafts - sum(sum(t["status"] == "bonus" for t in x[1]["tokens"]) for x in last)
+        per_pos = [sum(x[1]["accepted_per_position"][i] if i < len(x[1]["accepted_per_position"]) else 0
+                       for x in last) / drafts for i in range(k)] if drafts else []
+        calls = sum(x[1]["draft_forward_calls"] for x in last)
+        c = [sum(x[1]["draft_time_s"] for x in r) * 1e3 / max(1, sum(x[1]["draft_forward_calls"] for x in r))
+             / mean_ms(b, 1) for r, b in zip(spec[name], plain)]
+        # a round verifies its drafts + 1 rows: γ + 1, fewer near the end or when the drafter stopped early
+        v = [(mean_ms(r, 2, k + 1) or mean_ms(r, 1)) / mean_ms(b, 1) for r, b in zip(spec[name], plain)]
+        mal = 1 + accepted / drafts if drafts else 1.0
+        c_med, v_med = statistics.median(c), statistics.median(v)
+        calls_per_round = calls / drafts if drafts else 0.0
+        plain_steps = sum(len(x[2].get(1, [])) for x in last)      # decode steps with nothing proposed (n-gram)
+        ratios = [sum(x[0] for x in b) / sum(x[0] for x in r) for r, b in zip(spec[name], plain)]
+        decode = [sum(x[1]["tpot_s"] for x in b) / sum(x[1]["tpot_s"] for x in r) for r, b in zip(spec[name], plain)]
+        rows.append({"config": name, "method": s["method"], "gamma": k, "mean_acceptance_length": mal,
+                     "acceptance_per_position": per_pos, "alpha": accepted / (accepted + rejected) if accepted + rejected else 0,
+                     "c": c_med if calls else 0.0, "verify_ratio": v_med,
+                     "confidence": s.get("draft_confidence_threshold", 0.0), "draft_calls_per_round": calls_per_round,
+                     "predicted": (drafts * mal + plain_steps)
+                     / (drafts * (calls_per_round * (c_med if calls else 0.0) + v_med) + plain_steps),
+                     "measured": statistics.median(decode),
+                     "measured_wall": statistics.median(ratios),
+                     "identical": [x[1]["text"] for x in last] == [x[1]["text"] for x in plain[-1]]})
+    return {"t1_ms": t1, "rows": rows, "plain_ids": [t["id"] for x in plain[-1] for t in x[1]["tokens"]]}
+
+
+def run(args) -> int:
+    from engine.model.fetched import fetched_models
+    reg = ModelRegistry(fetched_models())
+    if NAME not in reg.models:
+        raise SystemExit(f"{NAME} is not fetched: run `decoding-playground fetch-model {NAME}` (make fetch)")
+    engine = InferenceEngine(reg, max_sessions=2)
+    lm = reg.get(NAME)
+    heads = reg.heads_for(lm)
+    cfgs = [c for c in configs(args.quick) if c[1]["method"] not in ("eagle", "medusa") or c[1]["method"] in heads]
+    generate(engine, OPEN[0], 8, method="none")                                           # warm up
+    sets = {"open questions": OPEN[:1] if args.quick else OPEN, "summaries": SUMMARIES[:1] if args.quick else SUMMARIES}
+    out = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "model": NAME,
+           "max_tokens": args.max_tokens, "repeats": args.repeats, "sets": {}}
+    for label, prompts in sets.items():
+        cs = cfgs if label == "open questions" else [c for c in cfgs if c[1]["method"] == "eagle"]
+        r = measure(engine, prompts, args.max_tokens, args.repeats, cs)
+        for row in r["rows"]:
+            row["h100_projected"] = h100_speedup(engine, lm, row["method"], row["mean_acceptance_length"],
+                                                  row["draft_calls_per_round"], context=256)
+        out["sets"][label] = r
+        print(markdown_set(label, r), flush=True)
+    held_out = np.array([i for r in out["sets"].values() for i in r.pop("plain_ids")])
+    out["heads"] = {m: {"parameters": h.num_parameters, "vocab_subset": len(h.subset),
+                        "coverage_held_out": float(np.isin(held_out, h.subset).mean())} for m, h in heads.items()}
+    if args.json:
+        print(json.dumps(out, indent=1))
+    if not args.no_write and not args.quick:
+        from cli.bench.engine import write_section
+        write_section("heads", markdown(out))
+        (HEADS_DIR / NAME / "bench.json").write_text(json.dumps(out, indent=1))
+        write_card(HEADS_DIR / NAME, out)
+    return 0
+
+
+def markdown_set(label, r) -> str:
+    lines = [f"**{label}** (plain decoding: {r['t1_ms']:.1f} ms per one-token forward in these runs)", "",
+             "| config | mean acceptance length | acceptance per position | α | draft forwards per round | c | "
+             "t(verify)/t(1) | predicted | measured, decode | measured, whole generation | H100 projection | identical output |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in r["rows"]:
+        h = f"{x['h100_projected']:.2f}x" if x.get("h100_projected") else "–"
+        lines.append(f"| {x['config']} | {x['mean_acceptance_length']:.2f} | "
+                     f"{' / '.join(f'{a:.2f}' for a in x['acceptance_per_position'])} | {x['alpha']:.2f} | "
+                     f"{x['draft_calls_per_round']:.2f} | {x['c']:.3f} | "
+                     f"{x['verify_ratio']:.2f} | {x['predicted']:.2f}x | {x['measured']:.2f}x | {x['measured_wall']:.2f}x | {h} | "
+                     f"{'yes' if x['identical'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def markdown(out) -> str:
+    lines = [f"Run {out['date']}: `decoding-playground bench heads` ({out['model']}, chat template, temperature 0, "
+             f"{out['max_tokens']} tokens, {out['repeats']} interleaved repeats; each run a fresh generation with an "
+             "empty prefix cache, wall-clock; speed-ups of the decode phase and of the whole generation). Heads: " + ", ".join(f"{m} {h['parameters']:,} parameters + LM head rows of a "
+                                                 f"{h['vocab_subset']:,}-token subset" for m, h in out["heads"].items()),
+             ""]
+    for label, r in out["sets"].items():
+        lines += [markdown_set(label, r), ""]
+    lines += targets_lines(out["sets"])
+    lines += ["Spec-Bench (Vicuna-7B, A100) mean acceptance lengths for comparison: "
+              + ", ".join(f"{m} {v}" for m, v in SPEC_BENCH.items()) + "."]
+    return "\n".join(lines)
+
+
+def targets_lines(sets: dict) -> list[str]:
+    """Issue 18's targets, read off this run: best γ by measured speed-up, identical output required."""
+    def best(label, method):
+        rows = [x for x in sets.get(label, {}).get("rows", []) if x["method"] == method]
+        return max(rows, key=lambda x: x["measured"] if x["identical"] else 0.0, default=None)
+    eagle, summary, medusa = best("open questions", "eagle"), best("summaries", "eagle"), best("open questions", "medusa")
+    eagle3 = next((x for x in sets.get("open questions", {}).get("rows", [])
+                   if x["method"] == "eagle" and x["gamma"] == 3 and not x.get("confidence")), None)
+    every = [x for r in sets.values() for x in r["rows"]]
+    error = max((abs(x["measured"] / x["predicted"] - 1) for x in every if x["predicted"]), default=None)
+    checks = [("EAGLE at its best γ, open questions, identical output (decode)", eagle, "measured", ">=", 1.5),
+              ("EAGLE mean acceptance length at γ = 3, open questions", eagle3, "mean_acceptance_length", ">=", 2.6),
+              ("EAGLE at its best γ, summaries (decode)", summary, "measured", ">=", 1.8),
+              ("Medusa at its best γ, open questions (decode)", medusa, "measured", ">=", 1.25),
+              ("c of EAGLE at its best γ, open questions", eagle, "c", "<=", 0.08)]
+    lines = ["**Targets** (issue 18)", "", "| target | measured | goal | met |", "|---|---|---|---|"]
+    for what, row, key, op, bound in checks:
+        if row is not None:
+            v = row[key]
+            met, goal = (v >= bound if op == ">=" else v <= bound), f"{op} {bound}"
+            unit = "x" if key == "measured" else ""
+            lines.append(f"| {what} | {v:.{3 if key == 'c' else 2}f}{unit} ({row['config']}"
+                         f"{'' if row['identical'] else ', output differs'}) | {goal} | {'yes' if met and row['identical'] else '**no**'} |")
+    if error is not None:
+        lines.append(f"| measured (decode) within 10% of predicted, every row | {error:.1%} at most | <= 10% | "
+                     f"{'yes' if error <= 0.10 else '**no**'} |")
+    return lines + [""]
+
+
+def held_out_lines(held: dict | None) -> list[str]:
+    """The card's section on held-out acceptance, measured offline by `train-heads eval` (none if not measured)."""
+    if not held:
+        return []
+    gammas = list(held["eagle"]["mean_acceptance_length"])
+    lines = ["## Held-out acceptance (offline, temperature 0)", "",
+             f"`decoding-playground train-heads {NAME} eval --heads models/heads/{NAME}`: the {held['conversations']} "
+             f"held-out answers, a chain started at every answer position ({held['eagle']['chains']:,} chains), "
+             f"drafts from the float16 files; vocabulary coverage there {held['coverage']:.1%}.", "",
+             "| head | acceptance per position | " + " | ".join(f"L at γ={g}" for g in gammas) + " |",
+             "|---|---|" + "---|" * len(gammas)]
+    for m in ("eagle", "medusa"):
+        if m in held:
+            mal = held[m]["mean_acceptance_length"]
+            lines.append(f"| {m} | {' / '.join(f'{a:.2f}' for a in held[m]['per_position'])} | "
+                         + " | ".join(f"{mal[g]:.2f}" if g in mal else "–" for g in gammas) + " |")
+            if run := held[m].get("run_acceptance_length"):
+                lines.append(f"| {m}, as a run (each chain where the last one stopped) | – | "
+                             + " | ".join(f"{run[g]:.2f}" if g in run else "–" for g in gammas) + " |")
+    lines.append("")
+    return lines
+
+
+def write_card(folder: Path, bench: dict) -> None:
+    """models/heads/NAME/README.md: what the heads are, their size, vocabulary, data, time and measured figures."""
+    training = json.loads((folder / "training.json").read_text())
+    data, cfg = training["data"], training["config"]
+    sizes = {m: (folder / f"{m}.safetensors").stat().st_size for m in bench["heads"]}
+    lines = [f"# Draft heads for {NAME} (EAGLE-1, Medusa-1)", "",
+             "Trained here in numpy (engine/training/heads.py, handwritten backward, gradient-checked) on the frozen "
+             "target's own hidden states; loaded by engine/spec_decode/heads.py when SmolLM2 has been fetched. Both end in the "
+             "target's own LM head restricted to a frequent-token subset (FR-Spec), EAGLE's also to the tokens of "
+             "the session's context outside it: q = 0 outside those, and verification stays exact (the residual "
+             "covers the rest).", "",
+             "| head | what | parameters | file (float16) |", "|---|---|---|---|"]
+    what = {"eagle": "[f_t, emb(x_{t+1})] → linear 1152→576 → one Llama decoder layer (9 heads, 3 KV heads, MLP 1536, "
+                     "own paged KV cache) → norm → LM head rows of the subset; drafts autoregressively on its own features",
+            "medusa": f"{cfg['num_medusa_heads']} heads r_i = f + SiLU(f W_i) (W_i from 0) → LM head rows of the subset; "
+                      "head i proposes token t+1+i, all in one pass"}
+    for m, h in bench["heads"].items():
+        lines.append(f"| {m} | {what[m]} | {h['parameters']:,} (+ {h['vocab_subset']:,} × 576 frozen LM head rows) | "
+                     f"{sizes[m] / 1e6:.1f} MB |")
+    h = next(iter(bench["heads"].values()))
+    lines += ["", "## Vocabulary subset", "",
+              f"The {h['vocab_subset']:,} most frequent tokens of the training answers (of 49,152). Coverage: "
+              f"{data['coverage_in_data']:.1%} of the training answers' tokens, {h['coverage_held_out']:.1%} of the "
+              "plain-decoding answers to the held-out prompts of `bench heads`. An EAGLE draft may also propose any "
+              "token of its context (the prompt and the output so far): a subject's name, the words of a text to "
+              "summarise (engine/spec_decode/heads.py `ContextVocabulary`).", "",
+              "## Data and time", "",
+              f"Self-distillation: SmolLM2's own greedy answers (chat template, at most 160 tokens; summaries and "
+              f"rewrites at most 96) to {data['conversations']:,} prompts composed in engine/training/head_prompts.py "
+              f"({', '.join(f'{n:,} {k}' for k, n in data['by_kind'].items())}; 'summary' asks to summarise or rewrite "
+              f"one of the model's own earlier answers), {data['answer_tokens']:,} answer tokens, generated with the "
+              "engine's batched forward, the target's hidden state stored at every position"
+              + (f", in {data['generation_s'] / 3600:.1f} h on a shared core" if data.get("generation_s") else "")
+              + ". Held out: the subjects and code tasks in HELD_OUT_* there (and their summaries).",
+              f"Training: {training['steps']} steps (EAGLE: {cfg['batch_size']} windows of {cfg['seq_len']} positions a "
+              f"step; Medusa: {cfg['medusa_batch_size']} windows every {cfg['medusa_every']} steps), AdamW (weight decay "
+              f"{cfg.get('weight_decay', 0)}), peak lr {cfg['lr']}, {training['train_s'] / 3600:.1f} h on one shared CPU "
+              "core (numpy, one BLAS thread)"
+              + (f", warm-started from the previous heads ({warm['steps']} steps, {warm['train_s'] / 3600:.1f} h on "
+                 f"{warm['answer_tokens']:,} answer tokens)" if (warm := training.get("warm_start")) else "")
+              + ". Losses: distillation to the target's distribution renormalised on the subset (soft cross-entropy), "
+              f"plus EAGLE's feature regression (smooth L1, weight {cfg['reg_weight']}), uniform feature noise ±"
+              f"{cfg['feature_noise']}"
+              + (f"; EAGLE unrolled over {cfg['depth']} draft steps on its own predicted features (EAGLE-3's "
+                 f"training-time test; step s weighted {cfg['step_decay']}^s)" if cfg.get("depth", 1) > 1 else "")
+              + ".", ""]
+    lines += held_out_lines(training.get("held_out"))
+    lines += [
+              "## Measured (held-out prompts, temperature 0)", "",
+              f"From `decoding-playground bench heads`, {bench['date']} (docs/benchmarks.md has the full tables):", ""]
+    for label, r in bench["sets"].items():
+        lines += [markdown_set(label, r), ""]
+    lines += ["c: drafting time per draft forward over the plain runs' one-token forward, in the same runs. "
+              "γ≤k, q≥τ: a round drafts at most k tokens and stops at the first one the head gives less than τ "
+              "(the setting `draft_confidence_threshold`).",
+              "", f"Reproduce: `decoding-playground train-heads {NAME} data --held-out`, `... data --prompts N` "
+              "(N open prompts of a fixed shuffle, summaries and rewrites after every 256; resumable), then "
+              f"`... train --config '{json.dumps({k: v for k, v in cfg.items() if k != 'init_from'})}'` (warm start: "
+              f"add init_from, a folder of exported heads), then `... export --vocab-subset {h['vocab_subset']}`, then "
+              "`decoding-playground bench heads`."]
+    (folder / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def add_parser(bsub) -> None:
+    b = bsub.add_parser("heads", help="SmolLM2: EAGLE and Medusa heads against plain decoding (fresh generations)")
+    b.add_argument("--quick", action="store_true", help="one prompt per set, eagle and medusa at γ = 3 only")
+    b.add_argument("--max-tokens", type=int, default=96)
+    b.add_argument("--repeats", type=int, default=2)
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    b.set_defaults(func=run)

@@ -1,0 +1,92 @@
+"""A real server for the benchmarks: `decoding-playground serve` in its own process (so that the clients'
+own Python does not share its GIL), on a free port of 127.0.0.1, its JSON log lines kept as they arrive."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+
+def common_arguments(bp) -> None:
+    """The options every server benchmark takes."""
+    bp.add_argument("--models-dir", default=None, help="models to serve (default: the server's default)")
+    bp.add_argument("--json", action="store_true", help="print the results as JSON")
+    bp.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+class Server:
+    """`decoding-playground serve ARGS` on a free port; its JSON log lines are kept with their arrival times."""
+
+    def __init__(self, *args: str, models_dir: str | None = None, start_timeout_s: float = 120.0):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(self.port), "--log-format", "json", *args]
+        if models_dir:
+            cmd += ["--models-dir", str(models_dir)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+                                     cwd=Path(__file__).resolve().parents[2])
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log: list[tuple[float, dict]] = []
+        threading.Thread(target=self._read_log, daemon=True).start()
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            try:
+                get_json(self.base + "/healthz")
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("the server did not start (try: decoding-playground serve)") from None
+                time.sleep(0.1)
+
+    def _read_log(self) -> None:
+        for line in self.proc.stderr:
+            if line.startswith("{"):
+                try:
+                    self.log.append((time.monotonic(), json.loads(line)))
+                except ValueError:
+                    pass
+
+    def logged(self, **fields) -> float | None:
+        """When a log line with these fields arrived (None: not yet)."""
+        return next((t for t, line in list(self.log) if all(line.get(k) == v for k, v in fields.items())), None)
+
+    def stats(self) -> dict:
+        return get_json(self.base + "/api/stats")
+
+    def ws(self, path: str = "/api/ws") -> str:
+        return f"ws://127.0.0.1:{self.port}{path}"
+
+    def stop(self, timeout: float = 15.0) -> float | None:
+        """SIGTERM; the seconds until the process ended (None: it did not, and was killed)."""
+        if self.proc.poll() is not None:
+            return 0.0
+        t = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+            return time.monotonic() - t
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

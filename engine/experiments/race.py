@@ -1,0 +1,169 @@
+"""A race: the same prompt run twice, with one setting apart, and a one-line verdict of what it changed.
+
+    race(engine, prompt, settings, setting, (a, b)) -> both runs (engine/experiments/traces.py's `trace`), their
+                                                       figures, and the verdict on b against a
+
+Each run is whole and alone on the engine, one after the other (neither slows the other): every time is the
+session's own engine time. The figures are the engine's: KV bytes per token from the cache's formula
+(engine/kv/dtypes.py, as the run's summary reports it), ms per token from the run's engine clock.
+"""
+from __future__ import annotations
+
+from ..external.engine_race import SETTING as ENGINE_RACE
+from ..serving.jobs import Job, run_to_end
+from ..serving.registry import InferenceEngine
+from ..serving.settings import METHODS, GenerationSettings, SettingsError
+from .traces import trace_steps
+
+# The settings a race can set apart, each with the pair it starts from.
+RACE_SETTINGS = {
+    "method": ("none", "draft_model"),
+    "kv_cache": (True, False),
+    "num_kv_heads": (None, 1),          # the model's most KV heads against its fewest (`default_values`)
+    "kv_cache_dtype": ("auto", "int8_per_token_head"),
+    "num_speculative_tokens": (2, 6),
+}
+RACE_GAMMAS = (1, 2, 3, 4, 6, 8, 12, 16)
+RACE_DTYPES = ("auto", "float16", "bfloat16", "int8_per_token_head", "fp8_e4m3", "fp8_e5m2")
+METHOD_NAMES = {"none": "plain decoding", "draft_model": "draft model", "ngram": "n-gram lookup", "eagle": "EAGLE head",
+                "medusa": "Medusa heads"}
+DTYPE_NAMES = {"auto": "float32", "int8_per_token_head": "int8", "fp8_e4m3": "fp8 (e4m3)", "fp8_e5m2": "fp8 (e5m2)"}
+
+
+def attention_name(num_attention_heads: int, num_kv_heads: int) -> str:
+    kind = "MHA" if num_kv_heads == num_attention_heads else "MQA" if num_kv_heads == 1 else "GQA"
+    return f"{kind} ({num_kv_heads} KV head{'s' if num_kv_heads != 1 else ''})"
+
+
+def value_label(setting: str, value, num_attention_heads: int | None = None) -> str:
+    """How a race names one side: 'MQA (1 KV head)', 'KV cache off', 'int8', 'γ = 6', 'draft model'."""
+    if setting == "method":
+        return METHOD_NAMES.get(value, str(value))
+    if setting == "kv_cache":
+        return "KV cache on" if value else "KV cache off"
+    if setting == "num_kv_heads":
+        return attention_name(num_attention_heads, value) if num_attention_heads else f"{value} KV heads"
+    if setting == "kv_cache_dtype":
+        return f"{DTYPE_NAMES.get(value, value)} cache"
+    if setting == "num_speculative_tokens":
+        return f"γ = {value}"
+    raise SettingsError("race", f"one of {', '.join(RACE_SETTINGS)}, got {setting!r}")
+
+
+def race_choices(registry, target) -> dict[str, list[tuple[str, str]]]:
+    """Each race setting's values for a target model (as form values, with their labels); loads nothing."""
+    heads = target.cfg.num_attention_heads
+    form = {True: "true", False: "false"}
+    return {
+        "method": [(m, value_label("method", m)) for m in METHODS],
+        "kv_cache": [(form[v], value_label("kv_cache", v)) for v in (True, False)],
+        "num_kv_heads": [(str(n), value_label("num_kv_heads", n, heads))
+                         for n in sorted(registry.variants(target), reverse=True)],
+        "kv_cache_dtype": [(d, value_label("kv_cache_dtype", d)) for d in RACE_DTYPES],
+        "num_speculative_tokens": [(str(g), value_label("num_speculative_tokens", g)) for g in RACE_GAMMAS],
+    }
+
+
+def default_values(registry, target, setting: str) -> tuple:
+    """The pair a race of `setting` starts from, for a target model (loads nothing)."""
+    if setting == "num_kv_heads":
+        heads = registry.variants(target)
+        return max(heads), min(heads)           # the same when the model has no other variant: no race
+    if setting == "method":     # the drafter the model has: its draft model, else its EAGLE head, else n-gram
+        if registry.draft_for(target) is not None:
+            return "none", "draft_model"
+        return "none", "eagle" if "eagle" in target.meta.get("heads", []) else "ngram"
+    return RACE_SETTINGS[setting]
+
+
+def form_text(value) -> str:
+    """A setting value as a form field holds it."""
+    return "" if value is None else ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def race_values(engine: InferenceEngine, settings: dict, setting: str, values) -> tuple:
+    """The pair as setting values (validated); the default pair for `setting` when `values` is None."""
+    if setting not in RACE_SETTINGS:
+        raise SettingsError("race", f"one of {', '.join([*RACE_SETTINGS, ENGINE_RACE])}, got {setting!r}")
+    if values is None:
+        values = default_values(engine.registry, engine.registry.get(settings.get("model")), setting)
+    parsed = tuple(getattr(GenerationSettings.parse({**settings, setting: v}), setting) for v in values)
+    if len(parsed) != 2 or parsed[0] == parsed[1]:
+        raise SettingsError("race", f"two different values of {setting}, got {', '.join(map(str, values))}")
+    return parsed
+
+
+def lane_figures(run: dict) -> dict:
+    """One side's figures: engine ms per emitted token, KV bytes per token (0 without a cache), acceptance."""
+    summary = run["summary"] or {}
+    n = run["num_output_tokens"]
+    return {"ms_per_token": run["elapsed_ms"] / n if n and run["elapsed_ms"] else None,
+            "kv_bytes_per_token": (summary.get("kv_cache") or {}).get("bytes_per_token"),
+            "acceptance_rate": summary.get("acceptance_rate"),
+            "mean_acceptance_length": summary.get("mean_acceptance_length")}
+
+
+def ratio_phrase(a: float | None, b: float | None, fewer: str, more: str) -> str | None:
+    """'2.6× fewer KV bytes/token' for b against a (None when either is missing or they are equal)."""
+    if not a or not b or a == b:
+        return None
+    return f"{a / b:.1f}× {fewer}" if b < a else f"{b / a:.1f}× {more}"
+
+
+def verdict(label_b: str, fa: dict, fb: dict) -> dict:
+    """The one-line verdict on side b against side a, and the ratios it quotes (b against a)."""
+    parts = []
+    kv_a, kv_b = fa["kv_bytes_per_token"], fb["kv_bytes_per_token"]
+    if kv_b == 0 and kv_a:
+        parts.append("no KV cache held (every step recomputes the whole sequence)")
+    elif kv_a == 0 and kv_b:
+        parts.append(f"holds {kv_b:,} KV bytes/token instead of recomputing")
+    else:
+        parts.append(ratio_phrase(kv_a, kv_b, "fewer KV bytes/token", "more KV bytes/token"))
+    parts.append(ratio_phrase(fa["ms_per_token"], fb["ms_per_token"], "faster per token", "slower per token"))
+    if fa["acceptance_rate"] is not None and fb["acceptance_rate"] is not None:
+        before, after = f"{fa['acceptance_rate']:.2f}", f"{fb['acceptance_rate']:.2f}"
+        parts.append(f"acceptance {before} → {after}" if before != after else None)
+    elif fb["mean_acceptance_length"] is not None and fa["mean_acceptance_length"] is None:
+        parts.append(f"{fb['mean_acceptance_length']:.2f} tokens per target step")
+    parts = [p for p in parts if p]
+    speed = fa["ms_per_token"] / fb["ms_per_token"] if fa["ms_per_token"] and fb["ms_per_token"] else None
+    kv = kv_a / kv_b if kv_a and kv_b else None
+    return {"text": f"{label_b}: {', '.join(parts) if parts else 'no difference measured'}.",
+            "speedup": speed, "kv_ratio": kv}
+
+
+def race(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "method", values=None) -> dict:
+    return run_to_end(race_steps(engine, prompt, settings, setting, values))
+
+
+def race_steps(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "method",
+               values=None) -> Job[dict]:
+    """The prompt run with `setting` = values[0] (side a), then = values[1] (side b), all else the same.
+
+    A race of γ needs something to propose: with method "none" it uses the draft model (or n-gram lookup).
+    Greedy runs that differ only in how they compute (KV cache, speculative decoding) write the same text.
+    Bad settings raise here, when the job is made, not once it has its turn."""
+    s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
+    if setting == "num_speculative_tokens" and s["method"] == "none":
+        target = engine.registry.get(s["model"])
+        s["method"] = "draft_model" if engine.registry.draft_for(target) is not None else "ngram"
+    return _race_runs(engine, prompt, s, setting, race_values(engine, s, setting, values))
+
+
+def _race_runs(engine: InferenceEngine, prompt: str, s: dict, setting: str, pair: tuple) -> Job[dict]:
+    a, b = pair
+    runs = []
+    for v in (a, b):
+        runs.append((yield from trace_steps(engine, prompt, {**s, setting: v})))
+    heads = runs[0]["summary"]["model"]["num_attention_heads"] if runs[0]["summary"] else None
+    lanes = []
+    for role, value, run in zip(("a", "b"), (a, b), runs):
+        if setting == "num_kv_heads" and value is None:
+            value = run["summary"]["model"]["num_key_value_heads"] if run["summary"] else value
+        lanes.append({"role": role, "value": value, "label": value_label(setting, value, heads),
+                      "run": run, "figures": lane_figures(run)})
+    return {"setting": setting, "settings": s, "lanes": lanes,
+            "verdict": verdict(lanes[1]["label"], lanes[0]["figures"], lanes[1]["figures"]),
+            "same_text": runs[0]["emitted_ids"] == runs[1]["emitted_ids"],
+            "finish_ms": max(r["elapsed_ms"] for r in runs)}

@@ -1,0 +1,119 @@
+"""Settings changed while a session runs (`GenerationSession.update_settings`): validated at once, applied at
+the next round boundary, where the session migrates what they touch (re-prefill, re-quantized cache, a new
+proposer) and reports it as a SettingsApplied event with its cost."""
+from __future__ import annotations
+
+import time
+
+from ..kv.dtypes import kv_bytes_per_token
+from ..kv.runner import ForwardRequest, PagedRunner
+from ..model.loaded_model import LoadedModel
+from ..spec_decode.heads import METHODS as HEAD_METHODS
+from ..spec_decode.proposers import DraftModelProposer
+from .events import SettingsApplied
+from .settings import LIVE_SETTINGS, GenerationSettings, SettingsError
+
+
+class LiveSettings:
+    """Mixed into GenerationSession (engine/serving/session.py), whose fields it reads and migrates."""
+
+    def update_settings(self, changes: dict) -> GenerationSettings:
+        """Validate now (raises SettingsError), apply at the next round boundary."""
+        for name in sorted(set(changes) - LIVE_SETTINGS):
+            if name not in GenerationSettings.model_fields:
+                raise SettingsError(name, f"unknown setting; known: {', '.join(GenerationSettings.model_fields)}")
+            if GenerationSettings.parse({name: changes[name]}, base=self.settings) != self.settings:
+                raise SettingsError(name, "cannot change during a generation; start a new one")
+        with self._pending_lock:
+            merged = {**self._pending, **{k: v for k, v in changes.items() if k in LIVE_SETTINGS}}
+            new = GenerationSettings.parse(merged, base=self.settings)
+            if new.num_kv_heads is not None:
+                self._check_kv_heads(new.num_kv_heads)
+            if new.method == "draft_model" and self.draft_lm is None:
+                raise SettingsError("method", self._no_draft_reason())
+            self._check_heads(new.method, self.variants[new.num_kv_heads] if new.num_kv_heads is not None
+                              else self.target_lm)
+            self._pending = merged
+        return new
+
+    def _check_kv_heads(self, n: int) -> None:
+        if n not in self.variants:
+            note = self.target_lm.meta.get("num_kv_heads_note")   # e.g. a pretrained model's fixed GQA
+            raise SettingsError("num_kv_heads", f"{n} is not available for this model"
+                                f"{f' ({note})' if note else ''}; choose one of {sorted(self.variants)}")
+
+    def _check_heads(self, method: str, target: LoadedModel) -> None:
+        if method in HEAD_METHODS and method not in self.engine.registry.heads_for(target):
+            have = self.engine.registry.heads_for(target)
+            raise SettingsError("method", f"{target.name} has no {method} head"
+                                f"{f' (it has: {sorted(have)})' if have else ''}; heads are trained per target "
+                                f"(decoding-playground train-heads)")
+
+    def _no_draft_reason(self) -> str:
+        return (f"no draft model shares this target's vocabulary ({self.target_lm.name}: "
+                f"{self.target_lm.cfg.vocab_size:,} tokens); use method ngram or none")
+
+    def _take_pending(self) -> GenerationSettings | None:
+        """The settings changed since the last round (None if nothing changed), their KV pools made."""
+        with self._pending_lock:
+            changes, self._pending = self._pending, {}
+        if not changes:
+            return None
+        new = GenerationSettings.parse(changes, base=self.settings)
+        self._ensure_pools(new)
+        return new
+
+    def _apply_pending(self, new: GenerationSettings | None):  # generator -> list[Event]
+        if new is None:
+            return []
+        old = self.settings
+        changed = {k: v for k, v in new.model_dump().items() if v != getattr(old, k)}
+        if not changed:
+            return []
+        self.settings = new
+        notes, t = [], time.perf_counter()
+        if "num_speculative_tokens" in changed:
+            self.k = new.num_speculative_tokens
+        if "enable_prefix_caching" in changed:
+            for r in (self.target, getattr(self.proposer, "runner", None)):
+                if isinstance(r, PagedRunner):
+                    r.prefix_caching = new.enable_prefix_caching
+        if {"num_kv_heads", "kv_cache"} & changed.keys() or (
+                not new.kv_cache and {"kv_cache_dtype", "block_size"} & changed.keys()):
+            if "num_kv_heads" in changed and new.num_kv_heads is not None:
+                self.target_lm = self.variants[new.num_kv_heads]
+            self.target.free()
+            self.target = self._make_runner(self.target_lm)
+            if new.kv_cache:
+                yield ForwardRequest(self.target, self.tokens[:-1], last_only=True)   # may run in chunks
+                self.features.record(self.target)
+                self.target.commit()
+                notes.append(f"target {self.target_lm.name} ({self.target_lm.cfg.attention_kind}) re-prefilled "
+                             f"{len(self.tokens) - 1} tokens")
+            else:
+                self.target.token_ids = list(self.tokens[:-1])   # nothing to compute until the next step
+                notes.append("KV cache off: every step recomputes the whole sequence")
+            if isinstance(self.proposer, DraftModelProposer):
+                self.proposer.free()
+                self.proposer = self._make_proposer()
+        elif {"kv_cache_dtype", "block_size"} & changed.keys() and isinstance(self.target, PagedRunner):
+            for holder in (self, self.proposer):
+                runner = getattr(holder, "target" if holder is self else "runner", None)
+                if isinstance(runner, PagedRunner) and (holder is self or isinstance(holder, DraftModelProposer)):
+                    lm = self.target_lm if holder is self else self.draft_lm
+                    moved = runner.move_to(self.engine.manager(lm, new.kv_cache_dtype, new.block_size))
+                    self._seq_ids.add((moved.manager.pool.name, moved.seq.seq_id))
+                    if holder is self:
+                        self.target = moved
+                    else:
+                        holder.runner = moved
+            notes.append(f"KV cache re-quantized to {new.kv_cache_dtype}, block size {new.block_size}: "
+                         f"{kv_bytes_per_token(self.target_lm.cfg, new.kv_cache_dtype):,} bytes/token")
+        if {"method", "prompt_lookup_min", "prompt_lookup_max"} & changed.keys():
+            if self.proposer is not None:
+                self.proposer.free()
+            self.proposer = self._make_proposer()
+            notes.append(f"proposer: {new.method}")
+        cost_ms = (time.perf_counter() - t) * 1e3
+        return [SettingsApplied(changed, notes, cost_ms)]
+

@@ -1,0 +1,167 @@
+"""The models a process serves, and the KV cache pools they share.
+
+`ModelRegistry` loads the shipped family from models/index.json (or takes models built in memory), and
+lists the pretrained models `fetch-model` converted into the cache (engine/model/fetched.py; loaded on first use).
+`InferenceEngine` adds one KV cache manager per (model, cache dtype, block size), created on first
+use, so that sessions of the same model share blocks and the prefix cache.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Callable
+
+from ..kv.cache import KVCacheManager
+from ..model.checkpoint import load_checkpoint
+from ..model.fetched import LazyModel, fetched_models
+from ..model.llama import Model
+from ..model.loaded_model import LoadedModel
+from ..spec_decode.heads import HEADS_DIR, available_heads, load_heads
+from .settings import GenerationSettings
+
+MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+SEQUENCE_TOKENS_BUDGET = 2048
+
+
+class ModelRegistry:
+    def __init__(self, models: list[LoadedModel]):
+        if not any(m.role == "target" for m in models):
+            raise ValueError("no target model")
+        self.models = {m.name: m for m in models}
+        self.heads_dir = HEADS_DIR
+        self._heads: dict[str, dict] = {}
+        for m in models:
+            m.meta.setdefault("heads", available_heads(m.name, self.heads_dir))
+
+    @classmethod
+    def from_dir(cls, models_dir: str | Path = MODELS_DIR, fetched: bool | str | Path = True) -> "ModelRegistry":
+        """Our models from models_dir/index.json, and next to them the fetched ones (True: from the default
+        cache, a path: from that cache, False: none)."""
+        models_dir = Path(models_dir)
+        index = models_dir / "index.json"
+        if not index.is_file():
+            raise FileNotFoundError(f"{index}: no model index; train the models (decoding-playground train)")
+        extra = [] if fetched is False else fetched_models(None if fetched is True else fetched)
+        entries = json.loads(index.read_text())
+        entries = entries.get("models", entries) if isinstance(entries, dict) else entries
+        loaded = []
+        for e in entries:
+            path = models_dir / Path(e["path"]).name
+            cfg, weights, tok = load_checkpoint(path)
+            meta = {k: v for k, v in e.items() if k not in ("name", "path", "role")}
+            loaded.append(LoadedModel(e["name"], e["role"], cfg, Model(cfg, weights), tok, str(path), meta))
+        return cls(loaded + extra)
+
+    @property
+    def targets(self) -> list[LoadedModel]:
+        return [m for m in self.models.values() if m.role == "target"]
+
+    @property
+    def drafts(self) -> list[LoadedModel]:
+        return [m for m in self.models.values() if m.role == "draft"]
+
+    def default_target(self) -> LoadedModel:
+        mha = [m for m in self.targets if m.cfg.attention_kind == "MHA"]
+        return (mha or self.targets)[0]
+
+    def get(self, name: str | None) -> LoadedModel:
+        """The model to run (a fetched model's weights are loaded here, on first use)."""
+        if name is not None and name not in self.models:
+            raise KeyError(f"unknown model {name!r}; available: {', '.join(self.models)}")
+        lm = self.default_target() if name is None else self.models[name]
+        if isinstance(lm.model, LazyModel):
+            lm.model = lm.model.load()
+        return lm
+
+    def variants(self, target: LoadedModel) -> dict[int, LoadedModel]:
+        """Targets that differ from `target` only in num_key_value_heads (its MHA/GQA/MQA variants)."""
+        base = target.cfg.replace(num_key_value_heads=1)
+        return {m.cfg.num_key_value_heads: m for m in self.targets
+                if m.cfg.replace(num_key_value_heads=1) == base and m.tokenizer is not None}
+
+    def set_heads(self, target_name: str, heads: dict) -> None:
+        """Heads built in memory (tests, evaluation) instead of models/heads/."""
+        self._heads[target_name] = heads
+        self.models[target_name].meta["heads"] = sorted(heads)
+
+    def heads_for(self, target: LoadedModel) -> dict:
+        """The draft heads trained for this target ({'eagle': ..., 'medusa': ...}; loaded on first use)."""
+        if target.name not in self._heads:
+            found = available_heads(target.name, self.heads_dir)
+            model = self.get(target.name).model
+            self._heads[target.name] = load_heads(target.name, target.cfg, model.embed, target.path, self.heads_dir,
+                                                  model.layout) if found else {}
+        return self._heads[target.name]
+
+    def draft_for(self, target: LoadedModel) -> LoadedModel | None:
+        for d in self.drafts:
+            if d.cfg.vocab_size == target.cfg.vocab_size:
+                return d
+        return None
+
+
+class InferenceEngine:
+    """Models plus their shared KV pools. NOTE: one lock serialises engine work (one engine thread)."""
+
+    def __init__(self, registry: ModelRegistry, blocks_per_pool: int | None = None, max_sessions: int = 8):
+        self.registry = registry
+        self.blocks_per_pool = blocks_per_pool
+        self.max_sessions = max_sessions
+        self.managers: dict[tuple, KVCacheManager] = {}
+        self.lock = threading.RLock()
+
+    def manager(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> KVCacheManager:
+        key = (lm.name, kv_cache_dtype, block_size)
+        mgr = self.managers.get(key)
+        if mgr is None:
+            mgr = self.managers[key] = self._new_manager(lm, kv_cache_dtype, block_size)
+        return mgr
+
+    def prepare_pool(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> None:
+        """Make a pool ahead of its first use, from any thread: its memory is written outside the engine lock
+        (for SmolLM2 hundreds of MiB, seconds during which an engine thread would serve nobody)."""
+        key = (lm.name, kv_cache_dtype, block_size)
+        if key not in self.managers:
+            mgr = self._new_manager(lm, kv_cache_dtype, block_size)
+            with self.lock:
+                self.managers.setdefault(key, mgr)
+
+    def prepare_pools_for(self, target: LoadedModel, s: GenerationSettings) -> None:
+        """Make every pool a generation on `target` with settings `s` uses, from any thread:
+        a session's constructor and each settings change, and a server's start-up for its targets' defaults
+        (vLLM allocates its KV cache at start-up too), so that no first request pays for writing a pool."""
+        if not s.kv_cache:
+            return
+        if s.num_kv_heads is not None:
+            target = self.registry.variants(target)[s.num_kv_heads]
+        draft = self.registry.draft_for(target) if s.method == "draft_model" else None
+        for lm in (target, draft):
+            if lm is not None:
+                self.prepare_pool(lm, s.kv_cache_dtype, s.block_size)
+        heads = self.registry.heads_for(target) if s.method == "eagle" else {}
+        if "eagle" in heads:                                    # else the session refuses the method
+            self.prepare_pool(heads["eagle"], "auto", 16)
+
+    def warm_up(self, target: LoadedModel, stopped: Callable[[], bool] = lambda: False) -> None:
+        """Ahead of the first request, from any thread: what a first generation on `target` would otherwise pay
+        inside it. Its weights (a fetched model's), its heads, and the pools of the default settings and of
+        EAGLE drafting (the page's SmolLM2 demo); `stopped()` is asked between them."""
+        target = self.registry.get(target.name)
+        for s in (GenerationSettings(), GenerationSettings(method="eagle")):
+            if stopped():
+                return
+            self.prepare_pools_for(target, s)
+
+    def _new_manager(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> KVCacheManager:
+        # sized for SEQUENCE_TOKENS_BUDGET tokens per session (a long-context model's full context for
+        # every session would be thousands of blocks); a longer sequence gets a clear "exhausted" error
+        ctx_blocks = -(-min(lm.cfg.max_position_embeddings, SEQUENCE_TOKENS_BUDGET) // block_size)
+        # each session holds at most one context of its own plus a round of lookahead
+        num_blocks = self.blocks_per_pool or self.max_sessions * (ctx_blocks + 2)
+        return KVCacheManager(lm.cfg, num_blocks, block_size, kv_cache_dtype, name=f"{lm.role}:{lm.name}")
+
+    def pool_snapshots(self) -> list:
+        """Every KV pool now (engine/kv/cache.py's PoolSnapshot). Safe from any thread: one C-level copy of
+        the managers (the engine thread may add a pool), and each snapshot may be a step old."""
+        return [m.snapshot() for m in list(self.managers.values())]

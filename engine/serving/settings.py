@@ -1,0 +1,102 @@
+"""Generation settings, named as vLLM names them, validated with ranges that errors state.
+
+`GenerationSettings.parse(dict)` raises `SettingsError` naming the setting and the allowed range;
+form values that arrive as strings ("4", "true") are accepted. Which settings can change while a
+generation runs is listed in LIVE_SETTINGS; the session applies them at the next round boundary.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from ..kv.dtypes import resolve_kv_cache_dtype
+
+MAX_PROMPT_CHARS = 8000
+METHODS = ("none", "draft_model", "ngram", "eagle", "medusa")   # vLLM's names; heads: engine/spec_decode/heads.py
+FAULTS = ("none", "no_causal_mask", "no_truncate", "unnormalized_residual")
+
+
+def excerpt(value: Any, limit: int = 40) -> str:
+    """`repr(value)` cut to about `limit` characters: what an error message may echo of the input."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+class SettingsError(ValueError):
+    def __init__(self, setting: str, message: str):
+        self.setting = setting = setting if len(setting) <= 40 else excerpt(setting)
+        super().__init__(f"{setting}: {message}")
+
+
+class GenerationSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    model: str | None = Field(None, description="a model name from `decoding-playground models`")
+    chat: bool = False
+    max_tokens: int = Field(128, ge=1, le=4096)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int = Field(0, ge=0, le=2 ** 32 - 1)
+    method: Literal["none", "draft_model", "ngram", "eagle", "medusa"] = "draft_model"
+    num_speculative_tokens: int = Field(4, ge=1, le=16)
+    num_speculative_tokens_schedule: Literal["constant", "heuristic"] = "constant"
+    draft_confidence_threshold: float = Field(0.0, ge=0.0, le=1.0)   # stop drafting below it (0: never)
+    prompt_lookup_min: int = Field(1, ge=1, le=16)
+    prompt_lookup_max: int = Field(4, ge=1, le=16)
+    kv_cache: bool = True
+    kv_cache_dtype: str = "auto"
+    num_kv_heads: int | None = Field(None, ge=1, le=64)
+    block_size: Literal[8, 16, 32] = 16
+    enable_prefix_caching: bool = True
+    fault: Literal["none", "no_causal_mask", "no_truncate", "unnormalized_residual"] = "none"
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        return resolve_kv_cache_dtype(v).name
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _empty_model(cls, v):
+        return None if v in ("", None) else v
+
+    @field_validator("num_kv_heads", mode="before")
+    @classmethod
+    def _empty_heads(cls, v):
+        return None if v in ("", None) else v
+
+    @field_validator("block_size", mode="before")
+    @classmethod
+    def _block_size_from_text(cls, v):
+        """Form and query-string values arrive as text; a Literal of ints would refuse "16"."""
+        return int(v) if isinstance(v, str) and v.strip().isdigit() else v
+
+    @field_validator("prompt_lookup_max")
+    @classmethod
+    def _lookup_range(cls, v: int, info: ValidationInfo) -> int:
+        low = info.data.get("prompt_lookup_min", 1)
+        if v < low:
+            raise ValueError(f"must be >= prompt_lookup_min ({low})")
+        return v
+
+    @classmethod
+    def parse(cls, data: dict[str, Any] | None = None, base: "GenerationSettings | None" = None):
+        """Validate `data` (on top of `base`'s values); errors name the setting and the range."""
+        values = base.model_dump() if base is not None else {}
+        values.update(data or {})
+        try:
+            return cls.model_validate(values)
+        except ValidationError as e:
+            err = e.errors()[0]
+            setting = ".".join(str(x) for x in err["loc"]) or "settings"
+            if err["type"] == "extra_forbidden":
+                raise SettingsError(setting, f"unknown setting; known: {', '.join(cls.model_fields)}") from None
+            raise SettingsError(setting, f"{err['msg']} (got {excerpt(err.get('input'))})") from None
+
+
+# Settings a running generation picks up at its next round; the rest need a new generation.
+LIVE_SETTINGS = {"temperature", "top_p", "method", "num_speculative_tokens", "num_speculative_tokens_schedule",
+                 "draft_confidence_threshold",
+                 "prompt_lookup_min", "prompt_lookup_max", "kv_cache", "kv_cache_dtype", "num_kv_heads",
+                 "block_size", "enable_prefix_caching", "fault", "max_tokens"}

@@ -1,0 +1,66 @@
+"""The token inspector's figures of a session's round: p(x), q(x) and the top-5 of p, q and the residual."""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .sampling import log_normalisers, softmax, top_k_rows
+
+
+class Unshown(NamedTuple):
+    """A round's token events whose inspector figures are filled in after the round (outside engine time)."""
+    events: list                # TokenResult, positions 1..n
+    p_source: object            # [rows, V] the target's logits (p_is_logits) or its sampling distribution
+    p_is_logits: bool
+    q_source: object            # [drafts, V] the drafter's, likewise, or None
+    q_is_logits: bool
+    residual: object            # [V] the residual a resampled token was drawn from, or None
+
+
+class InspectorAnnotations:
+    """Mixed into GenerationSession (engine/serving/session.py): fills in the token events of `_unshown` after a round."""
+
+    def _annotate(self) -> None:
+        """Fill in what the token inspector shows: p(x), q(x) and the top-5 of p, q and the residual.
+
+        Display, not decoding: it runs after the round's engine time is taken. p is softmax of the
+        target's logits when greedy (the decision itself used point masses), else the sampling
+        distribution; likewise q (softmax of the draft's logits when greedy).
+        """
+        for events, p_source, p_is_logits, q_source, q_is_logits, residual in self._unshown:
+            n = max(e.position for e in events)                                    # rows shown
+            p = p_source[:n]                                                       # [positions, V]
+            q = None if q_source is None else q_source[:n]                         # [drafts, V]
+            if p_is_logits and (q is None or q_is_logits):
+                rows = p if q is None else np.concatenate([p, q])
+                # Greedy: the figures are a few entries of softmax(logits) each, read off the logits with each
+                # row's normaliser; the top-5 of p is the top-5 of the logits. A softmax of whole rows cost
+                # ~5% of a speculative run's wall time (docs/benchmarks.md).
+                lse = log_normalisers(rows)
+                tops = [[(x, math.exp(v - lse[r])) for x, v in top] for r, top in enumerate(top_k_rows(rows))]
+
+                def prob(r, x, rows=rows, lse=lse):
+                    return math.exp(float(rows[r, x]) - lse[r])
+            else:
+                parts = [softmax(p) if p_is_logits else p] + ([] if q is None else [softmax(q) if q_is_logits else q])
+                rows = np.concatenate(parts) if len(parts) > 1 else parts[0]     # softmax only rows given as logits
+                tops = top_k_rows(rows)
+
+                def prob(r, x, rows=rows):
+                    return float(rows[r, x])
+            for e in events:
+                i = e.position - 1
+                e.p, e.top_p = prob(i, e.id), self._named(tops[i])
+                if q is not None and i < len(q):
+                    e.top_q = self._named(tops[len(p) + i])
+                    if e.status != "bonus":
+                        e.q = prob(len(p) + i, e.id)
+                if e.status == "resampled" and residual is not None:
+                    e.residual_top = self._named(top_k_rows(residual[None])[0])
+        self._unshown.clear()
+
+    def _named(self, top) -> list:  # [(id, prob)] -> [[id, text, prob]]
+        text = self.tokenizer.token_text
+        return [[i, text(i), prob] for i, prob in top]
