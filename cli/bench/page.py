@@ -273,54 +273,6 @@ def busy_processes() -> list[str]:
             if float(cpu) >= 20 and int(pid) != me]
 
 
-NOTES = [
-    "Where the time went (found 2026-11-29 with server and page timestamps, /proc CPU per thread and process, "
-    "cProfile of the event loop and engine thread, a Chromium trace and a CDP CPU profile; 400 tokens, "
-    "~0.2-0.25 s of engine time):",
-    "",
-    "- **The page's pacing held the engine** (fixed, app/ws/connection.py): at full speed the server sends the page "
-    "at most 10 messages a second, but while it waited it left the rounds in its outbox, and the engine thread holds "
-    "a session whose client has 32 rounds untaken. Plain decoding reached the page at ~320 tokens/s whatever the "
-    "engine could do (32 rounds per 0.1 s; the engine was held ~70 ms of every 100 ms), the `/ws` client too. "
-    "Now the pacing only coalesces: the sender keeps taking rounds while it waits.",
-    "- **A new tab is a new window** (fixed, this bench): Chromium 156 builds each headless window's omnibox popup "
-    "(a `--top-chrome-webui` renderer loading chrome://omnibox-popup.top-chrome) for about a second after it opens: "
-    "~0.6 s of CPU, during the run when each run opened a new page. The runs now reload one tab, after Chromium's "
-    "processes have gone quiet.",
-    "- **The bench's clients shared the server's GIL** (fixed, this bench): the server ran in a thread of the "
-    "bench's process, beside Playwright's Python client (20-30 ms of CPU per run) and the /ws client; it now runs "
-    "as `decoding-playground serve` in its own process.",
-    "- **Autoplay pressed play while the page was loading** (fixed, static/playground.js): the websocket opens "
-    "before the document is parsed and laid out (~100 ms of the renderer, DOMContentLoaded 90 ms after play in the "
-    "trace). Play now waits for the load event and a frame.",
-    "- **Rendering fragments on the event loop** (fixed, app/views/html.py): the draft lane was drawn by a Jinja "
-    "macro for every round and all but the last thrown away (55% of render time), KV cells by a macro each; "
-    "~75 -> ~19 ms per run (cProfile). That time holds the GIL the engine thread needs.",
-    "- **Fixed latencies**: play to the server's `start` ~5 ms; the first tokens reach the page 35-50 ms after "
-    "play (round 0 is posted at once since 2026-11-30: a /ws client sees its first token 6.5-7.7 ms after sending `start`; "
-    "the rest is the page taking the message and a frame); the last message (with `done`, "
-    "the KV pools redrawn whole once the session freed its blocks, the summary) takes the page 10-20 ms to swap. "
-    "On a ~0.3 s run that is much of what the page adds.",
-    "- **The page's own cost is now small** (`browser ÷ /ws`): ~5-6 messages per run, each ~6-12 ms of htmx "
-    "swapping plus one frame (style, layout, paint, ~15 ms); Chromium's CPU per load + run is in the table "
-    "(/proc), of which 110-290 ms while streaming. No long tasks.",
-    "- **The engine thread's posts to the event loop** (fixed 2026-11-29 20:20, app/ws/engine_thread.py): each post "
-    "(`call_soon_threadsafe`, one per round) woke the event loop, which then took the GIL from the engine thread. "
-    "A page's rounds at full speed now wait up to 20 ms to be posted together: `/ws` ÷ engine 73-76% -> 84-91% for "
-    "plain decoding (same-process A/B, 9 pairs). An earlier try at posting every 10 ms had seemed not to help "
-    "(68-71% against 78-84%); the first version of this change had a flaw that would explain it (rounds held "
-    "when the thread went idle waited for its 1 s idle timeout): now an idle thread posts at once. "
-    "It is not the scheduler: engine/serving/scheduler.py's `Scheduler` in "
-    "a loop in one thread is as fast as the plain loop (plain decoding 179-196 vs 178-189 ms, draft model 198-223 "
-    "vs 193-221 ms). Programs on /api/ws still get a post per round (their latencies are measured per round): "
-    "JSON, a message per event, one session reaches 64% of the engine alone (`bench serve`). "
-    "What is left is mostly the page sharing the two cores: Chromium's renderer used 160-290 ms of CPU per "
-    "400-token run even when the run started on a quiet page (htmx's JavaScript ~80 ms, style, layout and "
-    "paint ~60 ms in a trace), so on this machine the browser column stays below `/ws`, "
-    "and the 90% goal needs both the server and the page within ~5% of the engine alone.",
-]
-
-
 def markdown(r: dict) -> str:
     m = r["machine"]
     lines = [f"Command: `{r['command']}` — {r['date']} — {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
@@ -350,8 +302,7 @@ def markdown(r: dict) -> str:
               "acknowledges every message as the page does (from the bench's process; the server runs in its own); "
               "`browser ÷ /ws` is what the page itself costs on top. Chromium runs on the same 2 cores as the "
               "engine: when no core is "
-              "free (another busy process) every millisecond the page spends is taken from the engine.", "",
-              *NOTES]
+              "free (another busy process) every millisecond the page spends is taken from the engine."]
     return "\n".join(lines)
 
 
