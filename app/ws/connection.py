@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 # For a page at full speed the engine thread posts its rounds to the event loop together, at most this late:
 # each post wakes the event loop, which then takes the GIL from the engine thread (docs/benchmarks.md,
-# "The engine thread's posts to the event loop").
+# `bench page`).
 PAGE_DELIVERY_DELAY_S = 0.02
 IDLE_CHECK_MAX_S = 15.0
 MAX_ERROR_CHARS = 300           # an error message, whatever it quotes of the input

@@ -104,7 +104,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # draft's cost relative to the target is set mostly by their layer counts: 6 target layers, one draft
     # layer (4 and 2 layers: ~0.22 target steps). The draft's MLP width trades cost for acceptance: with
     # the lean one-token step (model.decode) the 384-wide MLP costs a fifth less than 768 for about the same
-    # greedy acceptance after distillation (the figures: docs/benchmarks.md, issue 20's section).
+    # greedy acceptance after distillation (the figures: docs/benchmarks.md, `bench engine`).
     "target-mha": dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6,
                        num_key_value_heads=6, intermediate_size=512, vocab_size=99,
                        max_position_embeddings=512, eos_token_id=0),

@@ -262,7 +262,7 @@ def decode(model: Model, token: int, p: int, kv, with_hidden: bool = False, inpu
     """`forward` for one token (a decode step): the same arithmetic on 1-D vectors (attention's one-query
     case as `attention`), and K/V written and read in the store's own arrays when the cache allows it
     (`SequenceKV.direct`). A decode step of models this small is mostly numpy's per-call overhead, so fewer
-    calls on smaller arrays pay (docs/benchmarks.md, "Figures that stood in code comments")."""
+    calls on smaller arrays pay (docs/benchmarks.md, `bench engine`)."""
     cfg, dot = model.cfg, model.vec_dot
     nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q_dim, i_dim, c_eps = model.q_dim, cfg.intermediate_size, model.c_eps
