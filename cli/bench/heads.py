@@ -283,7 +283,7 @@ def write_card(folder: Path, bench: dict) -> None:
               f"step; Medusa: {cfg['medusa_batch_size']} windows every {cfg['medusa_every']} steps), AdamW (weight decay "
               f"{cfg.get('weight_decay', 0)}), peak lr {cfg['lr']}, {training['train_s'] / 3600:.1f} h on one shared CPU "
               "core (numpy, one BLAS thread)"
-              + (f", warm-started from the previous heads ({warm['steps']} steps, {warm['train_s'] / 3600:.1f} h on "
+              + (f", warm-started from heads trained earlier on less data ({warm['steps']} steps, {warm['train_s'] / 3600:.1f} h on "
                  f"{warm['answer_tokens']:,} answer tokens)" if (warm := training.get("warm_start")) else "")
               + ". Losses: distillation to the target's distribution renormalised on the subset (soft cross-entropy), "
               f"plus EAGLE's feature regression (smooth L1, weight {cfg['reg_weight']}), uniform feature noise ±"
@@ -294,7 +294,8 @@ def write_card(folder: Path, bench: dict) -> None:
     lines += held_out_lines(training.get("held_out"))
     lines += [
               "## Measured (held-out prompts, temperature 0)", "",
-              f"From `decoding-playground bench heads`, {bench['date']} (docs/benchmarks.md has the full tables):", ""]
+              f"From `decoding-playground bench heads`, {bench['date']} (docs/benchmarks.md, `bench heads`, says what "
+              "limits them):", ""]
     for label, r in bench["sets"].items():
         lines += [markdown_set(label, r), ""]
     lines += ["c: drafting time per draft forward over the plain runs' one-token forward, in the same runs. "

@@ -8,8 +8,8 @@
             held-out answers (`data --held-out`), of the training state or of exported heads (--heads);
             --on-training scores the last training conversations instead (how much better the heads do
             on answers they were taught: the gap is what more data could close)
-    export  float16 safetensors into models/heads/TARGET/ (what the engine loads); the model card
-            (README.md there) is written by `decoding-playground bench heads --card`, which measures it
+    export  float16 safetensors into models/heads/TARGET/ (what the engine loads); SmolLM2's model
+            card (README.md there) is written by `decoding-playground bench heads`, which measures the heads
 
 Data and training state live outside the repository: $DECODING_PLAYGROUND_CACHE/heads/TARGET/.
 """
