@@ -1,4 +1,4 @@
-"""Issue 17's side measurements: how fast numpy streams SmolLM2-135M's 538 MB of weights, several ways.
+"""Side measurements for `bench smollm2`: how fast numpy streams SmolLM2-135M's 538 MB of weights, several ways.
 
     .venv/bin/python scripts/weight_stream_experiments.py layouts [--repeats 15]
     .venv/bin/python scripts/weight_stream_experiments.py bytes [--repeats 9]
