@@ -283,8 +283,9 @@ def write_card(folder: Path, bench: dict) -> None:
               f"step; Medusa: {cfg['medusa_batch_size']} windows every {cfg['medusa_every']} steps), AdamW (weight decay "
               f"{cfg.get('weight_decay', 0)}), peak lr {cfg['lr']}, {training['train_s'] / 3600:.1f} h on one shared CPU "
               "core (numpy, one BLAS thread)"
-              + (f", warm-started from heads trained earlier on less data ({warm['steps']} steps, {warm['train_s'] / 3600:.1f} h on "
-                 f"{warm['answer_tokens']:,} answer tokens)" if (warm := training.get("warm_start")) else "")
+              + (f", warm-started from heads trained earlier on less data ({warm['steps']} steps, "
+                 f"{warm['train_s'] / 3600:.1f} h on {warm['answer_tokens']:,} answer tokens)"
+                 if (warm := training.get("warm_start")) else "")
               + ". Losses: distillation to the target's distribution renormalised on the subset (soft cross-entropy), "
               f"plus EAGLE's feature regression (smooth L1, weight {cfg['reg_weight']}), uniform feature noise ±"
               f"{cfg['feature_noise']}"
