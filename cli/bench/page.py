@@ -221,7 +221,8 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
         try:
             page = new_tab(browser)
             for label, settings in CASES:
-                settings = {**settings, "max_tokens": max_tokens}
+                # the model named: a page left to choose opens on SmolLM2's demo where it is fetched
+                settings = {**settings, "model": target.name, "chat": "false", "max_tokens": max_tokens}
                 engine_run(engine, settings)                       # warm-up: pools, caches, the tab's window
                 browser_run(page, base_url, settings, quiet=wait_until_quiet)
                 eng, web, sock = [], [], []
