@@ -533,19 +533,29 @@
     if (box && last) box.scrollTop = Math.max(0, last.offsetTop + last.offsetHeight - box.clientHeight)
   }
 
-  // The race's setting picks which values its two sides offer; the pair goes into the page's URL.
-  function raceChoices(changed) {
+  // The option of a race side for `setting` with `value`, selected (false when that setting has no such value:
+  // two settings may share a value, "2" KV heads and γ = 2).
+  function selectRaceValue(select, setting, value) {
+    var o = Array.prototype.find.call(select.options, function (o) { return o.dataset.setting === setting && o.value === value })
+    if (o) o.selected = true
+    return !!o
+  }
+
+  // The race's setting picks which values its two sides offer (`wanted`: the pair to keep where offered, as
+  // URL parameters); the pair goes into the page's URL.
+  function raceChoices(changed, wanted) {
     var setting = $('race-setting')
     if (!setting) return
     var option = setting.selectedOptions[0]
-    ;[['race-a', option.dataset.a], ['race-b', option.dataset.b]].forEach(function (pair) {
-      var select = $(pair[0])
+    ;[['race-a', option.dataset.a, 'race_a'], ['race-b', option.dataset.b, 'race_b']].forEach(function (side) {
+      var select = $(side[0]), current = select.selectedOptions[0]
+      var keep = wanted ? wanted.get(side[2]) : !changed && current && current.dataset.setting === setting.value ? current.value : null
       Array.prototype.forEach.call(select.options, function (o) {
         var mine = o.dataset.setting === setting.value
         o.hidden = !mine
         o.disabled = !mine
       })
-      if (changed || !select.selectedOptions.length || select.selectedOptions[0].disabled) select.value = pair[1]
+      if (keep === null || !selectRaceValue(select, setting.value, keep)) selectRaceValue(select, setting.value, side[1])
     })
     var params = new URLSearchParams(location.search)
     params.set('race', setting.value); params.set('race_a', $('race-a').value); params.set('race_b', $('race-b').value)
@@ -554,6 +564,20 @@
   document.addEventListener('change', function (ev) {
     var id = ev.target && ev.target.id
     if (id === 'race-setting' || id === 'race-a' || id === 'race-b') raceChoices(id === 'race-setting')
+  })
+
+  // Another model re-renders the race's selects with what it can do (app/views/html.py, on its default race):
+  // the page's race (in its URL, once chosen) stays where the new model offers it.
+  var racePick = null          // the race's selects as the page was served (set once the document is read)
+  document.addEventListener('htmx:wsAfterMessage', function () {
+    var pick = $('race-pick')
+    if (!pick || pick === racePick) return
+    racePick = pick
+    var params = new URLSearchParams(location.search), setting = $('race-setting')
+    if (!params.get('race')) return
+    var offered = Array.prototype.some.call(setting.options, function (o) { return o.value === params.get('race') })
+    if (offered) setting.value = params.get('race')
+    raceChoices(!offered, offered ? params : null)
   })
 
   document.addEventListener('htmx:afterSwap', function (evt) {
@@ -568,6 +592,7 @@
   document.addEventListener('DOMContentLoaded', function () {
     watchChartFeed()
     syncInputs()
+    racePick = $('race-pick')
     var t = teach()
     window.addEventListener('resize', function () { if (openName() === 'theory') scheduleTheory() })
     document.addEventListener('change', function (ev) {

@@ -147,6 +147,11 @@ def test_layouts_and_races_come_from_the_url(app_client):
     assert next(a for t, a in form.elements if t == "body")["data-layout"] == "kv"
     assert form.values["race"] == "method" and (form.values["race_a"], form.values["race_b"]) == ("none", "draft_model")
     assert "data-layout" not in next(a for t, a in Form(app_client.get("/").text).elements if t == "body")
+    # a race offers what the page's model can run: the heads are trained for target-mha only
+    for model, heads in (("target-mha", True), ("target-gqa", False)):
+        offered = {a["value"] for t, a in Form(app_client.get(f"/?model={model}").text).elements
+                   if t == "option" and a.get("data-setting") == "method"}
+        assert offered >= {"none", "draft_model", "ngram"} and ({"eagle", "medusa"} <= offered) == heads, model
 
 
 def test_page_fragment_targets_exist_in_both_views(app_client):

@@ -190,7 +190,7 @@ def test_reset_clears_the_view_and_a_closed_page_frees_its_blocks(live_server):
     assert stats["sessions"] == 0 and stats["kv_blocks_used"] == 0, stats
 
 
-def test_choosing_another_target_updates_its_kv_head_options(live_server):
+def test_choosing_another_target_updates_its_kv_head_method_and_race_options(live_server):
     models = get_json(live_server + "/api/models")["models"]
     other = next(m for m in models if m["role"] == "target" and m["attention"] != "MHA")
 
@@ -205,7 +205,10 @@ def test_choosing_another_target_updates_its_kv_head_options(live_server):
             options = [a.get("value") for t, a in select.all[start:end] if t == "option"]
             assert options[0] == "" and set(options[1:]) == {str(n) for n in other["kv_head_variants"]}
             assert any(a.get("data-note") == "model" for _, a in c.elements())
-            methods = {a.get("value"): "disabled" in a for t, a in select.all[end:] if t == "option"}
+            methods = {a.get("value"): "disabled" in a for t, a in select.all[end:]
+                       if t == "option" and "data-setting" not in a}             # the form's, not the race's
             assert methods["eagle"] and methods["medusa"]           # heads are trained for target-mha only
+            race = {a.get("value") for t, a in select.all if t == "option" and a.get("data-setting") == "method"}
+            assert race == {"none", "draft_model", "ngram"}         # and the race offers what this model can run
 
     run(scenario())

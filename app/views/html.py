@@ -29,7 +29,8 @@ from app.views.fragments import (
     token_html,
 )
 from app.views.kv_map import KvMap
-from app.views.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_options, server_set
+from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_options,
+                            race_state, races_of, server_set, target_of)
 from app.views.recording import RECORDINGS
 from app.views.templating import macros
 from engine.external.server_metrics import server_gauges
@@ -216,6 +217,10 @@ class HtmlView:
                 draft += f"; draft heads: {', '.join(opts['heads'])}"
             frame.append("notes", m.note("model", f"{opts['target']}: {opts['num_kv_heads']} KV heads "
                                                   f"({opts['attention']}){chat}; {draft}"))
+            # the race offers what this model can do (static/teach.js keeps the page's race where it still can)
+            target, engines = target_of(self.sources.registry, d["model"]), list(self.sources.external)
+            frame.replace["race-pick"] = m.race_pick(races_of(self.sources.registry, target, engines),
+                                                     race_state({}, self.sources.registry, target, [], engines))
         elif item.type == "note":
             frame.append("notes", m.note(d.get("kind", "note"), d["text"]))
         elif item.type == "error":

@@ -147,7 +147,8 @@ def page_state(query, playground) -> PageState:
         state.values[name] = form_value(name, value)
     _url_presentation(query, state)
     if playground.registry is not None:
-        state.race = race_state(query, playground.registry, target_of(playground.registry, valid.get("model")),
+        # the form's model: the URL's, else the demo's (SmolLM2 on a fetched machine), as page_context's races
+        state.race = race_state(query, playground.registry, target_of(playground.registry, state.values["model"]),
                                 state.warnings, list(playground.external))
     return state
 

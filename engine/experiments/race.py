@@ -50,12 +50,20 @@ def value_label(setting: str, value, num_attention_heads: int | None = None) -> 
     raise SettingsError("race", f"one of {', '.join(RACE_SETTINGS)}, got {setting!r}")
 
 
+def race_methods(registry, target) -> list[str]:
+    """The methods a target can run: a draft model only where one shares its vocabulary, a head only where
+    one is trained for it (loads nothing)."""
+    heads = target.meta.get("heads", [])
+    return [m for m in METHODS if m in ("none", "ngram") or m in heads
+            or (m == "draft_model" and registry.draft_for(target) is not None)]
+
+
 def race_choices(registry, target) -> dict[str, list[tuple[str, str]]]:
     """Each race setting's values for a target model (as form values, with their labels); loads nothing."""
     heads = target.cfg.num_attention_heads
     form = {True: "true", False: "false"}
     return {
-        "method": [(m, value_label("method", m)) for m in METHODS],
+        "method": [(m, value_label("method", m)) for m in race_methods(registry, target)],
         "kv_cache": [(form[v], value_label("kv_cache", v)) for v in (True, False)],
         "num_kv_heads": [(str(n), value_label("num_kv_heads", n, heads))
                          for n in sorted(registry.variants(target), reverse=True)],

@@ -236,6 +236,25 @@ def test_a_replay_of_an_exported_run_shows_the_same_tokens_and_statuses(live_ser
     assert page.recorder.errors == []
 
 
+def test_the_race_offers_what_the_chosen_model_can_run(live_server, page):
+    # plain against the EAGLE head on target-mha, whose heads are trained; then a model with no heads
+    open_page(page, url(live_server, view="race", model="target-mha", race="method", race_a="none", race_b="eagle"))
+    assert page.input_value("#race-b") == "eagle"
+    page.select_option("#f-model", "target-gqa")
+    wait_until(page, "!document.querySelector('#race-b option[value=eagle]')")
+    assert (page.input_value("#race-a"), page.input_value("#race-b")) == ("none", "draft_model")
+    assert "race_b=draft_model" in page.url
+    # a race of KV heads keeps its pair where the new model offers it (the variants are the same three)
+    page.select_option("#race-setting", "num_kv_heads")                # the most KV heads against the fewest
+    mha = page.input_value("#race-a")
+    page.select_option("#race-b", "2")                                  # GQA instead
+    page.select_option("#f-model", "target-mha")
+    wait_until(page, "document.querySelector('#race-b option[value=eagle]')")
+    assert page.input_value("#race-setting") == "num_kv_heads"
+    assert (page.input_value("#race-a"), page.input_value("#race-b")) == (mha, "2")
+    assert page.recorder.errors == []
+
+
 def test_views_switch_by_tab_keep_the_url_and_hide_in_embed(live_server, page):
     open_page(page, url(live_server, "/embed", view="memory", hide="tabs,settings"))
     assert page.is_hidden(".teach-tabs") and page.is_visible("#view-memory")

@@ -1,9 +1,10 @@
 """A race of two settings (engine/experiments/race.py): each side's figures are the engine's, the verdict quotes them."""
 import pytest
 
-from engine.experiments.race import race, race_choices, verdict
+from engine.experiments.race import default_values, race, race_choices, verdict
 from engine.external.engine_race import OURS, engine_pair
 from engine.kv.dtypes import kv_bytes_per_token
+from engine.serving.registry import ModelRegistry
 from engine.serving.settings import SettingsError
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
@@ -35,6 +36,23 @@ def test_mha_against_mqa_quotes_the_cache_formula(family):
     assert r["verdict"]["kv_ratio"] == ratio and f"{ratio:.1f}× fewer KV bytes/token" in r["verdict"]["text"]
     assert set(race_choices(engine.registry, target)) == {"method", "kv_cache", "num_kv_heads", "kv_cache_dtype",
                                                           "num_speculative_tokens"}
+
+
+def test_a_race_of_methods_offers_only_what_its_target_can_run(family):
+    """SmolLM2 on the page: no draft model shares its vocabulary, an EAGLE head is trained for it."""
+    engine = family()
+    target = engine.registry.default_target()
+
+    def methods(registry):
+        return [v for v, _ in race_choices(registry, target)["method"]]
+
+    assert methods(engine.registry) == ["none", "draft_model", "ngram"]
+    assert default_values(engine.registry, target, "method") == ("none", "draft_model")
+    alone = ModelRegistry(engine.registry.targets)                       # no draft model at all
+    assert methods(alone) == ["none", "ngram"] and default_values(alone, target, "method") == ("none", "ngram")
+    alone.set_heads(target.name, {"eagle": None})
+    assert methods(alone) == ["none", "ngram", "eagle"]
+    assert default_values(alone, target, "method") == ("none", "eagle")
 
 
 def test_kv_cache_off_holds_nothing_and_writes_the_same_greedy_text(family):
