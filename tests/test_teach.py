@@ -207,6 +207,13 @@ def figure(html: str, name: str) -> str:
 def test_the_memory_calculator_reproduces_the_seeds(client):
     html = client.get("/teach/memory").text                            # Qwen3-8B, 32,768 x 16, bf16
     assert figure(html, "bytes_per_token") == "144 KiB" and figure(html, "kv_bytes") == "72 GiB"
+    # 8.2 billion parameters x 2 bytes, and the total that must fit adds the same 16.4 GB
+    assert figure(html, "weight_bytes") == "16.4 GB" and figure(html, "total_bytes") == "93.7 GB"
+    html = client.get("/teach/memory", params={"dtype": "int8_per_token_head", "draft": "Llama-3.2-1B"}).text
+    assert "× (128 head dim × 1 B + 2 B scale)" in html                  # one float16 scale per token and head,
+    assert figure(html, "draft_bytes_per_token") == "16.5 KiB"           # for the draft (16 × 2 × 8 × 66 B)
+    ours = re.search(r'<ul class="ours">(.*?)</ul>', html, re.S).group(1)     # and for our models
+    assert ours.count(" head dim × 1 B + 2 B scale)") == ours.count("<li>") > 0 and "+ scales" not in html
     html = client.get("/teach/memory", params={"config": "Llama-3.1-8B", "context": 8192, "sequences": 1,
                                                "dtype": "float16", "draft": "Llama-3.2-1B"}).text
     assert figure(html, "bytes_per_token") == "128 KiB" and figure(html, "kv_bytes") == "1 GiB"

@@ -1,9 +1,10 @@
 """KV cache memory: the formula on public model configs, and the waste that paging removes.
 
-    KV bytes = layers x 2 (K and V) x KV heads x head dim x bytes per element x tokens x sequences
+    KV bytes = layers x 2 (K and V) x KV heads x (head dim x bytes per element + scale bytes) x tokens x sequences
 
 Use num_key_value_heads, not num_attention_heads. Layers with a sliding window (gpt-oss) hold at most
-the window's tokens.
+the window's tokens. The dtypes are our cache's (engine/kv/dtypes.py), scales included: int8 keeps one
+float16 scale per token and KV head, the same rule for public configs as for our models.
 """
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .dtypes import resolve_kv_cache_dtype
+
 KIB, MIB, GIB = 2 ** 10, 2 ** 20, 2 ** 30
+WEIGHT_BYTES_PER_PARAMETER = 2       # the weights as the public checkpoints ship them: bf16
 
 
 @dataclass(frozen=True)
@@ -26,17 +30,22 @@ class PublicConfig:
     sliding_window: int | None = None
     sliding_layers: int = 0            # layers that use the window (the rest attend to everything)
 
-    def bytes_per_token(self, element_bytes: float = 2, context: int | None = None) -> float:
-        """Per token of a sequence of `context` tokens (sliding layers hold only the window's tokens)."""
-        per_layer = 2 * self.num_key_value_heads * self.head_dim * element_bytes
+    def bytes_per_token(self, element_bytes: float = 2, context: int | None = None, scale_bytes: int = 0) -> float:
+        """Per token of a sequence of `context` tokens (sliding layers hold only the window's tokens);
+        `scale_bytes` per token and KV head, for K and for V (int8's float16 scale: 2)."""
+        per_layer = 2 * self.num_key_value_heads * (self.head_dim * element_bytes + scale_bytes)
         full = (self.num_hidden_layers - self.sliding_layers) * per_layer
         if not self.sliding_layers or context is None:
             return full + self.sliding_layers * per_layer
         held = min(context, self.sliding_window)
         return full + self.sliding_layers * per_layer * held / context
 
-    def kv_bytes(self, context: int, sequences: int = 1, element_bytes: float = 2) -> float:
-        return self.bytes_per_token(element_bytes, context) * context * sequences
+    def kv_bytes(self, context: int, sequences: int = 1, element_bytes: float = 2, scale_bytes: int = 0) -> float:
+        return self.bytes_per_token(element_bytes, context, scale_bytes) * context * sequences
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.parameters * WEIGHT_BYTES_PER_PARAMETER
 
 
 # From each model's official config.json on Hugging Face (as the first seed article checked them).
@@ -48,23 +57,25 @@ PUBLIC_CONFIGS = {c.name: c for c in [
     PublicConfig("Llama-3.2-1B", 16, 8, 64, 1.24e9, 131072),
     PublicConfig("gpt-oss-20b", 24, 8, 64, 20.9e9, 131072, sliding_window=128, sliding_layers=12),
 ]}
-ELEMENT_BYTES = {"auto": 4, "float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1,
-                 "int8_per_token_head": 1}
 
 
 def calculator(name: str, context: int, sequences: int, kv_cache_dtype: str = "bfloat16",
                draft: str | None = None) -> dict:
-    """Bytes per token and the KV cache at context x sequences, plus a draft's weights and KV."""
+    """Bytes per token and the KV cache at context x sequences, the weights, a draft's weights and KV, and
+    the total that must fit. `kv_cache_dtype`: one of engine/kv/dtypes.py's (or an alias: float32)."""
     cfg = PUBLIC_CONFIGS[name]
-    eb = ELEMENT_BYTES[kv_cache_dtype]
-    scale = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads if kv_cache_dtype == "int8_per_token_head" else 0
+    dtype = resolve_kv_cache_dtype(kv_cache_dtype)
+    eb, sb = dtype.element_bytes, dtype.scale_bytes
     out = {"model": name, "context": context, "sequences": sequences, "kv_cache_dtype": kv_cache_dtype,
-           "bytes_per_token": cfg.bytes_per_token(eb, context) + scale,
-           "kv_bytes": cfg.kv_bytes(context, sequences, eb) + scale * context * sequences}
+           "element_bytes": eb, "scale_bytes": sb, "bytes_per_token": cfg.bytes_per_token(eb, context, sb),
+           "kv_bytes": cfg.kv_bytes(context, sequences, eb, sb), "weight_bytes": cfg.weight_bytes}
     if draft:
         d = PUBLIC_CONFIGS[draft]
-        out.update(draft=draft, draft_weight_bytes=d.parameters * 2,
-                   draft_bytes_per_token=d.bytes_per_token(eb, context), draft_kv_bytes=d.kv_bytes(context, sequences, eb))
+        out.update(draft=draft, draft_weight_bytes=d.weight_bytes,
+                   draft_bytes_per_token=d.bytes_per_token(eb, context, sb),
+                   draft_kv_bytes=d.kv_bytes(context, sequences, eb, sb))
+    out["total_bytes"] = out["weight_bytes"] + out["kv_bytes"] + out.get("draft_weight_bytes", 0) + \
+        out.get("draft_kv_bytes", 0)
     return out
 
 

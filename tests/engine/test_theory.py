@@ -2,7 +2,9 @@
 import pytest
 
 from engine.experiments.theory import ACCELERATORS, expected_tokens_per_round, projected_speedup, worked_table
+from engine.kv.dtypes import kv_bytes_per_token
 from engine.kv.memory import GIB, KIB, MIB, PUBLIC_CONFIGS, calculator, paging_waste, seed_request_mix
+from engine.model.config import ModelConfig
 
 
 def test_second_seed_worked_table():
@@ -31,6 +33,26 @@ def test_second_seed_draft_figures():
     assert r["bytes_per_token"] == 128 * KIB and r["kv_bytes"] == 1 * GIB
     assert r["draft_bytes_per_token"] == 32 * KIB and r["draft_kv_bytes"] == 256 * MIB
     assert r["draft_weight_bytes"] == pytest.approx(2.5e9, rel=0.01)
+
+
+def test_public_configs_count_int8_scales_as_our_cache_does():
+    """One rule everywhere: int8 keeps one float16 scale per token and KV head (engine/kv/dtypes.py), for a
+    public model and its draft as for our models."""
+    r = calculator("Llama-3.1-8B", 4096, 2, "int8_per_token_head", draft="Llama-3.2-1B")
+    for prefix, public in (("", PUBLIC_CONFIGS["Llama-3.1-8B"]), ("draft_", PUBLIC_CONFIGS["Llama-3.2-1B"])):
+        same_shape = ModelConfig(hidden_size=public.head_dim * public.num_key_value_heads,
+                                 num_hidden_layers=public.num_hidden_layers,
+                                 num_attention_heads=public.num_key_value_heads,
+                                 num_key_value_heads=public.num_key_value_heads, head_dim=public.head_dim)
+        assert r[f"{prefix}bytes_per_token"] == kv_bytes_per_token(same_shape, "int8_per_token_head")
+        assert r[f"{prefix}kv_bytes"] == r[f"{prefix}bytes_per_token"] * 4096 * 2
+    assert r["bytes_per_token"] == 32 * 2 * 8 * (128 * 1 + 2)          # 65 KiB: 1 KiB of it scales
+
+
+def test_weights_are_parameters_times_two_bytes_and_the_total_adds_everything():
+    r = calculator("Qwen3-8B", 32768, 16, draft="Llama-3.2-1B")
+    assert r["weight_bytes"] == pytest.approx(16.4e9) and r["draft_weight_bytes"] == pytest.approx(2.48e9)
+    assert r["total_bytes"] == pytest.approx(16.4e9 + 72 * GIB + 2.48e9 + r["draft_kv_bytes"])
 
 
 def test_paging_waste_on_the_seed_request_mix():

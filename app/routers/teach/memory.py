@@ -8,7 +8,7 @@ from app.deps import PlaygroundDep
 from app.routers.teach.common import fragment, number
 from engine.experiments.theory import ACCELERATORS
 from engine.kv.dtypes import KV_CACHE_DTYPES, kv_bytes_per_token
-from engine.kv.memory import ELEMENT_BYTES, PUBLIC_CONFIGS, calculator
+from engine.kv.memory import PUBLIC_CONFIGS, WEIGHT_BYTES_PER_PARAMETER, calculator
 
 router = APIRouter()
 
@@ -52,9 +52,6 @@ def memory(request: Request, playground: PlaygroundDep, config: str = "Qwen3-8B"
     sequences = n or 1
     r = calculator(model, context, sequences, kv_cache_dtype, draft or None)
     cfg = PUBLIC_CONFIGS[model]
-    eb = ELEMENT_BYTES[kv_cache_dtype]
-    weights = cfg.parameters * 2
-    total = weights + r["kv_bytes"] + r.get("draft_weight_bytes", 0) + r.get("draft_kv_bytes", 0)
     ours = []
     if playground.registry is not None:
         dtype = "auto" if kv_cache_dtype == "float32" else kv_cache_dtype
@@ -63,6 +60,6 @@ def memory(request: Request, playground: PlaygroundDep, config: str = "Qwen3-8B"
             ours.append({"name": lm.name, "layers": c.num_hidden_layers, "kv_heads": c.num_key_value_heads,
                          "head_dim": c.head_dim, "dtype": KV_CACHE_DTYPES[dtype],
                          "bytes_per_token": kv_bytes_per_token(c, dtype)})
-    return fragment(request, "memory", r=r, cfg=cfg, element_bytes=eb, weights=weights, total=total,
+    return fragment(request, "memory", r=r, cfg=cfg, weight_bytes_per_parameter=WEIGHT_BYTES_PER_PARAMETER,
                     configs=PUBLIC_CONFIGS, dtypes=MEMORY_DTYPES, presets=MEMORY_PRESETS, problems=problems,
                     accelerators=ACCELERATORS.values(), ours=ours, draft_cfg=PUBLIC_CONFIGS.get(draft))
