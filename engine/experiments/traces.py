@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..kv.memory import paging_waste
 from ..serving.jobs import Job, run_to_end
-from ..serving.registry import SEQUENCE_TOKENS_BUDGET, InferenceEngine
+from ..serving.registry import InferenceEngine
 from ..serving.session import GenerationSession
 from ..serving.settings import FAULTS, GenerationSettings, SettingsError
 
@@ -99,18 +99,24 @@ def fault_comparison_steps(engine: InferenceEngine, prompt: str, settings: dict,
             "divergence": first_divergence(reference["emitted_ids"], faulty["emitted_ids"])}
 
 
+def paging_figures(lengths: list[int], blocks: int, block_size: int, context: int) -> dict:
+    """Sequences of `lengths` tokens held in `blocks` blocks: the share of those blocks' slots unused (paged),
+    and the share unused had each sequence been given `context` slots up front (preallocated). `context` is
+    the model's: a sequence here may grow to it (SEQUENCE_TOKENS_BUDGET only sizes the shared pools)."""
+    tokens, slots = sum(lengths), blocks * block_size
+    return {"sequences": len(lengths), "tokens": tokens, "blocks": blocks, "block_size": block_size,
+            "slots": slots, "context": context, "paged": 1 - tokens / slots if slots else None,
+            "prealloc": paging_waste(lengths, None, context) if lengths and context else None}
+
+
 def live_pools(engine: InferenceEngine) -> list[dict]:
     """Every KV pool of the engine now: the sequences it holds, their tokens, and the waste of their blocks
     beside what preallocating each sequence's whole context would have wasted. (On the server: an engine
     thread call, between two steps.)"""
     out = []
     for mgr in list(engine.managers.values()):
-        lengths = [s.num_tokens for s in mgr.sequences.values() if s.num_tokens]
-        ctx = min(mgr.cfg.max_position_embeddings, SEQUENCE_TOKENS_BUDGET)
-        bs = mgr.block_size
-        out.append({"name": mgr.pool.name, "kv_cache_dtype": mgr.dtype.name, "block_size": bs,
-                    "sequences": len(lengths), "tokens": sum(lengths), "context": ctx,
-                    "slots": sum(-(-n // bs) * bs for n in lengths),
-                    "paged": paging_waste(lengths, bs, ctx) if lengths else None,
-                    "prealloc": paging_waste(lengths, None, ctx) if lengths else None})
+        held = [s for s in mgr.sequences.values() if s.num_tokens]
+        figures = paging_figures([s.num_tokens for s in held], sum(len(s.blocks) for s in held), mgr.block_size,
+                                 mgr.cfg.max_position_embeddings)
+        out.append({"name": mgr.pool.name, "kv_cache_dtype": mgr.dtype.name, **figures})
     return out

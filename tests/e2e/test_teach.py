@@ -141,6 +141,9 @@ def test_memory_and_paging_show_the_seeds_figures_and_the_live_pool(live_server,
     page.wait_for_selector("#paging-live .paging-run", timeout=30_000)       # this run's own blocks
     assert re.search(r"\d+ tokens in \d+ blocks of 16", page.inner_text("#paging-live .paging-run"))
     wait_until(page, "[...document.querySelectorAll('#paging-live tbody tr')].some(r => !r.classList.contains('idle'))")
+    # the run's own line and its pool's row weigh preallocation against the same context (the model's)
+    row = page.locator("#paging-live tr[data-pool^='target:']:not(.idle) [data-figure=context]")
+    assert page.inner_text("#paging-live .paging-run [data-figure=context]") == row.inner_text()
     page.screenshot(path=str(artifacts_dir / "teach-paging.png"))
     page.click("#btn-stop")
     wait_state(page, "done")

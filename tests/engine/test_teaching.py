@@ -3,7 +3,12 @@ import json
 
 import pytest
 
-from engine.experiments.traces import fault_comparison, first_divergence, trace
+from engine.experiments.traces import fault_comparison, first_divergence, live_pools, trace
+from engine.model.checkpoint import init_weights
+from engine.model.config import ModelConfig
+from engine.model.llama import Model
+from engine.model.tokenizer import TextTokenizer
+from engine.serving.registry import SEQUENCE_TOKENS_BUDGET, InferenceEngine, LoadedModel, ModelRegistry
 from engine.serving.events import EVENT_TYPES, event_from_dict
 from engine.serving.session import GenerationSession
 from engine.serving.settings import SettingsError
@@ -72,4 +77,28 @@ def test_fault_comparison_finds_where_the_faulty_run_parts(family):
     assert r["divergence"] == r["faulty"]["num_output_tokens"]   # where the failing round would have delivered
     with pytest.raises(SettingsError, match="fault"):
         fault_comparison(engine, PROMPT, {}, "none")
+    assert no_blocks_used(engine)
+
+
+def test_live_pools_weigh_preallocation_against_the_models_context():
+    """A sequence may grow to its model's context (SmolLM2: 8,192 tokens); the pools' budget of 2,048 tokens
+    per session only sizes them. The paging view's live table used the budget and its "This run" line the
+    context, for one sequence: both now use the context."""
+    tok = TextTokenizer.char_level("abcdefghijklmnopqrstuvwxyz ():\n.=_,")
+    cfg = ModelConfig.from_name("tiny").replace(vocab_size=tok.vocab_size, eos_token_id=None,
+                                                max_position_embeddings=4 * SEQUENCE_TOKENS_BUDGET)
+    lm = LoadedModel("long", "target", cfg, Model(cfg, init_weights(cfg, seed=1, std=0.3)), tok)
+    engine = InferenceEngine(ModelRegistry([lm]), blocks_per_pool=32)
+    session = GenerationSession(engine, PROMPT, {"method": "none", "max_tokens": 40})
+    events = session.events()
+    tokens = 0
+    while tokens < 10:
+        tokens += next(events).type == "token"
+    (pool,) = [p for p in live_pools(engine) if p["sequences"]]
+    n, slots = pool["tokens"], pool["slots"]
+    assert pool["context"] == cfg.max_position_embeddings and n > len(PROMPT)
+    assert pool["prealloc"] == pytest.approx(1 - n / cfg.max_position_embeddings)
+    assert slots >= n and pool["paged"] == pytest.approx(1 - n / slots)
+    events.close()
+    session.close()
     assert no_blocks_used(engine)

@@ -8,7 +8,7 @@ from fastapi.responses import HTMLResponse
 from app.deps import PlaygroundDep
 from app.routers.teach.common import fragment
 from app.views.recording import RECORDINGS, Recording
-from engine.experiments.traces import live_pools
+from engine.experiments.traces import live_pools, paging_figures
 from engine.kv.memory import paging_waste, seed_request_mix
 
 router = APIRouter()
@@ -34,11 +34,8 @@ def run_paging(rec: Recording | None) -> dict | None:
     if pool is None or metrics is None or not metrics.values.get("kv_bytes_per_token"):
         return None
     held = metrics.values["kv_cache_bytes"] // metrics.values["kv_bytes_per_token"]
-    slots = len(pool["block_table"]) * pool["block_size"]
     ctx = rec.started.model.get("max_position_embeddings") or 0
-    return {"tokens": held, "blocks": len(pool["block_table"]), "block_size": pool["block_size"], "slots": slots,
-            "paged": 1 - held / slots if slots else None, "context": ctx,
-            "prealloc": 1 - held / ctx if ctx else None, "complete": rec.complete}
+    return {**paging_figures([held], len(pool["block_table"]), pool["block_size"], ctx), "complete": rec.complete}
 
 
 @router.get("/paging/live", response_class=HTMLResponse)
