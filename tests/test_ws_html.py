@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from html.parser import HTMLParser
 
@@ -96,6 +97,11 @@ def test_a_run_streams_fragments_that_htmx_can_swap_by_id(live_server):
             metrics = {a["data-metric"] for _, a in c.elements(lambda t, a: "data-metric" in a)}
             assert metrics == {"acceptance_rate", "mean_acceptance_length", "ttft_ms", "itl_ms", "tokens_per_s",
                                "kv_cache_bytes", "kv_bytes_per_token", "kv_blocks_used"}
+            # KV bytes in use are the target's, and say so; the draft model's cache shows beside them
+            gauges = [f.raw for f in c.messages if 'id="gauge-grid"' in f.raw]
+            assert gauges and all("KV bytes in use (target)" in g for g in gauges)
+            drafts = [d for g in gauges for d in re.findall(r'data-figure="draft_kv_cache_bytes">([^<]*)<', g)]
+            assert any(re.fullmatch(r"\+ [\d.]+ (B|KiB|MiB) in the draft pool", d) for d in drafts), drafts
             cells = c.elements(lambda t, a: "data-kv-block" in a)
             assert cells and {a["data-state"] for _, a in cells} <= {"free", "used", "shared", "cached"}
             appends = [a["hx-swap-oob"] for f in c.messages for _, a in f.top if a.get("id") == "stream-append"]

@@ -75,7 +75,7 @@ class HtmlView:
         self.form: dict = {}
         self.form_prompt: str | None = None
         self.kv = KvMap()
-        self.gauges: dict[str, str] = {}
+        self.gauges: dict[str, str | None] = {}
         self.server_gauges: list[dict] = []
         self.status = {"state": "idle", "round": 0, "tokens": 0, "gamma": None, "finish": None}
         self.lane: dict | None = None
@@ -388,10 +388,11 @@ class HtmlView:
         if self.status["state"] != "done":      # then the server's figures after the run are shown (_on_done)
             self._render_server_gauges(values.get("server_metrics"), frame)
         texts = {name: fmt_metric(name, values.get(name)) for name in METRICS}
+        draft = human_bytes(values.get("draft_kv_cache_bytes"))       # the draft pool's, beside the target's
         changed = {name for name in METRICS if self.gauges.get(name) != texts[name]}
-        if changed:
-            self.gauges = texts
-            rows = gauge_rows(texts, human_bytes(values.get("kv_cache_bytes")), changed)
+        if changed or self.gauges.get("draft") != draft:
+            self.gauges = {**texts, "draft": draft}
+            rows = gauge_rows(texts, human_bytes(values.get("kv_cache_bytes")), changed, draft)
             frame.replace["gauge-grid"] = macros().gauge_grid(rows)
 
     def _render_server_gauges(self, series: dict | None, frame: Frame) -> None:   # None: no server's gauges

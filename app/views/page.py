@@ -57,14 +57,17 @@ GAUGES = [
     ("tokens_per_s", "Tokens / s", "engine time"),
     ("kv_blocks_used", "Blocks used", "by this run"),
     ("kv_bytes_per_token", "KV bytes / token", "layers × 2 × KV heads × head dim × bytes"),
-    ("kv_cache_bytes", "KV bytes in use", "tokens held × bytes/token"),
+    # the target's (the contract's kv_cache.bytes_used); the draft pool's show beneath when it has a cache
+    ("kv_cache_bytes", "KV bytes in use (target)", "its tokens held × bytes/token"),
 ]
 
 
-def gauge_rows(texts: dict | None = None, human: str | None = None, changed=()) -> list[dict]:
+def gauge_rows(texts: dict | None = None, human: str | None = None, changed=(), draft: str | None = None) -> list[dict]:
+    """`human`: the target's KV bytes in use in KiB/MiB; `draft`: the draft pool's (None without one)."""
     texts = texts or {}
     return [{"name": n, "label": label, "unit": unit, "text": texts.get(n, "–"), "changed": n in changed,
-             "human": human if n == "kv_cache_bytes" else None} for n, label, unit in GAUGES]
+             "human": human if n == "kv_cache_bytes" else None, "draft": draft if n == "kv_cache_bytes" else None}
+            for n, label, unit in GAUGES]
 
 
 def _truthy(value: str | None) -> bool:

@@ -36,12 +36,20 @@ class SessionFigures:
                 "block_size": s.block_size, "bytes_per_token": bpt, "bytes_used": held * bpt,
                 "blocks_allocated": blocks, "bytes_allocated": blocks * s.block_size * bpt}
 
+    def draft_kv_bytes(self) -> int | None:
+        """Bytes held by the drafter's own cache (a draft model's or the EAGLE head's: the draft pool); None
+        when the drafter keeps none (n-gram lookup, Medusa, plain decoding)."""
+        runner = getattr(self.proposer, "runner", None)
+        return runner.num_tokens * runner.manager.bytes_per_token if isinstance(runner, PagedRunner) else None
+
     def metrics(self) -> dict:
+        """kv_cache_bytes, kv_bytes_per_token and kv_blocks_used are the target's (the contract's kv_cache);
+        draft_kv_cache_bytes the draft pool's, beside them."""
         m = self.stats.summary(self.num_output_tokens)
         kv = self.kv_figures()
         m.update(kv_cache_bytes=kv["bytes_used"], kv_bytes_per_token=kv["bytes_per_token"],
-                 kv_blocks_used=kv["blocks_allocated"], num_output_tokens=self.num_output_tokens,
-                 num_speculative_tokens=self.k)
+                 kv_blocks_used=kv["blocks_allocated"], draft_kv_cache_bytes=self.draft_kv_bytes(),
+                 num_output_tokens=self.num_output_tokens, num_speculative_tokens=self.k)
         return m
 
     def summary(self) -> dict:

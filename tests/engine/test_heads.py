@@ -6,6 +6,7 @@ import pytest
 from rejection_check import rejection_check
 
 from engine.experiments.shootout import h100_speedup, shootout
+from engine.kv.dtypes import kv_bytes_per_token
 from engine.model.llama import forward
 from engine.serving.session import GenerationSession
 from engine.serving.settings import SettingsError
@@ -123,6 +124,26 @@ def test_eagle_pool_is_its_own_and_is_rolled_back(engine):
             assert roles["eagle"]["name"] == "eagle:t-mha-eagle"
             # after a round the head holds one entry per position with a real feature: tokens - 1
             assert s.proposer.runner.num_tokens == len(s.tokens) - 1 - s.proposer.start
+    assert no_blocks_used(engine)
+
+
+@pytest.mark.parametrize("method", ["eagle", "draft_model", "medusa", "ngram"])
+def test_metrics_give_the_draft_pools_bytes_beside_the_targets(engine, method):
+    """kv_cache_bytes is the target's (the contract's kv_cache); draft_kv_cache_bytes what the draft model's or
+    the EAGLE head's own cache holds, None where the drafter keeps none."""
+    s = GenerationSession(engine, PROMPTS[1], {"model": "t-mha", "method": method, "num_speculative_tokens": 3,
+                                               "max_tokens": 30})
+    drafted = []
+    for e in (e for e in s.events() if e.type == "metrics"):
+        if not s.target.num_tokens:
+            continue                                        # the last one: the session has freed its caches
+        assert e.values["kv_cache_bytes"] == s.target.num_tokens * kv_bytes_per_token(s.target_lm.cfg, "auto")
+        runner = getattr(s.proposer, "runner", None)                 # the draft model's or the EAGLE head's
+        held = None if runner is None else runner.num_tokens * kv_bytes_per_token(runner.manager.cfg, "auto")
+        assert (runner is None) == (method in ("medusa", "ngram"))
+        assert e.values["draft_kv_cache_bytes"] == held
+        drafted.append(held)
+    assert drafted and (max(drafted) > 0 if method in ("eagle", "draft_model") else set(drafted) == {None})
     assert no_blocks_used(engine)
 
 
