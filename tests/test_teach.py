@@ -188,6 +188,24 @@ def test_the_inspector_shows_a_tokens_probabilities_test_and_distributions(recor
     assert "→ <strong>rejected</strong>" in html and "The target's replacement" in html
 
 
+def test_the_inspector_says_a_greedy_replacement_was_the_targets_argmax_not_a_draw(client, engine):
+    for prompt in (DEFAULT_PROMPT, PROMPT, "x"):        # the first whose greedy run has a rejected draft token
+        events = list(GenerationSession(engine, prompt, {"max_tokens": 120, "method": "draft_model",
+                                                         "num_speculative_tokens": 4, "temperature": 0}).events())
+        resampled = next((e for e in events if e.type == "token" and e.status == "resampled"), None)
+        if resampled:
+            break
+    assert resampled, "no greedy run rejected a draft token"
+    view = client.app.state.playground.view("html")
+    view.form_prompt = prompt
+    show_run(view, events)
+    html = client.get("/teach/inspect", params={"recording": view.recording.key, "round": resampled.round,
+                                                "position": resampled.position, "status": "resampled"}).text
+    why = re.search(r'<p class="insp-why">(.*?)</p>', html, re.S).group(1)
+    assert "Temperature 0: nothing is drawn" in why and "the target's argmax, this token, replaced it" in why
+    assert "residual" not in why and "Residual" not in html and resampled.residual_top == []
+
+
 def test_the_inspector_explains_what_it_cannot_show(client, recorded):
     rec, _, _ = recorded
     gone = client.get("/teach/inspect", params={"recording": "nope", "round": 1, "position": 1, "status": "accepted"})

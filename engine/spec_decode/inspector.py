@@ -57,7 +57,8 @@ class InspectorAnnotations:
                     e.top_q = self._named(tops[len(p) + i])
                     if e.status != "bonus":
                         e.q = prob(len(p) + i, e.id)
-                if e.status == "resampled" and residual is not None:
+                # greedy verification draws nothing: its "residual" is the point mass on the argmax, not shown
+                if e.status == "resampled" and residual is not None and not p_is_logits:
                     e.residual_top = self._named(top_k_rows(residual[None])[0])
         self._unshown.clear()
 

@@ -63,3 +63,25 @@ def test_sampled_figures_from_distributions_are_read_as_given():
     Annotated(Unshown(events, p, False, q, False, residual))._annotate()
     check(events, p, q)
     assert [t[0] for t in events[1].residual_top] == np.argsort(-residual, kind="stable")[:5].tolist()
+
+
+def test_a_greedy_replacement_shows_no_residual_and_a_sampled_one_does():
+    """At temperature 0 the target's argmax replaces a rejected draft token: nothing is drawn, so there is no
+    residual to show (verify_greedy's is the point mass on the argmax). Sampling draws from the residual."""
+    rng = np.random.default_rng(2)
+    p_logits = rng.standard_normal((2, 300)).astype(np.float32)
+    q_logits = rng.standard_normal((1, 300)).astype(np.float32)
+    target = int(p_logits[0].argmax())
+    residual = np.zeros(300)
+    residual[target] = 1.0
+
+    def replaced():
+        return [TokenResult(1, 1, target + 1, "", "rejected", None, None, 0.0, None),
+                TokenResult(1, 1, target, "", "resampled", None, None, None, None)]
+
+    greedy = replaced()
+    Annotated(Unshown(greedy, p_logits, True, q_logits, True, residual))._annotate()
+    assert greedy[1].residual_top == [] and greedy[1].p > 0
+    sampled = replaced()
+    Annotated(Unshown(sampled, softmax64(p_logits), False, softmax64(q_logits), False, residual))._annotate()
+    assert sampled[1].residual_top[0] == [target, f"<{target}>", 1.0]
