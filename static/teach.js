@@ -536,7 +536,9 @@
   // The option of a race side for `setting` with `value`, selected (false when that setting has no such value:
   // two settings may share a value, "2" KV heads and γ = 2).
   function selectRaceValue(select, setting, value) {
-    var o = Array.prototype.find.call(select.options, function (o) { return o.dataset.setting === setting && o.value === value })
+    var o = Array.prototype.find.call(select.options, function (o) {
+      return o.dataset.setting === setting && o.value === value
+    })
     if (o) o.selected = true
     return !!o
   }
@@ -549,13 +551,16 @@
     var option = setting.selectedOptions[0]
     ;[['race-a', option.dataset.a, 'race_a'], ['race-b', option.dataset.b, 'race_b']].forEach(function (side) {
       var select = $(side[0]), current = select.selectedOptions[0]
-      var keep = wanted ? wanted.get(side[2]) : !changed && current && current.dataset.setting === setting.value ? current.value : null
+      var currentFits = current && current.dataset.setting === setting.value
+      var keep = wanted ? wanted.get(side[2]) : !changed && currentFits ? current.value : null
       Array.prototype.forEach.call(select.options, function (o) {
         var mine = o.dataset.setting === setting.value
         o.hidden = !mine
         o.disabled = !mine
       })
-      if (keep === null || !selectRaceValue(select, setting.value, keep)) selectRaceValue(select, setting.value, side[1])
+      if (keep === null || !selectRaceValue(select, setting.value, keep)) {
+        selectRaceValue(select, setting.value, side[1])
+      }
     })
     var params = new URLSearchParams(location.search)
     params.set('race', setting.value); params.set('race_a', $('race-a').value); params.set('race_b', $('race-b').value)

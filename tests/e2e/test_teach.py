@@ -255,6 +255,10 @@ def test_the_race_offers_what_the_chosen_model_can_run(live_server, page):
     wait_until(page, "document.querySelector('#race-b option[value=eagle]')")
     assert page.input_value("#race-setting") == "num_kv_heads"
     assert (page.input_value("#race-a"), page.input_value("#race-b")) == (mha, "2")
+    # γ = 2 against γ = 6: the sides pick γ's options, not the KV heads' "2" of the same value
+    page.select_option("#race-setting", "num_speculative_tokens")
+    assert [page.eval_on_selector(f"#race-{side}", "s => s.selectedOptions[0].dataset.setting + '=' + s.value")
+            for side in "ab"] == ["num_speculative_tokens=2", "num_speculative_tokens=6"]
     assert page.recorder.errors == []
 
 
