@@ -290,18 +290,24 @@ class HtmlView:
                      "why": "prefill: the first token comes from the target", "verdict": ""}
 
     def _on_prefill_progress(self, e, frame: Frame, run_id: int) -> None:
-        """A chunk of a long prefill is done: the status and the draft lane show how far it is."""
-        self.status["prefill"] = (e.num_computed, e.num_tokens)
+        """A chunk of a long prefill is done: the status and the draft lane show how far it is. The last one
+        (all computed) ends it: a draft model's catch-up, or a re-prefill, has no `prefill` event of its own."""
+        if e.num_computed >= e.num_tokens:
+            self.status.pop("prefill", None)
+            return
+        self.status["prefill"] = (e.num_computed, e.num_tokens, e.model)
         frame.replace["draft-lane"] = macros().lane_empty(
             f"Prefill ({e.model}) in chunks: {e.num_computed:,} of {e.num_tokens:,} prompt tokens done; the other "
             "sessions' steps run between the chunks (chunked prefill).")
 
     def _on_draft(self, e, frame: Frame, run_id: int) -> None:
+        self.status.pop("prefill", None)          # decoding (recordings made before the last chunk was reported)
         self.lane = {"round": e.round, "method": e.method, "final": None, "why": "", "verdict": "",
                      "drafts": [{"text": t["text"], "q": t["q"], "status": "unverified", "accept_prob": None,
                                  "r": None} for t in e.tokens]}
 
     def _on_token(self, e, frame: Frame, run_id: int) -> None:
+        self.status.pop("prefill", None)
         frame.append("stream", token_html(e))
         if e.status != "rejected":
             self.status["tokens"] += 1
@@ -316,6 +322,7 @@ class HtmlView:
             lane["final"] = e
 
     def _on_round(self, e, frame: Frame, run_id: int) -> None:
+        self.status.pop("prefill", None)
         self.status["round"] = e.round
         frame.chart.append(f"{int(e.round)}:{e.target_ms:.3f}:{e.draft_ms:.3f}:{int(e.num_emitted)}:"
                            f"{int(e.num_draft_tokens)}:{int(e.num_accepted)}")
