@@ -16,7 +16,7 @@ from engine.experiments.race import default_values, form_text, race_choices
 from engine.experiments.theory import worked_table
 from engine.external import engine_race
 from engine.kv.dtypes import KV_CACHE_DTYPES
-from engine.serving.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError
+from engine.serving.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError, excerpt
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
@@ -166,7 +166,7 @@ def _url_settings(query, playground, warnings: list[str]) -> dict:
         try:
             parsed = GenerationSettings.parse({name: raw})
         except SettingsError as e:
-            warnings.append(f"ignored {name}={raw!r} from the URL: {e}")
+            warnings.append(f"ignored {name}={excerpt(raw)} from the URL: {e}")
             continue
         valid[name] = getattr(parsed, name)
     try:                                                 # cross-field rules (e.g. lookup min <= max)
@@ -178,7 +178,7 @@ def _url_settings(query, playground, warnings: list[str]) -> dict:
     if registry is not None:
         if valid.get("model") is not None and valid["model"] not in {m.name for m in registry.targets} \
                 and valid["model"] not in playground.external:
-            warnings.append(f"ignored model={valid.pop('model')!r} from the URL: not a target model here")
+            warnings.append(f"ignored model={excerpt(valid.pop('model'))} from the URL: not a target model here")
         target = target_of(registry, valid.get("model"))
         if valid.get("num_kv_heads") is not None and valid["num_kv_heads"] not in registry.variants(target):
             warnings.append(f"ignored num_kv_heads={valid.pop('num_kv_heads')} from the URL: "
@@ -200,25 +200,25 @@ def _url_presentation(query, state: PageState) -> None:
         if speed in {s for s, _ in SPEEDS}:
             state.speed = speed
         else:
-            state.warnings.append(f"ignored speed={speed!r} from the URL: one of {', '.join(s for s, _ in SPEEDS)}")
+            state.warnings.append(f"ignored speed={excerpt(speed)} from the URL: one of {', '.join(s for s, _ in SPEEDS)}")
     theme = query.get("theme")
     if theme is not None:
         if theme in THEMES:
             state.theme = theme
         else:
-            state.warnings.append(f"ignored theme={theme!r} from the URL: light or dark")
+            state.warnings.append(f"ignored theme={excerpt(theme)} from the URL: light or dark")
     state.presenter = _truthy(query.get("presenter"))
     hide = []
     for raw in (query.getlist("hide") if hasattr(query, "getlist") else [query.get("hide", "")]):
         hide += [h.strip() for h in (raw or "").split(",") if h.strip()]
     unknown = [h for h in hide if h not in HIDEABLE]
     if unknown:
-        state.warnings.append(f"ignored hide={','.join(unknown)} from the URL: parts are {', '.join(HIDEABLE)}")
+        state.warnings.append(f"ignored hide={excerpt(','.join(unknown))} from the URL: parts are {', '.join(HIDEABLE)}")
     state.hide = [h for h in HIDEABLE if h in hide]
     layout = query.get("layout")
     if layout:
         if layout not in LAYOUT_NAMES:
-            state.warnings.append(f"ignored layout={layout!r} from the URL: one of {', '.join(LAYOUT_NAMES[1:])}")
+            state.warnings.append(f"ignored layout={excerpt(layout)} from the URL: one of {', '.join(LAYOUT_NAMES[1:])}")
         else:
             state.layout = layout
     view = query.get("view")
@@ -226,7 +226,7 @@ def _url_presentation(query, state: PageState) -> None:
         view = state.layout[len("view:"):]
     if view:
         if view not in VIEW_NAMES:
-            state.warnings.append(f"ignored view={view!r} from the URL: one of {', '.join(VIEW_NAMES)}")
+            state.warnings.append(f"ignored view={excerpt(view)} from the URL: one of {', '.join(VIEW_NAMES)}")
         elif not (state.hidden(view) or state.hidden("views")):
             state.view = view
 
@@ -237,7 +237,7 @@ def race_state(query, registry, target, warnings: list[str], engines: list[str])
     choices = races_of(registry, target, engines)
     setting = query.get("race") or "method"
     if setting not in choices:
-        warnings.append(f"ignored race={setting!r} from the URL: one of {', '.join(choices)}")
+        warnings.append(f"ignored race={excerpt(setting)} from the URL: one of {', '.join(choices)}")
         setting = "method"
     offered = [v for v, _ in choices[setting]["choices"]]
     default = choices[setting]["default"]
@@ -249,7 +249,7 @@ def race_state(query, registry, target, warnings: list[str], engines: list[str])
         if value in offered:
             pair[i] = value
         else:
-            warnings.append(f"ignored {name}={value!r} from the URL: for race={setting}, one of {', '.join(offered)}")
+            warnings.append(f"ignored {name}={excerpt(value)} from the URL: for race={setting}, one of {', '.join(offered)}")
     if pair[0] == pair[1] and pair != default:
         warnings.append("ignored race_a and race_b from the URL: the two sides must differ")
         pair = default

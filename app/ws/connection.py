@@ -173,7 +173,7 @@ class Connection(PacedSender, Socket):
 
     def error(self, message: str, setting: str | None = None) -> None:
         if len(message) > MAX_ERROR_CHARS:     # never echo a client's long input back (the excerpts are short)
-            message = message[:MAX_ERROR_CHARS] + "…"
+            message = message[:MAX_ERROR_CHARS - 1] + "…"
         self.notice("error", message=message, setting=setting)
 
     @property
