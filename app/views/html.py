@@ -208,8 +208,9 @@ class HtmlView:
             value = d["num_kv_heads"] if d["num_kv_heads"] in {v["value"] for v in opts["variants"]} else ""
             frame.replace["f-num_kv_heads"] = m.kv_heads_select(opts, value)
             method = self.form.get("method") or opts["default_method"]
-            frame.replace["f-method"] = m.method_select(opts, method if method in opts["heads"] or method in (
-                "none", "ngram") or (method == "draft_model" and opts["draft"]) else "none")
+            available = {o["value"] for o in opts["methods"] if o["available"]}
+            frame.replace["f-method"] = m.method_select(opts, method if method in available else opts["default_method"])
+            frame.replace["f-chat"] = m.chat_checkbox(opts, self.form.get("chat") == "true")
             draft = (f"draft model {opts['draft']}" if opts["draft"] else
                      "no draft model shares its vocabulary: use n-gram lookup or none")
             chat = ", has a chat template" if opts["chat"] else ""

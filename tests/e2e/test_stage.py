@@ -1,0 +1,68 @@
+"""For the stage (issue 32), in a real Chromium against real servers: an old link on a page that opens on SmolLM2
+plays on a model that can, and the address the page then keeps reproduces it; a phone that watches sees the status
+and the stream in its first screen."""
+from __future__ import annotations
+
+import urllib.parse
+from urllib.parse import urlsplit
+
+import pytest
+
+from e2e.test_playground import open_page, url, wait_state
+from live_server import serve
+
+pytestmark = pytest.mark.browser
+SMOLLM2 = "smollm2-135m"
+FORM_FIELDS = ("model", "method", "num_speculative_tokens", "draft_confidence_threshold", "chat", "max_tokens",
+               "temperature", "kv_cache_dtype", "prompt")
+
+
+@pytest.fixture(scope="module")
+def smollm2_home(models_dir):
+    """A server whose page opens on SmolLM2 (config demo "auto"), or a skip where it is not fetched."""
+    from app.config import AppConfig
+    from app.main import create_app
+    from cli.fetch import FetchError, fetch_model
+
+    try:
+        fetch_model(SMOLLM2, log=lambda *a: None)
+    except FetchError as e:
+        pytest.skip(f"SmolLM2-135M cannot be had here: {e}")
+    with serve(create_app(AppConfig(models_dir=models_dir))) as base:
+        yield base
+
+
+def form_values(page) -> dict:
+    return page.evaluate("""names => Object.fromEntries(names.map(n => {
+        const el = document.querySelector('#controls [name="' + n + '"][data-default]')
+        return [n, el.type === 'checkbox' ? String(el.checked) : el.value]
+    }))""", list(FORM_FIELDS))
+
+
+def test_an_old_slide_link_plays_on_a_model_that_can_and_its_address_reproduces_it(smollm2_home, page):
+    open_page(page, smollm2_home + "/?prompt=def%20__init__(self,%20&method=draft_model&autoplay=1&speed=max"
+                                   "&max_tokens=30")
+    note = page.locator(".note-banner")
+    assert note.count() == 1 and "method=draft_model" in note.inner_text() and "target-mha" in note.inner_text()
+    assert page.locator(".warning-banner").count() == 0
+    wait_state(page, "done", 120)                                        # autoplay: it plays
+    assert page.locator("#stream .tok[data-token-status='accepted']").count() > 0
+    assert "target-mha" in page.inner_text("#model-info")
+    page.select_option("#speed", "25")                    # a control changes: the address follows the form
+    query = urllib.parse.parse_qs(urlsplit(page.url).query)
+    assert query["model"] == ["target-mha"] and "method" not in query     # draft_model is target-mha's own default
+    before = form_values(page)
+    open_page(page, page.url)
+    assert form_values(page) == before and page.locator(".note-banner, .warning-banner").count() == 0
+
+
+def test_switching_models_keeps_the_address_a_faithful_copy(smollm2_home, page):
+    open_page(page, smollm2_home + "/")
+    assert form_values(page)["model"] == SMOLLM2 and "model=" not in page.url    # SmolLM2 is the page's own default
+    page.select_option("#f-model", "target-mha")
+    page.wait_for_selector("#f-chat:disabled")            # target-mha has no chat template: unticked, disabled
+    page.select_option("#f-num_speculative_tokens", "6")
+    before = form_values(page)
+    assert before["chat"] == "false" and before["method"] == "eagle"            # target-mha has an EAGLE head too
+    open_page(page, page.url)
+    assert form_values(page) == before and page.locator(".warning-banner").count() == 0, page.url
