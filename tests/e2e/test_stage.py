@@ -66,3 +66,38 @@ def test_switching_models_keeps_the_address_a_faithful_copy(smollm2_home, page):
     assert before["chat"] == "false" and before["method"] == "eagle"            # target-mha has an EAGLE head too
     open_page(page, page.url)
     assert form_values(page) == before and page.locator(".warning-banner").count() == 0, page.url
+
+
+FIRST_SCREEN = """() => {
+  const box = el => { const r = el.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, height: r.height} }
+  const tok = document.querySelector('#stream .tok')
+  return {scrollY: scrollY, height: innerHeight, status: box(document.getElementById('run-status')),
+          stream: box(document.getElementById('stream-wrap')), tok: tok && box(tok),
+          tabs: box(document.querySelector('.teach-tabs'))}
+}"""
+
+
+def test_a_phone_that_watches_sees_the_status_and_the_first_token_in_its_first_screen(live_server, browser,
+                                                                                      artifacts_dir):
+    presenter_ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    phone_ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                                    device_scale_factor=2)
+    try:
+        presenter = presenter_ctx.new_page()
+        open_page(presenter, url(live_server, speed="5", max_tokens=60, prompt="def parse(line):\n    "))
+        phone = phone_ctx.new_page()
+        open_page(phone, live_server + presenter.get_attribute("#watch-link", "href"))
+        presenter.click("#btn-toggle")
+        phone.wait_for_selector("#stream .tok", timeout=60_000)
+        seen = phone.evaluate(FIRST_SCREEN)
+        assert seen["scrollY"] == 0, seen
+        assert 0 <= seen["status"]["top"] and seen["status"]["bottom"] <= seen["height"], seen
+        assert seen["tok"]["height"] > 0 and seen["tok"]["bottom"] <= seen["height"], seen     # the first token
+        assert seen["tabs"]["top"] >= seen["stream"]["bottom"], seen              # the views' tabs come after it
+        phone.screenshot(path=str(artifacts_dir / "stage-phone-watcher.png"))
+        wait_state(phone, "done", 90)
+        phone.click("#tab-theory")                                               # the views are still there
+        phone.wait_for_selector("#view-theory:not([hidden])")
+    finally:
+        presenter_ctx.close()
+        phone_ctx.close()
