@@ -20,9 +20,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(sub)
     add_bench_parsers(sub)
 
-    from cli import fetch, generate
+    from cli import export_page, fetch, generate
     generate.add_parsers(sub)
     fetch.add_parser(sub)
+    export_page.add_parser(sub)
 
     try:
         from engine.training import cli as training_cli

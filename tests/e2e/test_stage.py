@@ -1,9 +1,13 @@
 """For the stage (issue 32), in a real Chromium against real servers: an old link on a page that opens on SmolLM2
 plays on a model that can, and the address the page then keeps reproduces it; a phone that watches sees the status
-and the stream in its first screen."""
+and the stream in its first screen; a run downloaded as a page plays from disk with the network off."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import urllib.parse
+import urllib.request
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -101,3 +105,114 @@ def test_a_phone_that_watches_sees_the_status_and_the_first_token_in_its_first_s
     finally:
         presenter_ctx.close()
         phone_ctx.close()
+
+
+# --- a run saved as one page ------------------------------------------------------------------------------------------
+TOKEN_STATUSES = "() => Array.from(document.querySelectorAll('#stream .tok'), t => t.dataset.tokenStatus)"
+
+
+def open_offline(browser, path: Path, query: str = ""):
+    """The saved page from disk in a fresh context with the network off and every request but the file itself
+    refused (and listed): (page, the requests it made, its console errors)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 720}, offline=True)
+    own = path.resolve().as_uri()
+    requests, errors = [], []
+
+    def route(r):
+        requests.append(r.request.url)
+        if r.request.url.split("?")[0] == own:
+            r.continue_()
+        else:
+            r.abort()
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(own + query)
+    page.wait_for_selector("#btn-toggle:not([disabled])")
+    return page, requests, errors
+
+
+def test_a_run_downloaded_as_a_page_plays_from_disk_with_no_network(live_server, page, browser, tmp_path,
+                                                                    artifacts_dir):
+    open_page(page, url(live_server, prompt="def parse(line):\n    ", max_tokens=240, speed="max", temperature="0.8",
+                        seed="3", num_speculative_tokens="4", presenter=1, view="replay"))
+    page.click("#btn-toggle")
+    wait_state(page, "done", 120)
+    live = page.evaluate(TOKEN_STATUSES)
+    assert len([s for s in live if s != "rejected"]) == 240 and {"accepted", "rejected"} <= set(live), live
+    page.wait_for_selector("#run-recording[data-complete='1'] #page-link")
+    with page.expect_download() as download:
+        page.click("#page-link")
+    saved = tmp_path / "run.html"
+    download.value.save_as(saved)
+    assert "presenter=1" in download.value.url and "speed=max" in download.value.url      # as the page looked
+    size = saved.stat().st_size
+    assert size < 200_000, size                            # docs/teaching.md: about 105 KB
+
+    # the CLI turns the JSON export into the same page, its frames as plain JSON this time
+    export = page.get_attribute("#export-link", "href")
+    recording = tmp_path / "run.json"
+    recording.write_bytes(urllib.request.urlopen(live_server + export, timeout=30).read())
+    plain = tmp_path / "run-plain.html"
+    r = subprocess.run([sys.executable, "-m", "cli.main", "export-page", str(recording), "-o", str(plain), "--plain",
+                        "--speed", "max", "--presenter"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and plain.stat().st_size > size, r.stderr
+
+    for path in (saved, plain):
+        offline, requests, errors = open_offline(browser, path)
+        try:
+            assert offline.evaluate("document.body.classList.contains('presenter')")       # large type, as asked
+            offline.keyboard.press("Space")                                     # play to the end
+            offline.wait_for_selector("#playground[data-player='done']", timeout=60_000)
+            assert offline.evaluate(TOKEN_STATUSES) == live, path.name          # the live run's statuses
+            assert offline.get_attribute("#run-status", "data-state") == "done"
+            assert "240 tokens" in offline.inner_text("#run-status")
+            offline.screenshot(path=str(artifacts_dir / f"stage-saved-page-{path.stem}.png"))
+
+            offline.keyboard.press("r")                                         # from the start, by keyboard
+            assert offline.locator("#stream .tok").count() == 0
+            for _ in range(3):
+                offline.keyboard.press("ArrowRight")                            # one round at a time
+            assert offline.get_attribute("#playground", "data-player") == "paused"
+            shown = offline.evaluate(TOKEN_STATUSES)
+            assert 0 < len(shown) < len(live) and shown == live[:len(shown)]
+            assert offline.get_attribute("#run-status", "data-round") == "1"   # started, the prefill, round 1
+
+            speed = offline.input_value("#speed")
+            offline.keyboard.press("-")                                         # slower, by keyboard
+            assert offline.input_value("#speed") != speed
+            offline.keyboard.press("Space")
+            offline.wait_for_selector("#playground[data-player='playing']")
+            offline.keyboard.press("Space")
+            assert offline.get_attribute("#playground", "data-player") == "paused"
+
+            offline.keyboard.press("+")
+            offline.keyboard.press("+")
+            offline.keyboard.press("Space")
+            offline.wait_for_selector("#playground[data-player='done']", timeout=60_000)
+            assert offline.evaluate("(w => w.scrollHeight > w.clientHeight + 50)(document.getElementById('stream-wrap'))")
+            box = offline.locator("#stream-wrap").bounding_box()
+            offline.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            offline.mouse.wheel(0, -400)                                        # the reader scrolls back
+            offline.wait_for_selector("#stream-latest", state="visible")       # "latest ↓"
+            offline.keyboard.press("End")                                       # back to the newest token
+            offline.wait_for_selector("#stream-latest[hidden]", state="attached")
+            assert offline.evaluate("() => { const w = document.getElementById('stream-wrap');"
+                                    " return w.scrollHeight - w.clientHeight - w.scrollTop <= 4 }")
+            assert requests == [path.resolve().as_uri()] and errors == [], (requests, errors)
+        finally:
+            offline.context.close()
+
+    # /embed's layouts apply, from the file's own address too
+    offline, requests, errors = open_offline(browser, saved, "?layout=stream&theme=dark")
+    try:
+        assert offline.get_attribute("body", "data-layout") == "stream"
+        assert offline.get_attribute("html", "data-theme") == "dark" and offline.locator(".kv-panel").is_hidden()
+        offline.keyboard.press("Space")
+        offline.wait_for_selector("#playground[data-player='done']", timeout=60_000)
+        assert offline.evaluate("document.documentElement.scrollHeight <= innerHeight + 1")    # the slide fits
+        assert offline.evaluate(TOKEN_STATUSES) == live and errors == []
+        offline.screenshot(path=str(artifacts_dir / "stage-saved-page-layout-stream.png"))
+    finally:
+        offline.context.close()
