@@ -29,14 +29,14 @@ from app.views.fragments import (
     token_html,
 )
 from app.views.kv_map import KvMap
-from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_options,
-                            race_state, races_of, server_set, target_of)
+from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_note,
+                            model_options, race_state, races_of, server_set, target_of)
 from app.views.recording import RECORDINGS
 from app.views.templating import macros
 from engine.external.server_metrics import server_gauges
 from engine.kv.cache import PoolSnapshot
 from engine.serving.registry import ModelRegistry
-from engine.serving.settings import LIVE_SETTINGS, excerpt
+from engine.serving.settings import LIVE_SETTINGS, excerpt, excerpt_name
 
 METRICS = tuple(name for name, _, _ in GAUGES)
 ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")
@@ -129,7 +129,7 @@ class HtmlView:
         changed = {k: v for k, v in settings.items() if old.get(k) != v}
         live = {k: v for k, v in changed.items() if k in LIVE_SETTINGS}
         for name in sorted(set(changed) - set(live)):
-            value = str(changed[name] or "–")[:40]
+            value = excerpt_name(str(changed[name] or "–"))
             notices.append(Notice("note", {"kind": "next_run", "text": f"{name} = {value}: applies to the next run"}))
         if prompt is not None and old_prompt is not None and prompt != old_prompt:
             notices.append(Notice("note", {"kind": "next_run", "text": "the new prompt applies to the next run"}))
@@ -211,13 +211,7 @@ class HtmlView:
             available = {o["value"] for o in opts["methods"] if o["available"]}
             frame.replace["f-method"] = m.method_select(opts, method if method in available else opts["default_method"])
             frame.replace["f-chat"] = m.chat_checkbox(opts, self.form.get("chat") == "true")
-            draft = (f"draft model {opts['draft']}" if opts["draft"] else
-                     "no draft model shares its vocabulary: use n-gram lookup or none")
-            chat = ", has a chat template" if opts["chat"] else ""
-            if opts["heads"]:
-                draft += f"; draft heads: {', '.join(opts['heads'])}"
-            frame.append("notes", m.note("model", f"{opts['target']}: {opts['num_kv_heads']} KV heads "
-                                                  f"({opts['attention']}){chat}; {draft}"))
+            frame.append("notes", m.note("model", model_note(opts)))
             # the race offers what this model can do (static/teach.js keeps the page's race where it still can)
             target, engines = target_of(self.sources.registry, d["model"]), list(self.sources.external)
             frame.replace["race-pick"] = m.race_pick(races_of(self.sources.registry, target, engines),

@@ -346,6 +346,14 @@ def model_options(registry, name: str | None) -> dict:
             "default_method": model_defaults(registry, target)["method"]}
 
 
+def model_note(opts: dict) -> str:
+    """The line the notes get when another target is chosen: its attention, chat template and drafters."""
+    draft = f"draft model {opts['draft']}" if opts["draft"] else "no draft model shares its vocabulary"
+    heads = f"; draft heads: {', '.join(opts['heads'])}" if opts["heads"] else ""
+    chat = ", has a chat template" if opts["chat"] else ""
+    return f"{opts['target']}: {opts['num_kv_heads']} KV heads ({opts['attention']}){chat}; {draft}{heads}"
+
+
 # What an external engine fixes when it starts (its KV cache, attention and drafter): the page disables them.
 SERVER_SET_CONTROLS = ("f-num_kv_heads", "f-method", "f-num_speculative_tokens", "f-num_speculative_tokens_schedule",
                        "f-draft_confidence_threshold", "f-prompt_lookup_min", "f-prompt_lookup_max", "f-kv_cache",
