@@ -20,6 +20,9 @@ built by `decoding-playground serve` from its options:
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -29,6 +32,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.paths import PROJECT_DIR
 from engine.external.openai_stream import configured_engines
+from engine.serving.settings import excerpt
 
 ENV_PREFIX = "DECODING_PLAYGROUND_"
 
@@ -51,6 +55,82 @@ def normalize_origin(origin: str) -> str:
     if default_port and rest.endswith(default_port):
         rest = rest[: -len(default_port)]
     return f"{scheme}://{rest}"
+
+
+WILDCARD_BINDS = ("0.0.0.0", "::", "[::]", "")      # `serve --host` values that bind every address
+_REG_NAME = re.compile(r"(?:[a-z0-9\-._~!$&'()*+,;=]|%[0-9a-f]{2})+")
+
+
+def host_name(host: str | None) -> str | None:
+    """The name a Host header gives (RFC 9110 7.2: `uri-host [":" port]`, RFC 3986 3.2.2), lower case and without
+    its port and the final dot of a fully qualified name (`localhost.` is `localhost`, as for browsers):
+    `Example.org.:8000` -> `example.org`, `[::1]:8000` -> `[::1]`. None when it is not a Host value: userinfo
+    (`a@b`), a port that is not a number up to 65535, an IPv6 literal that is not one, empty."""
+    if host is None:
+        return None
+    host = host.strip(" \t").lower()
+    if host.startswith("["):
+        end = host.find("]")
+        name, port = host[:end + 1], host[end + 1:]
+        if end < 0 or (port and not port.startswith(":")) or not is_ip_literal(name):
+            return None
+        port = port[1:]
+    else:
+        name, _, port = host.partition(":")
+        if name.endswith(".") and name != ".":
+            name = name[:-1]
+        if not _REG_NAME.fullmatch(name):
+            return None
+    if port and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        return None
+    return name
+
+
+def is_ip_literal(name: str) -> bool:
+    if name.startswith("["):
+        if not name.endswith("]"):
+            return False
+        try:
+            ipaddress.IPv6Address(name[1:-1])
+            return True
+        except ValueError:
+            return False
+    try:
+        ipaddress.IPv4Address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def configured_host(value: str) -> str:
+    """A name given to `serve --host` or `--allowed-host` as the Host header would carry it (ValueError if it is
+    not a host name)."""
+    raw = value.strip()
+    if ":" in raw and not raw.startswith("[") and raw.count(":") > 1:
+        raw = f"[{raw}]"                    # a bare IPv6 address (::1)
+    name = host_name(raw)
+    if not name:
+        raise ValueError(f"not a host name: {excerpt(value)}")
+    return name
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be: `field` is AppConfig's name for it."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field, self.message = field_name, message
+
+
+@contextmanager
+def _field(name: str):
+    """A ValueError raised inside is about this field."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(name, str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -76,29 +156,39 @@ class AppConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "models_dir", Path(self.models_dir))
-        object.__setattr__(self, "allowed_origins", tuple(normalize_origin(o) for o in self.allowed_origins))
+        with _field("allowed_origins"):
+            object.__setattr__(self, "allowed_origins", tuple(normalize_origin(o) for o in self.allowed_origins))
         for name in ("max_sessions", "max_connections", "message_burst"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(name, f"at least 1, got {getattr(self, name)}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 0:
-            raise ValueError("max_num_batched_tokens must be >= 0 (0: no chunked prefill), "
-                             f"got {self.max_num_batched_tokens}")
+            raise ConfigError("max_num_batched_tokens", f"at least 0 (0: no chunked prefill), got "
+                                                        f"{self.max_num_batched_tokens}")
         if self.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
-        if self.idle_timeout_s <= 0 or self.messages_per_s <= 0:
-            raise ValueError("idle_timeout_s and messages_per_s must be > 0")
+            raise ConfigError("max_queue", f"at least 0, got {self.max_queue}")
+        for name in ("idle_timeout_s", "messages_per_s"):
+            if not getattr(self, name) > 0:                      # (NaN too)
+                raise ConfigError(name, f"more than 0, got {getattr(self, name)}")
         if self.openai_engines:
-            configured_engines(self.openai_engines, env={})     # raises ValueError for a URL that is not http(s)
+            with _field("openai_engines"):
+                configured_engines(self.openai_engines, env={})     # a URL that is not http(s)
         if self.token is not None:
             token = self.token.strip()
             if len(token) < 8 or not token.isascii() or not token.isprintable() or " " in token:
-                raise ValueError("token: at least 8 printable ASCII characters without spaces")
+                raise ConfigError("token", "at least 8 printable ASCII characters without spaces")
             object.__setattr__(self, "token", token)
+        with _field("allowed_hosts"):
+            for name in self.allowed_hosts:
+                if name != "*":
+                    configured_host(name)
+        if self.bind_host not in WILDCARD_BINDS:
+            with _field("bind_host"):
+                configured_host(self.bind_host)
         if self.demo not in ("auto", "character"):
-            raise ValueError(f"demo: auto or character, got {self.demo!r}")
+            raise ConfigError("demo", f"auto or character, got {excerpt(self.demo)}")
         if any(c in self.embed_frame_ancestors for c in ";,\r\n"):
-            raise ValueError("frame ancestors must be a space-separated CSP source list: "
-                             f"{self.embed_frame_ancestors!r}")
+            raise ConfigError("embed_frame_ancestors", "a space-separated CSP source list, got "
+                                                       f"{excerpt(self.embed_frame_ancestors)}")
 
     def with_overrides(self, **changes) -> "AppConfig":
         """This configuration with the given values (None: keep), e.g. from `serve`'s options."""

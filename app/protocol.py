@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.serving.settings import excerpt
+from engine.serving.settings import excerpt, excerpt_name
 
 
 class CommandError(ValueError):
@@ -75,40 +75,66 @@ def json_object(text: str, what: str) -> dict:
 
     Its text must be Unicode: JSON can spell a lone UTF-16 surrogate (`"\\ud800"`), which no tokenizer
     and no UTF-8 encoder takes, so it is refused here, naming the field."""
+    huge = _HUGE_INTEGER.search(text) is not None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_parse_int) if huge else json.loads(text)
     except json.JSONDecodeError as e:
         raise CommandError(f"not valid JSON: {e}") from None
-    except ValueError as e:       # e.g. an integer of more than 4,300 digits (Python's conversion limit)
-        raise CommandError(f"not valid JSON: {excerpt(str(e), 120)}") from None
     if not isinstance(data, dict):
         raise CommandError(what)
+    if huge and (found := _first(data, lambda v: isinstance(v, HugeInteger))) is not None:
+        name, value = found
+        raise CommandError(f"{name}: an integer of {value.digits:,} digits; at most {MAX_INTEGER_DIGITS:,} are read",
+                           name)
     if _SURROGATE_ESCAPE.search(text):
-        name = _lone_surrogate(data)
-        if name is not None:
+        found = _first(data, _lone_surrogate, key=_lone_surrogate)
+        if found is not None:
+            name = found[0]
             raise CommandError(f"{name}: not valid text (a lone UTF-16 surrogate such as \\ud800)", name)
     return data
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+MAX_INTEGER_DIGITS = 4300            # Python's limit for converting text to int (sys.get_int_max_str_digits)
+_HUGE_INTEGER = re.compile(r"\d{%d}" % (MAX_INTEGER_DIGITS + 1))
 
 
-def _lone_surrogate(value, name: str = "message") -> str | None:
-    """The name of the first field (or key) of `value` whose text holds a lone surrogate, or None."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return name
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if _lone_surrogate(key) is not None:
-                return "a field name"
-            if (found := _lone_surrogate(item, key[:40])) is not None:
+class HugeInteger:
+    """An integer literal longer than Python converts: kept as its length, so that the error can name its field."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def _parse_int(text: str):
+    digits = len(text.lstrip("-"))
+    return HugeInteger(digits) if digits > MAX_INTEGER_DIGITS else int(text)
+
+
+def _lone_surrogate(value) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def _first(value, bad, name: str = "message", key=lambda k: False) -> tuple[str, object] | None:
+    """The first field of `value` (depth first) whose value is `bad`: (its name, the value), or None. A bad
+    key (`key`) is reported as "a field name"."""
+    if bad(value):
+        return name, value
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if key(k):
+                return "a field name", k
+            if (found := _first(item, bad, excerpt_name(k), key)) is not None:
                 return found
     elif isinstance(value, list):
         for item in value:
-            if (found := _lone_surrogate(item, name)) is not None:
+            if (found := _first(item, bad, name, key)) is not None:
                 return found
     return None
 

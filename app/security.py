@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 from urllib.parse import parse_qs
 
@@ -22,7 +21,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from app.config import normalize_origin
+from app.config import WILDCARD_BINDS, configured_host, host_name, is_ip_literal, normalize_origin
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +149,6 @@ class TokenMiddleware:
 
 # --- the Host header (DNS rebinding) ------------------------------------------------------------------
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
-WILDCARD_BINDS = ("0.0.0.0", "::", "[::]", "")
 
 BAD_HOST_PAGE = b"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Decoding Playground: unknown host name</title></head>
@@ -158,22 +156,6 @@ BAD_HOST_PAGE = b"""<!doctype html>
 <p>Open it as localhost, 127.0.0.1 or [::1], or by the name given to <code>serve --host</code>.
 A name behind a proxy is added with <code>serve --allowed-host NAME</code>.</p></body></html>
 """
-
-
-def host_name(host: str) -> str:
-    """`Example.org:8000` -> `example.org`, `[::1]:8000` -> `[::1]`: the Host header without its port."""
-    host = host.strip().lower().rstrip(".")
-    if host.startswith("["):
-        return host[:host.find("]") + 1] if "]" in host else host
-    return host.partition(":")[0]
-
-
-def is_ip_literal(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name.strip("[]"))
-        return True
-    except ValueError:
-        return False
 
 
 class HostMiddleware:
@@ -189,28 +171,27 @@ class HostMiddleware:
         self.app = app
         self.any_host = "*" in allowed_hosts
         self.any_ip = bind_host in WILDCARD_BINDS
-        self.allowed = {host_name(h) for h in (*LOCAL_HOSTS, *allowed_hosts)}
+        self.allowed = {configured_host(h) for h in (*LOCAL_HOSTS, *allowed_hosts) if h != "*"}
         if not self.any_ip:
-            self.allowed.add(host_name(f"[{bind_host}]" if ":" in bind_host else bind_host))
+            self.allowed.add(configured_host(bind_host))
 
     def allows(self, host: str | None) -> bool:
-        if self.any_host:
-            return True
-        if not host:
-            return False
+        """A well-formed Host value (even with `*`: a malformed one is refused, as RFC 9110 says) naming this server."""
         name = host_name(host)
-        return name in self.allowed or (self.any_ip and is_ip_literal(name))
+        if not name:
+            return False
+        return self.any_host or name in self.allowed or (self.any_ip and is_ip_literal(name))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        host = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"host"), None)
-        if self.allows(host):
+        hosts = [v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"host"]
+        if len(hosts) == 1 and self.allows(hosts[0]):     # more than one Host header: 400 (RFC 9112 3.2)
             await self.app(scope, receive, send)
             return
         logger.warning("refused %s %s: Host %r is not a name of this server", scope["type"], scope["path"],
-                       (host or "")[:100])
+                       " | ".join(h[:100] for h in hosts))
         start = {"status": 400, "headers": [(b"content-type", b"text/html; charset=utf-8"),
                                             (b"cache-control", b"no-store")]}
         if scope["type"] == "websocket":      # refused before the handshake: an HTTP 400 (ASGI's response extension)

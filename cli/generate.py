@@ -6,6 +6,7 @@ import sys
 
 from engine.experiments.measure import check_distribution
 from engine.serving.registry import MODELS_DIR, InferenceEngine, ModelRegistry
+from engine.serving.request_fit import fit_request
 from engine.serving.session import GenerationSession
 from engine.serving.settings import GenerationSettings, SettingsError
 
@@ -35,7 +36,10 @@ def load_engine(models_dir) -> InferenceEngine:
 def cmd_generate(args) -> int:
     engine = load_engine(args.models_dir)
     try:
-        session = GenerationSession(engine, args.prompt, settings_from_args(args))
+        fit = fit_request(engine.registry, settings_from_args(args))     # the flags left out: the model's defaults
+        if fit.note:
+            print(f"note: {fit.note}", file=sys.stderr)
+        session = GenerationSession(engine, args.prompt, fit.settings)
     except SettingsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -88,9 +88,13 @@
     if (!form) return
     var current = new URLSearchParams(location.search)
     var params = new URLSearchParams()
+    // what a URL leaves out takes the chosen model's defaults (app/views/page.py): compare with those
+    var model = form.elements.model ? form.elements.model.value : ''
+    var perModel = form.dataset.modelDefaults ? JSON.parse(form.dataset.modelDefaults)[model] : null
     form.querySelectorAll('[name][data-default]').forEach(function (el) {
       var value = fieldValue(el)
-      if (value !== el.dataset.default) params.set(el.name, value)
+      var def = el.name !== 'model' && perModel && el.name in perModel ? perModel[el.name] : el.dataset.default
+      if (value !== def) params.set(el.name, value)
     })
     var theme = $('f-theme')
     if (theme && theme.value !== 'light') params.set('theme', theme.value)

@@ -22,6 +22,24 @@
     if (token && link && link.href.indexOf('token=') < 0) link.href = withToken(link.getAttribute('href'))
   }
 
+  // "Download as a page" (app/views/standalone.py): the page saved looks as this one does now (its layout, type
+  // size, theme, hidden parts and speed); the link says so when it is pressed
+  document.addEventListener('click', function (ev) {
+    var link = ev.target.closest && ev.target.closest('a.page-link')
+    if (!link) return
+    var here = new URLSearchParams(location.search)
+    var q = new URLSearchParams()
+    var layout = $('f-layout')
+    if (layout && layout.value && layout.value.indexOf('view:') !== 0) q.set('layout', layout.value)
+    if (document.body.classList.contains('presenter')) q.set('presenter', '1')
+    q.set('theme', document.documentElement.dataset.theme || 'light')
+    if (here.get('hide')) q.set('hide', here.get('hide'))
+    var speed = $('speed') || $('replay-speed')
+    if (speed) q.set('speed', speed.value)
+    if (token) q.set('token', token)
+    link.href = link.getAttribute('href').split('?')[0] + '?' + q.toString()
+  }, true)
+
   // --- the recording of the run on screen (app/views/recording.py) ----------------------------------------------------
   function recordingKey() {
     var stream = $('stream')
@@ -464,6 +482,8 @@
     }).then(function (r) { return r.json() }).then(function (data) {
       if (data.error) { replay.frames = []; replayStatus('error', data.error); return }
       replay.frames = data.frames; replay.index = 0; replay.key = data.key
+      var saved = $('replay-page-link')                  // the loaded recording, as one page too
+      if (saved) { saved.setAttribute('href', '/teach/recordings/' + encodeURIComponent(data.key) + '.html'); saved.hidden = false }
       replay.name = file.name; replay.model = data.model || ''; replay.rounds = data.rounds
       replayStatus('ready', describe())
       play()

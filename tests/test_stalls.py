@@ -72,7 +72,7 @@ def test_a_bad_form_value_during_a_run_gets_a_named_error_and_loses_no_round(liv
 
 @pytest.mark.parametrize("bad, needle", [
     ('{"type": "start", "prompt": "\\ud800"}', "prompt: not valid text"),
-    ('{"type": "start", "prompt": "x", "settings": {"max_tokens": ' + "9" * 4400 + "}}", "not valid JSON"),
+    ('{"type": "start", "prompt": "x", "settings": {"max_tokens": ' + "9" * 4400 + "}}", "max_tokens: an integer of 4,400 digits"),
     ('{"type": "speed", "speed": "' + "x" * 65_000 + '"}', "speed: rounds per second"),
 ])
 def test_bad_api_messages_get_named_errors_with_short_echoes(live_server, bad, needle):

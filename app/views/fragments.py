@@ -157,9 +157,10 @@ def status_view(s: dict) -> dict:
     if s["state"] == "queued":
         return {"state": "queued", "round": 0, "label": "Waiting",
                 "detail": f"all slots busy: number {s.get('position')} in line"}
-    prefill = s.get("prefill")                # (tokens computed, tokens) while prefilling in chunks
+    prefill = s.get("prefill")                # (tokens computed, tokens, model) while prefilling in chunks
     if prefill:
-        detail.append(f"prefill {prefill[0]:,} of {prefill[1]:,} tokens")
+        model = "" if prefill[2] == "target" else f" ({prefill[2]} model)"
+        detail.append(f"prefill{model} {prefill[0]:,} of {prefill[1]:,} tokens")
     elif s["state"] != "idle":
         detail.append(f"round {s['round']}")
         detail.append(f"{s['tokens']} tokens")
@@ -170,7 +171,7 @@ def status_view(s: dict) -> dict:
                            "context": "context full"}.get(s["finish"], s["finish"]))
     return {"state": s["state"], "round": s["round"], "label": labels.get(s["state"], s["state"]),
             "detail": " · ".join(detail), "run": s.get("run"),
-            "prefill": prefill and f"{prefill[0]}/{prefill[1]}"}
+            "prefill": prefill and f"{prefill[0]}/{prefill[1]}", "prefill_model": prefill and prefill[2]}
 
 
 def summary_text(s: dict, external: bool) -> tuple[str, str]:

@@ -29,14 +29,14 @@ from app.views.fragments import (
     token_html,
 )
 from app.views.kv_map import KvMap
-from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_options,
-                            race_state, races_of, server_set, target_of)
+from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_note,
+                            model_options, race_state, races_of, server_set, target_of)
 from app.views.recording import RECORDINGS
 from app.views.templating import macros
 from engine.external.server_metrics import server_gauges
 from engine.kv.cache import PoolSnapshot
 from engine.serving.registry import ModelRegistry
-from engine.serving.settings import LIVE_SETTINGS, excerpt
+from engine.serving.settings import LIVE_SETTINGS, excerpt, excerpt_name
 
 METRICS = tuple(name for name, _, _ in GAUGES)
 ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")
@@ -129,7 +129,7 @@ class HtmlView:
         changed = {k: v for k, v in settings.items() if old.get(k) != v}
         live = {k: v for k, v in changed.items() if k in LIVE_SETTINGS}
         for name in sorted(set(changed) - set(live)):
-            value = str(changed[name] or "–")[:40]
+            value = excerpt_name(str(changed[name] or "–"))
             notices.append(Notice("note", {"kind": "next_run", "text": f"{name} = {value}: applies to the next run"}))
         if prompt is not None and old_prompt is not None and prompt != old_prompt:
             notices.append(Notice("note", {"kind": "next_run", "text": "the new prompt applies to the next run"}))
@@ -208,15 +208,10 @@ class HtmlView:
             value = d["num_kv_heads"] if d["num_kv_heads"] in {v["value"] for v in opts["variants"]} else ""
             frame.replace["f-num_kv_heads"] = m.kv_heads_select(opts, value)
             method = self.form.get("method") or opts["default_method"]
-            frame.replace["f-method"] = m.method_select(opts, method if method in opts["heads"] or method in (
-                "none", "ngram") or (method == "draft_model" and opts["draft"]) else "none")
-            draft = (f"draft model {opts['draft']}" if opts["draft"] else
-                     "no draft model shares its vocabulary: use n-gram lookup or none")
-            chat = ", has a chat template" if opts["chat"] else ""
-            if opts["heads"]:
-                draft += f"; draft heads: {', '.join(opts['heads'])}"
-            frame.append("notes", m.note("model", f"{opts['target']}: {opts['num_kv_heads']} KV heads "
-                                                  f"({opts['attention']}){chat}; {draft}"))
+            available = {o["value"] for o in opts["methods"] if o["available"]}
+            frame.replace["f-method"] = m.method_select(opts, method if method in available else opts["default_method"])
+            frame.replace["f-chat"] = m.chat_checkbox(opts, self.form.get("chat") == "true")
+            frame.append("notes", m.note("model", model_note(opts)))
             # the race offers what this model can do (static/teach.js keeps the page's race where it still can)
             target, engines = target_of(self.sources.registry, d["model"]), list(self.sources.external)
             frame.replace["race-pick"] = m.race_pick(races_of(self.sources.registry, target, engines),
@@ -290,18 +285,24 @@ class HtmlView:
                      "why": "prefill: the first token comes from the target", "verdict": ""}
 
     def _on_prefill_progress(self, e, frame: Frame, run_id: int) -> None:
-        """A chunk of a long prefill is done: the status and the draft lane show how far it is."""
-        self.status["prefill"] = (e.num_computed, e.num_tokens)
+        """A chunk of a long prefill is done: the status and the draft lane show how far it is. The last one
+        (all computed) ends it: a draft model's catch-up, or a re-prefill, has no `prefill` event of its own."""
+        if e.num_computed >= e.num_tokens:
+            self.status.pop("prefill", None)
+            return
+        self.status["prefill"] = (e.num_computed, e.num_tokens, e.model)
         frame.replace["draft-lane"] = macros().lane_empty(
             f"Prefill ({e.model}) in chunks: {e.num_computed:,} of {e.num_tokens:,} prompt tokens done; the other "
             "sessions' steps run between the chunks (chunked prefill).")
 
     def _on_draft(self, e, frame: Frame, run_id: int) -> None:
+        self.status.pop("prefill", None)          # decoding (recordings made before the last chunk was reported)
         self.lane = {"round": e.round, "method": e.method, "final": None, "why": "", "verdict": "",
                      "drafts": [{"text": t["text"], "q": t["q"], "status": "unverified", "accept_prob": None,
                                  "r": None} for t in e.tokens]}
 
     def _on_token(self, e, frame: Frame, run_id: int) -> None:
+        self.status.pop("prefill", None)
         frame.append("stream", token_html(e))
         if e.status != "rejected":
             self.status["tokens"] += 1
@@ -316,6 +317,7 @@ class HtmlView:
             lane["final"] = e
 
     def _on_round(self, e, frame: Frame, run_id: int) -> None:
+        self.status.pop("prefill", None)
         self.status["round"] = e.round
         frame.chart.append(f"{int(e.round)}:{e.target_ms:.3f}:{e.draft_ms:.3f}:{int(e.num_emitted)}:"
                            f"{int(e.num_draft_tokens)}:{int(e.num_accepted)}")

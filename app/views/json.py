@@ -13,6 +13,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from app.protocol import Batch, Command, CommandError, Notice, RenderContext, json_object, parse_speed
+from engine.serving.settings import excerpt, excerpt_name
 
 
 class _Message(BaseModel):
@@ -48,10 +49,10 @@ MESSAGE_TYPES = ("start", "settings", "pause", "resume", "step", "stop", "reset"
 
 def _validation_message(e: ValidationError) -> str:
     err = e.errors()[0]
-    loc = ".".join(str(x) for x in err["loc"] if not str(x).endswith("Message"))
+    loc = ".".join(excerpt_name(str(x)) for x in err["loc"] if not str(x).endswith("Message"))
     if err["type"] == "union_tag_invalid":
         got = err.get("input", {}).get("type")
-        return f"type: unknown message type {got!r}; expected one of {', '.join(MESSAGE_TYPES)}"
+        return f"type: unknown message type {excerpt(got)}; expected one of {', '.join(MESSAGE_TYPES)}"
     if err["type"] == "union_tag_not_found":
         return f"type: every message needs a 'type', one of {', '.join(MESSAGE_TYPES)}"
     if err["type"] == "extra_forbidden":

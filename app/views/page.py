@@ -16,7 +16,8 @@ from engine.experiments.race import default_values, form_text, race_choices
 from engine.experiments.theory import worked_table
 from engine.external import engine_race
 from engine.kv.dtypes import KV_CACHE_DTYPES
-from engine.serving.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError
+from engine.serving.request_fit import fit_request, model_defaults
+from engine.serving.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError, excerpt
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
@@ -98,6 +99,9 @@ class PageState:
     layout: str = ""                       # one of LAYOUT_NAMES
     race: dict = field(default_factory=dict)   # {"setting", "a", "b"}: form values of the race's two sides
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)        # what the page chose for the URL, and why (one line)
+    home_model: str = ""                   # the model field's value when the URL names none
+    model_defaults: dict = field(default_factory=dict)    # model value -> its form defaults (static/playground.js)
 
     def hidden(self, part: str) -> bool:
         if part in SIDEBAR_PARTS and "sidebar" in self.hide:
@@ -122,42 +126,87 @@ def defaults() -> dict[str, str]:
     return out
 
 
-# The demo the page opens on when SmolLM2 and its EAGLE head are there: a real model, drafting with EAGLE.
-SMOLLM2_DEMO = {"model": "smollm2-135m", "chat": "true", "method": "eagle", "num_speculative_tokens": "5",
-                "draft_confidence_threshold": "0.5",
-                "prompt": "Explain how a rainbow forms, in a short paragraph."}
+# What the page shows on SmolLM2 when it opens on it (config demo "auto"): the instruct model's chat template and a
+# question. Its method and drafting are the model's defaults (engine/serving/request_fit.py): EAGLE, γ 5, q ≥ 0.5.
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_SHOWCASE = {"chat": "true", "prompt": "Explain how a rainbow forms, in a short paragraph."}
 
 
-def demo_defaults(playground, model: str | None = None) -> dict[str, str]:
-    """The form's defaults: SmolLM2 + chat + EAGLE when present (config demo "auto") and the URL names no other
-    model, else our character models'. (`playground`, here and below: the app's Playground, app/state.py,
-    read for its models and configuration.)"""
-    out = defaults()
+def home_target(playground):
+    """The model the page opens on when its URL names none: SmolLM2 with its EAGLE head when fetched (config demo
+    "auto"), else our default target. (`playground`, here and below: the app's Playground, app/state.py.)"""
     registry = playground.registry
-    lm = registry.models.get(SMOLLM2_DEMO["model"]) if registry is not None else None
-    if (playground.config.demo == "auto" and lm is not None and "eagle" in lm.meta.get("heads", [])
-            and model in (None, "", SMOLLM2_DEMO["model"])):
-        out.update(SMOLLM2_DEMO)
+    lm = registry.models.get(SMOLLM2)
+    if playground.config.demo == "auto" and lm is not None and "eagle" in lm.meta.get("heads", []):
+        return lm
+    return registry.default_target()
+
+
+def model_value(playground, target) -> str:
+    """The model field's value for a target: its name, or "" (the select's "default (MHA)") for our default target
+    where the page opens on it."""
+    default = playground.registry.default_target()
+    return "" if target is default and home_target(playground) is default else target.name
+
+
+def target_defaults(playground, target) -> dict[str, str]:
+    """The form's values on `target` for what a URL leaves out: GenerationSettings' defaults with the model's own
+    (engine/serving/request_fit.py), and SmolLM2's chat template and question when the page shows it off."""
+    out = defaults()
+    out.update({k: form_value(k, v) for k, v in model_defaults(playground.registry, target).items()})
+    if target.name == SMOLLM2 and playground.config.demo == "auto":
+        out.update(SMOLLM2_SHOWCASE)
+    out["model"] = model_value(playground, target)
     return out
 
 
 def page_state(query, playground) -> PageState:
     """Validate the query string (a starlette QueryParams or a dict) into the page's state."""
-    model = query.get("model")
-    state = PageState(values=demo_defaults(playground, model), defaults=demo_defaults(playground, model))
-    valid = _url_settings(query, playground, state.warnings)
-    for name, value in valid.items():
-        state.values[name] = form_value(name, value)
+    registry = playground.registry
+    warnings: list[str] = []
+    asked = _url_settings(query, playground, warnings)
+    if registry is None:                             # no models: the form as it would be, the load error shown
+        state = PageState(values=defaults(), defaults=defaults(), warnings=warnings)
+        state.values.update({k: form_value(k, v) for k, v in asked.items()})
+    elif asked.get("model") in playground.external:  # an external engine: its server sets the drafting
+        state = PageState(values=defaults(), defaults=target_defaults(playground, home_target(playground)),
+                          warnings=warnings)
+        state.values.update({k: form_value(k, v) for k, v in asked.items()})
+    else:
+        fit, asked = url_fit(registry, asked, home_target(playground), warnings)
+        target = registry.models[fit.model]
+        state = PageState(values=target_defaults(playground, target), defaults=target_defaults(playground, target),
+                          warnings=warnings, notes=[fit.note] if fit.note else [])
+        state.values.update({k: form_value(k, v) for k, v in asked.items() if k != "model"})
+        state.home_model = model_value(playground, home_target(playground))
+        state.model_defaults = {model_value(playground, t): target_defaults(playground, t)
+                                for t in (registry.default_target(), *registry.targets)}
+        state.model_defaults.setdefault("", target_defaults(playground, registry.default_target()))
     _url_presentation(query, state)
-    if playground.registry is not None:
-        # the form's model: the URL's, else the demo's (SmolLM2 on a fetched machine), as page_context's races
-        state.race = race_state(query, playground.registry, target_of(playground.registry, state.values["model"]),
-                                state.warnings, list(playground.external))
+    if registry is not None:
+        # the form's model: the URL's, else the one the engine chose for it (SmolLM2 on a fetched machine)
+        state.race = race_state(query, registry, target_of(registry, state.values["model"] or None), state.warnings,
+                                list(playground.external))
     return state
 
 
+def url_fit(registry, asked: dict, home, warnings: list[str]):
+    """The engine's choice of model for the URL's settings (engine/serving/request_fit.py), and the settings it runs: a
+    setting the URL's own model cannot take is ignored, with a warning naming it."""
+    asked = dict(asked)
+    while True:
+        try:
+            return fit_request(registry, asked, home), asked
+        except SettingsError as e:
+            if e.setting not in asked:               # (cannot be: every default runs on its own model)
+                return fit_request(registry, {}, home), {}
+            warnings.append(f"ignored {e.setting}={excerpt(form_value(e.setting, asked.pop(e.setting)))} from the "
+                            f"URL: {e}")
+
+
 def _url_settings(query, playground, warnings: list[str]) -> dict:
-    """The generation settings of the URL that are valid here (each one refused is a warning)."""
+    """The generation settings of the URL that are valid values (each one refused is a warning); an empty
+    `model` is our default target."""
     valid: dict = {}
     for name in FORM_SETTINGS:
         if name not in query:
@@ -166,7 +215,7 @@ def _url_settings(query, playground, warnings: list[str]) -> dict:
         try:
             parsed = GenerationSettings.parse({name: raw})
         except SettingsError as e:
-            warnings.append(f"ignored {name}={raw!r} from the URL: {e}")
+            warnings.append(f"ignored {name}={excerpt(raw)} from the URL: {e}")
             continue
         valid[name] = getattr(parsed, name)
     try:                                                 # cross-field rules (e.g. lookup min <= max)
@@ -175,14 +224,11 @@ def _url_settings(query, playground, warnings: list[str]) -> dict:
         warnings.append(f"ignored {e.setting} from the URL: {e}")
         valid.pop(e.setting, None)
     registry = playground.registry
-    if registry is not None:
-        if valid.get("model") is not None and valid["model"] not in {m.name for m in registry.targets} \
-                and valid["model"] not in playground.external:
-            warnings.append(f"ignored model={valid.pop('model')!r} from the URL: not a target model here")
-        target = target_of(registry, valid.get("model"))
-        if valid.get("num_kv_heads") is not None and valid["num_kv_heads"] not in registry.variants(target):
-            warnings.append(f"ignored num_kv_heads={valid.pop('num_kv_heads')} from the URL: "
-                            f"{target.name} has variants {sorted(registry.variants(target))}")
+    if registry is not None and "model" in valid:
+        if valid["model"] is None:
+            valid["model"] = registry.default_target().name
+        elif valid["model"] not in {m.name for m in registry.targets} and valid["model"] not in playground.external:
+            warnings.append(f"ignored model={excerpt(valid.pop('model'))} from the URL: not a target model here")
     return valid
 
 
@@ -200,25 +246,25 @@ def _url_presentation(query, state: PageState) -> None:
         if speed in {s for s, _ in SPEEDS}:
             state.speed = speed
         else:
-            state.warnings.append(f"ignored speed={speed!r} from the URL: one of {', '.join(s for s, _ in SPEEDS)}")
+            state.warnings.append(f"ignored speed={excerpt(speed)} from the URL: one of {', '.join(s for s, _ in SPEEDS)}")
     theme = query.get("theme")
     if theme is not None:
         if theme in THEMES:
             state.theme = theme
         else:
-            state.warnings.append(f"ignored theme={theme!r} from the URL: light or dark")
+            state.warnings.append(f"ignored theme={excerpt(theme)} from the URL: light or dark")
     state.presenter = _truthy(query.get("presenter"))
     hide = []
     for raw in (query.getlist("hide") if hasattr(query, "getlist") else [query.get("hide", "")]):
         hide += [h.strip() for h in (raw or "").split(",") if h.strip()]
     unknown = [h for h in hide if h not in HIDEABLE]
     if unknown:
-        state.warnings.append(f"ignored hide={','.join(unknown)} from the URL: parts are {', '.join(HIDEABLE)}")
+        state.warnings.append(f"ignored hide={excerpt(','.join(unknown))} from the URL: parts are {', '.join(HIDEABLE)}")
     state.hide = [h for h in HIDEABLE if h in hide]
     layout = query.get("layout")
     if layout:
         if layout not in LAYOUT_NAMES:
-            state.warnings.append(f"ignored layout={layout!r} from the URL: one of {', '.join(LAYOUT_NAMES[1:])}")
+            state.warnings.append(f"ignored layout={excerpt(layout)} from the URL: one of {', '.join(LAYOUT_NAMES[1:])}")
         else:
             state.layout = layout
     view = query.get("view")
@@ -226,7 +272,7 @@ def _url_presentation(query, state: PageState) -> None:
         view = state.layout[len("view:"):]
     if view:
         if view not in VIEW_NAMES:
-            state.warnings.append(f"ignored view={view!r} from the URL: one of {', '.join(VIEW_NAMES)}")
+            state.warnings.append(f"ignored view={excerpt(view)} from the URL: one of {', '.join(VIEW_NAMES)}")
         elif not (state.hidden(view) or state.hidden("views")):
             state.view = view
 
@@ -237,7 +283,7 @@ def race_state(query, registry, target, warnings: list[str], engines: list[str])
     choices = races_of(registry, target, engines)
     setting = query.get("race") or "method"
     if setting not in choices:
-        warnings.append(f"ignored race={setting!r} from the URL: one of {', '.join(choices)}")
+        warnings.append(f"ignored race={excerpt(setting)} from the URL: one of {', '.join(choices)}")
         setting = "method"
     offered = [v for v, _ in choices[setting]["choices"]]
     default = choices[setting]["default"]
@@ -249,7 +295,7 @@ def race_state(query, registry, target, warnings: list[str], engines: list[str])
         if value in offered:
             pair[i] = value
         else:
-            warnings.append(f"ignored {name}={value!r} from the URL: for race={setting}, one of {', '.join(offered)}")
+            warnings.append(f"ignored {name}={excerpt(value)} from the URL: for race={setting}, one of {', '.join(offered)}")
     if pair[0] == pair[1] and pair != default:
         warnings.append("ignored race_a and race_b from the URL: the two sides must differ")
         pair = default
@@ -297,7 +343,15 @@ def model_options(registry, name: str | None) -> dict:
     return {"target": target.name, "attention": target.cfg.attention_kind,
             "num_kv_heads": target.cfg.num_key_value_heads, "variants": variants,
             "draft": draft.name if draft else None, "chat": chat, "heads": heads, "methods": methods,
-            "default_method": GenerationSettings().method}
+            "default_method": model_defaults(registry, target)["method"]}
+
+
+def model_note(opts: dict) -> str:
+    """The line the notes get when another target is chosen: its attention, chat template and drafters."""
+    draft = f"draft model {opts['draft']}" if opts["draft"] else "no draft model shares its vocabulary"
+    heads = f"; draft heads: {', '.join(opts['heads'])}" if opts["heads"] else ""
+    chat = ", has a chat template" if opts["chat"] else ""
+    return f"{opts['target']}: {opts['num_kv_heads']} KV heads ({opts['attention']}){chat}; {draft}{heads}"
 
 
 # What an external engine fixes when it starts (its KV cache, attention and drafter): the page disables them.

@@ -44,6 +44,7 @@ from app.ws.external import start_external
 from app.ws.run import OUTBOX_MAX_BATCHES, Run, next_run_id
 from app.ws.sender import PacedSender
 from app.ws.socket import Outbox, Socket
+from engine.serving.request_fit import fit_request
 from engine.serving.session import GenerationSession
 from engine.serving.settings import SettingsError, excerpt
 
@@ -173,7 +174,7 @@ class Connection(PacedSender, Socket):
 
     def error(self, message: str, setting: str | None = None) -> None:
         if len(message) > MAX_ERROR_CHARS:     # never echo a client's long input back (the excerpts are short)
-            message = message[:MAX_ERROR_CHARS] + "…"
+            message = message[:MAX_ERROR_CHARS - 1] + "…"
         self.notice("error", message=message, setting=setting)
 
     @property
@@ -259,9 +260,14 @@ class Connection(PacedSender, Socket):
             raise SettingsError("prompt", "must not be empty")
         await self.end_run()
         requested_at = time.perf_counter()
-        model = settings.get("model") if isinstance(settings, dict) else None
-        if model and model in pg.loading():
-            self.notice("note", kind="loading", text=f"loading the weights of {model} (once, after the server "
+        # the model and the settings left out, as the engine decides them (engine/serving/request_fit.py; raises
+        # SettingsError naming a setting no model can take, before anything is loaded or announced)
+        fit = fit_request(pg.engine.registry, settings)
+        settings = fit.settings
+        if fit.note:
+            self.notice("note", kind="model_chosen", text=fit.note)
+        if fit.model in pg.loading():
+            self.notice("note", kind="loading", text=f"loading the weights of {fit.model} (once, after the server "
                                                      "started); the run starts when they are in memory")
         # validates (raises SettingsError); in a worker thread: a fetched model's weights load on first use
         session = await anyio.to_thread.run_sync(GenerationSession, pg.engine, prompt, settings)

@@ -50,7 +50,7 @@ FP8_SCALE_DIVISOR = np.array([200.0, 100.0])
 def resolve_kv_cache_dtype(name: str) -> KVCacheDType:
     key = ALIASES.get(str(name).lower(), str(name).lower())
     if key not in KV_CACHE_DTYPES:
-        raise ValueError(f"unknown kv_cache_dtype {name!r}; allowed: {', '.join(KV_CACHE_DTYPES)} "
+        raise ValueError(f"not a KV cache dtype: one of {', '.join(KV_CACHE_DTYPES)} "     # (no echo: the caller's)
                          f"(aliases: {', '.join(ALIASES)})")
     return KV_CACHE_DTYPES[key]
 

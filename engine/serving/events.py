@@ -39,7 +39,8 @@ class Prefill(Event):
 
 @dataclass
 class PrefillProgress(Event):
-    """A chunk of a long prefill is done (chunked prefill, engine/serving/scheduler.py); `prefill` follows the last."""
+    """A chunk of a long prefill is done (chunked prefill, engine/serving/scheduler.py), and once more when the whole
+    prefill is (num_computed = num_tokens); the target's `prefill` follows."""
     type = "prefill_progress"
     model: str                  # which runner: target or draft
     num_computed: int           # tokens of the prefill held so far (prefix-cache hits included)

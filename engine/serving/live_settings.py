@@ -7,10 +7,9 @@ import time
 
 from ..kv.dtypes import kv_bytes_per_token
 from ..kv.runner import ForwardRequest, PagedRunner
-from ..model.loaded_model import LoadedModel
-from ..spec_decode.heads import METHODS as HEAD_METHODS
 from ..spec_decode.proposers import DraftModelProposer
 from .events import SettingsApplied
+from .request_fit import unmet
 from .settings import LIVE_SETTINGS, GenerationSettings, SettingsError
 
 
@@ -27,31 +26,10 @@ class LiveSettings:
         with self._pending_lock:
             merged = {**self._pending, **{k: v for k, v in changes.items() if k in LIVE_SETTINGS}}
             new = GenerationSettings.parse(merged, base=self.settings)
-            if new.num_kv_heads is not None:
-                self._check_kv_heads(new.num_kv_heads)
-            if new.method == "draft_model" and self.draft_lm is None:
-                raise SettingsError("method", self._no_draft_reason())
-            self._check_heads(new.method, self.variants[new.num_kv_heads] if new.num_kv_heads is not None
-                              else self.target_lm)
+            if (why := unmet(self.engine.registry, self.target_lm, new)) is not None:
+                raise why
             self._pending = merged
         return new
-
-    def _check_kv_heads(self, n: int) -> None:
-        if n not in self.variants:
-            note = self.target_lm.meta.get("num_kv_heads_note")   # e.g. a pretrained model's fixed GQA
-            raise SettingsError("num_kv_heads", f"{n} is not available for this model"
-                                f"{f' ({note})' if note else ''}; choose one of {sorted(self.variants)}")
-
-    def _check_heads(self, method: str, target: LoadedModel) -> None:
-        if method in HEAD_METHODS and method not in self.engine.registry.heads_for(target):
-            have = self.engine.registry.heads_for(target)
-            raise SettingsError("method", f"{target.name} has no {method} head"
-                                f"{f' (it has: {sorted(have)})' if have else ''}; heads are trained per target "
-                                f"(decoding-playground train-heads)")
-
-    def _no_draft_reason(self) -> str:
-        return (f"no draft model shares this target's vocabulary ({self.target_lm.name}: "
-                f"{self.target_lm.cfg.vocab_size:,} tokens); use method ngram or none")
 
     def _take_pending(self) -> GenerationSettings | None:
         """The settings changed since the last round (None if nothing changed), their KV pools made."""

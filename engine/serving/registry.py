@@ -18,7 +18,7 @@ from ..model.fetched import LazyModel, fetched_models
 from ..model.llama import Model
 from ..model.loaded_model import LoadedModel
 from ..spec_decode.heads import HEADS_DIR, available_heads, load_heads
-from .settings import GenerationSettings
+from .settings import GenerationSettings, excerpt
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 SEQUENCE_TOKENS_BUDGET = 2048
@@ -68,7 +68,7 @@ class ModelRegistry:
     def get(self, name: str | None) -> LoadedModel:
         """The model to run (a fetched model's weights are loaded here, on first use)."""
         if name is not None and name not in self.models:
-            raise KeyError(f"unknown model {name!r}; available: {', '.join(self.models)}")
+            raise KeyError(f"unknown model {excerpt(name)}; available: {', '.join(self.models)}")
         lm = self.default_target() if name is None else self.models[name]
         if isinstance(lm.model, LazyModel):
             lm.model = lm.model.load()

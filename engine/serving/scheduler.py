@@ -15,7 +15,9 @@ NOTE (invariants):
 Chunked prefill (vLLM's `max_num_batched_tokens`): a step computes about `max_num_batched_tokens` tokens.
 Decode steps, verifications and requests that fit run whole first; a longer prefill (a request of more
 tokens that needs only its last logits) gets the rest of the budget, at least `MIN_CHUNK` tokens, and
-goes on in the next steps, its session waiting meanwhile with a `PrefillProgress` event after each chunk.
+goes on in the next steps, its session waiting meanwhile with a `PrefillProgress` event after each chunk
+and one when its last part has run (num_computed = num_tokens: nothing else says that a draft model's
+catch-up, or a re-prefill after a settings change, is over).
 So a 2,000-token prompt no longer holds every other session for the whole of its prefill: theirs run
 between its chunks. Of several long prefills the one with the fewest tokens left goes first. The session sees
 one forward and its logits, as if it had run whole (the chunks write the same K/V; only float32 rounding
@@ -75,6 +77,7 @@ class _Entry:
     value: object = None
     error: BaseException | None = None
     stats: dict = field(default_factory=lambda: {"batched_forwards": 0, "rows": 0})
+    chunked: bool = False           # its pending request has run in chunks: its end is reported too
 
 
 # Tokens a step computes (vLLM's max_num_batched_tokens); chosen by measurement, docs/benchmarks.md.
@@ -226,18 +229,33 @@ class Scheduler:
                 r = e.request
                 r.runner.finish(seconds, hidden, chunk=chunk is not None)
                 if chunk is None:
+                    self._finish_chunked(e, seconds)
                     self._resume_with(e, value=logits[-1:] if r.last_only else logits)
                 else:                      # a chunk: the rest waits for the next step
                     self.chunks += 1
+                    e.chunked = True
                     r.tokens = r.tokens[chunk:]
                     e.sink(PrefillProgress(r.role, r.num_tokens - len(r.tokens), r.num_tokens, seconds * 1e3))
 
     def _run_alone(self, e: _Entry) -> None:
+        t = time.perf_counter()
         try:
-            self._resume_with(e, value=e.request.run())
+            value = e.request.run()
         except Exception as exc:  # noqa: BLE001
             self._resume_with(e, error=exc)
+            return
+        self._finish_chunked(e, time.perf_counter() - t)
+        self._resume_with(e, value=value)
+
+    @staticmethod
+    def _finish_chunked(e: _Entry, seconds: float) -> None:
+        """The last part of a prefill that ran in chunks is done: say so (`num_computed` = `num_tokens`)."""
+        if e.chunked:
+            e.chunked = False
+            e.sink(PrefillProgress(e.request.role, e.request.num_tokens, e.request.num_tokens, seconds * 1e3))
 
     @staticmethod
     def _resume_with(e: _Entry, value=None, error=None) -> None:
         e.value, e.error, e.request, e.state = value, error, None, "ready"
+        if error is not None:
+            e.chunked = False

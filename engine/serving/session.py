@@ -39,6 +39,7 @@ from .events import Done, DraftProposed, Error, Event, Metrics, Prefill, RoundDo
 from .live_settings import LiveSettings
 from .metrics import SpecDecodeStats
 from .registry import InferenceEngine, LoadedModel
+from .request_fit import unmet
 from .session_figures import SessionFigures
 from .settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
 
@@ -63,17 +64,13 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
             raise SettingsError("model", str(e.args[0])) from None
         if self.target_lm.role != "target":
             raise SettingsError("model", f"{settings.model!r} is a draft model; choose a target")
-        if settings.chat and self.target_lm.tokenizer.chat_template is None:
-            raise SettingsError("chat", f"{self.target_lm.name} has no chat template")
+        if (why := unmet(engine.registry, self.target_lm, settings)) is not None:    # chat, KV heads, method
+            raise why
         self.variants = engine.registry.variants(self.target_lm)
         if settings.num_kv_heads is not None:
-            self._check_kv_heads(settings.num_kv_heads)
             self.target_lm = self.variants[settings.num_kv_heads]
         self.tokenizer = self.target_lm.tokenizer
         self.draft_lm = engine.registry.draft_for(self.target_lm)
-        if settings.method == "draft_model" and self.draft_lm is None:
-            raise SettingsError("method", self._no_draft_reason())
-        self._check_heads(settings.method, self.target_lm)
         # chat: the prompt becomes the user's turn in the model's chat template (engine/model/chat.py)
         text = self.tokenizer.chat_template.prompt(prompt) if settings.chat else prompt
         self.prompt_ids = self.tokenizer.encode(text)

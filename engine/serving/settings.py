@@ -17,15 +17,24 @@ METHODS = ("none", "draft_model", "ngram", "eagle", "medusa")   # vLLM's names; 
 FAULTS = ("none", "no_causal_mask", "no_truncate", "unnormalized_residual")
 
 
-def excerpt(value: Any, limit: int = 40) -> str:
-    """`repr(value)` cut to about `limit` characters: what an error message may echo of the input."""
+EXCERPT_CHARS = 40
+
+
+def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
+    """What an error message may echo of a client's value (docs/protocol.md): `repr(value)`, and when that is
+    longer than `limit` characters, its first `limit` characters followed by "… (N characters)"."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
 
 
+def excerpt_name(name: str) -> str:
+    """A field's or setting's name in an error: as it is, or as an excerpt when longer than 40 characters."""
+    return name if len(name) <= EXCERPT_CHARS else excerpt(name)
+
+
 class SettingsError(ValueError):
     def __init__(self, setting: str, message: str):
-        self.setting = setting = setting if len(setting) <= 40 else excerpt(setting)
+        self.setting = setting = excerpt_name(setting)
         super().__init__(f"{setting}: {message}")
 
 
@@ -92,7 +101,8 @@ class GenerationSettings(BaseModel):
             setting = ".".join(str(x) for x in err["loc"]) or "settings"
             if err["type"] == "extra_forbidden":
                 raise SettingsError(setting, f"unknown setting; known: {', '.join(cls.model_fields)}") from None
-            raise SettingsError(setting, f"{err['msg']} (got {excerpt(err.get('input'))})") from None
+            message = err["msg"].removeprefix("Value error, ")     # pydantic's prefix for a validator's ValueError
+            raise SettingsError(setting, f"{message} (got {excerpt(err.get('input'))})") from None
 
 
 # Settings a running generation picks up at its next round; the rest need a new generation.

@@ -121,6 +121,12 @@ def test_a_long_prefill_runs_in_chunks_between_other_sessions_steps_with_the_sam
     computed = [e.num_computed for e in progress]
     assert computed == sorted(set(computed)) and all(e.num_tokens == len(long.prompt_ids) for e in progress)
     assert any(e.type == "prefill_progress" and e.model == "draft" for e in events)   # the draft's catch-up
+    for model in ("target", "draft"):               # each chunked prefill's end is reported, once, as the last
+        mine = [e for e in events if e.type == "prefill_progress" and e.model == model]
+        assert [e.num_computed == e.num_tokens for e in mine] == [False] * (len(mine) - 1) + [True], model
+    ends = [i for i, e in enumerate(events) if e.type == "prefill_progress" and e.num_computed == e.num_tokens]
+    assert events[ends[0] + 1].type == "prefill"                # the target's: right before its `prefill`
+    assert events[ends[1] + 1].type == "draft"                  # the draft's: right before round 1's proposal
     first_short_token = next(i for i, (sid, e) in enumerate(order) if sid == short.id and e.type == "token")
     long_prefill_done = next(i for i, (sid, e) in enumerate(order) if sid == long.id and e.type == "prefill")
     assert first_short_token < long_prefill_done

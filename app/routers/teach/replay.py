@@ -6,12 +6,14 @@ import json
 import logging
 import time
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.views.json import dumps
 from app.views.recording import RECORDINGS, Recording, RecordingError
 from app.views.replay import render_replay
+from app.views.standalone import PageOptions, standalone_page
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -26,6 +28,24 @@ def export_recording(key: str) -> Response:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(rec.created))
     return Response(dumps(rec.to_json()), media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="decoding-playground-{stamp}-{key[:8]}.json"'})
+
+
+@router.get("/recordings/{key}.html")
+async def export_page(key: str, request: Request) -> Response:
+    """The run as one self-contained page (app/views/standalone.py), looking as `layout`, `presenter`, `theme`,
+    `hide`, `speed` and `autoplay` say (the page that asks passes its own)."""
+    rec = RECORDINGS.get(key)
+    if rec is None:
+        return JSONResponse({"error": "this run is no longer kept on the server"}, status_code=404)
+    try:
+        options = PageOptions.from_query(request.query_params)
+    except ValueError as e:
+        return JSONResponse({"error": str(e)}, status_code=400)
+    # rendering a long run's frames takes a while and reads no engine state: a worker thread does it
+    html = await anyio.to_thread.run_sync(standalone_page, rec, options)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(rec.created))
+    return Response(html, media_type="text/html; charset=utf-8", headers={
+        "Content-Disposition": f'attachment; filename="decoding-playground-{stamp}-{key[:8]}.html"'})
 
 
 @router.post("/replays")

@@ -1,0 +1,110 @@
+"""Which model a request runs on, and what it gets for the settings it leaves out.
+
+A link in a slide deck or a program names some settings and leaves the others out; the models a server has
+change over the years (SmolLM2 came, and with it a default no draft model can serve). The rule
+(docs/protocol.md, "Settings left out, models chosen"):
+
+- A setting left out takes the chosen model's default (`model_defaults`), a value that model can run: the
+  method is its draft model, else its EAGLE head (with the head's measured best γ and confidence threshold),
+  else n-gram lookup.
+- A model named is the model run; a setting named that it cannot take is an error naming that setting.
+- No model named: the default model, if it can take every setting named; else the first target that can,
+  and a one-line note says which and why. If none can, the default model's error.
+- Nothing named is changed.
+
+The web layer (app/views/page.py, app/ws/connection.py) translates links and messages into `asked` and shows
+what this decides; it decides nothing itself. Nothing here loads weights.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..model.loaded_model import LoadedModel
+from ..spec_decode.heads import METHODS as HEAD_METHODS
+from .settings import GenerationSettings, SettingsError, excerpt
+
+# An EAGLE head's drafting when it is a model's default method: γ and the confidence threshold that gave SmolLM2's
+# head its best measured speed-up (`bench heads`, docs/benchmarks.md).
+EAGLE_DEFAULTS = {"num_speculative_tokens": 5, "draft_confidence_threshold": 0.5}
+
+
+@dataclass
+class Fit:
+    model: str                         # the target the request runs on
+    settings: dict                     # what was asked, and the model's defaults for what was left out
+    filled: dict = field(default_factory=dict)   # the defaults that differ from GenerationSettings' own
+    note: str | None = None            # one line when the model is not the default one (which, and why)
+
+
+def model_defaults(registry, target: LoadedModel) -> dict:
+    """The settings a request that leaves them out gets on `target` where GenerationSettings' own would not run
+    (or would run worse than the model's measured best): its method, and with an EAGLE head its drafting."""
+    if registry.draft_for(target) is not None:
+        return {"method": "draft_model"}
+    if "eagle" in target.meta.get("heads", []):
+        return {"method": "eagle", **EAGLE_DEFAULTS}
+    return {"method": "ngram"}
+
+
+def unmet(registry, target: LoadedModel, s: GenerationSettings) -> SettingsError | None:
+    """Why `target` cannot run settings `s` (the first setting it cannot take), or None. The session checks the
+    same (engine/serving/session.py) when it starts; this answers before anything is loaded."""
+    if s.chat and (target.tokenizer is None or target.tokenizer.chat_template is None):
+        return SettingsError("chat", f"{target.name} has no chat template")
+    variants = registry.variants(target)
+    if s.num_kv_heads is not None:
+        if s.num_kv_heads not in variants:
+            note = target.meta.get("num_kv_heads_note")
+            return SettingsError("num_kv_heads", f"{s.num_kv_heads} is not available for {target.name}"
+                                                 f"{f' ({note})' if note else ''}; choose one of {sorted(variants)}")
+        target = variants[s.num_kv_heads]
+    if s.method == "draft_model" and registry.draft_for(target) is None:
+        return SettingsError("method", f"no draft model shares {target.name}'s vocabulary "
+                                       f"({target.cfg.vocab_size:,} tokens); use method ngram or none")
+    if s.method in HEAD_METHODS and s.method not in target.meta.get("heads", []):
+        return SettingsError("method", f"{target.name} has no {s.method} head")
+    return None
+
+
+def _on(registry, target: LoadedModel, asked: dict) -> tuple[dict, dict, SettingsError | None]:
+    """`asked` on `target`: the settings with its defaults filled in, those defaults, and what it cannot take."""
+    filled = {k: v for k, v in model_defaults(registry, target).items() if asked.get(k) is None}
+    settings = {**filled, **{k: v for k, v in asked.items() if v is not None}}
+    return settings, filled, unmet(registry, target, GenerationSettings.parse(settings))
+
+
+def fit_request(registry, asked: dict, default: LoadedModel | None = None) -> Fit:
+    """The model and settings a request runs with (the rule above). `asked`: the settings the request names (a
+    value None counts as left out); `default`: the model when none is named (the registry's default target unless
+    given). Raises SettingsError for a value out of range, an unknown model, or settings no model can take."""
+    parsed = GenerationSettings.parse({k: v for k, v in asked.items() if v is not None})   # each value's range
+    named = {k: getattr(parsed, k) for k, v in asked.items() if v is not None and k in GenerationSettings.model_fields}
+    if parsed.model is not None:
+        target = registry.models.get(parsed.model)
+        if target is None:
+            raise SettingsError("model", f"unknown model {excerpt(parsed.model)}; available: "
+                                         f"{', '.join(m.name for m in registry.targets)}")
+        if target.role != "target":
+            raise SettingsError("model", f"{parsed.model!r} is a draft model; choose a target")
+        settings, filled, why = _on(registry, target, named)
+        if why is not None:
+            raise why
+        return Fit(target.name, settings, filled)
+    default = default or registry.default_target()
+    settings, filled, why = _on(registry, default, named)
+    if why is None:
+        if default is not registry.default_target():
+            settings["model"] = default.name
+        return Fit(default.name, settings, filled)
+    for target in registry.targets:
+        if target is default:
+            continue
+        other, other_filled, other_why = _on(registry, target, named)
+        if other_why is None:
+            value = named.get(why.setting)
+            value = ("true" if value else "false") if isinstance(value, bool) else value
+            reason = re.sub(r" \(.*\)$", "", str(why).split(": ", 1)[-1].split("; ")[0])     # its first clause
+            note = f"{why.setting}={value}: {reason}, so {target.name} runs it instead of {default.name}"
+            return Fit(target.name, {**other, "model": target.name}, other_filled, note)
+    raise why
