@@ -35,6 +35,7 @@ from pathlib import Path
 import httpx
 
 from .openai_stream import ExternalEngine, StreamLimits
+from .vllm_rounds import StepRules
 
 LABEL = "vLLM · SmolLM2-135M"
 MODULE = "vllm.entrypoints.launchers.api_server.entry"
@@ -126,8 +127,20 @@ class VllmServer:
     error: str | None = None
     started_at: float = 0.0
     ready_s: float | None = None
+    rules: StepRules | None = field(default=None, repr=False)     # how a client reads its steps
     process: subprocess.Popen | None = field(default=None, repr=False)
-    engine: ExternalEngine | None = None
+    engine: ExternalEngine = field(init=False)
+    port: int = field(init=False)
+
+    def __post_init__(self):
+        """Its port and key, fixed for its life: the engine a client names stays the same across restarts."""
+        self.port = free_port()
+        base = f"http://127.0.0.1:{self.port}"
+        spec = self.variant.speculative
+        rules = self.rules or StepRules(spec and spec["method"], spec["num_speculative_tokens"] if spec else 0)
+        self.engine = ExternalEngine(self.variant.label, base + "/v1", SERVED_NAME, base + "/metrics",
+                                     secrets.token_urlsafe(24), "vllm", self.describe(), StreamLimits(stall_s=60.0),
+                                     rules)
 
     @property
     def run_dir(self) -> Path:
@@ -175,15 +188,11 @@ class VllmServer:
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        key = secrets.token_urlsafe(24)
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        self.engine = ExternalEngine(self.variant.label, base + "/v1", SERVED_NAME, base + "/metrics", key, "vllm",
-                                     self.describe(), StreamLimits(stall_s=60.0))
         self.state, self.error, self.ready_s, self.started_at = "starting", None, None, time.monotonic()
         self.engine.description.update(self.describe())
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.command(port), env=self.environment(key), cwd=self.run_dir,
+            self.process = subprocess.Popen(self.command(self.port), env=self.environment(self.engine.api_key),
+                                            cwd=self.run_dir,
                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True, preexec_fn=_die_with_parent)
 
@@ -249,5 +258,4 @@ class VllmServer:
         shutil.rmtree(self.run_dir, ignore_errors=True)
         if self.state != "failed":
             self.state = "stopped"
-        if self.engine is not None:
-            self.engine.description.update(self.describe())
+        self.engine.description.update(self.describe())
