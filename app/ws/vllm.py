@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from engine.external.vllm_rounds import StepRules
-from engine.external.vllm_server import KV_CACHE_GIB, NGRAM, VARIANTS, VllmServer, default_venv, unavailable_reason
+from engine.external.vllm_server import (KV_CACHE_GIB, NGRAM, VARIANTS, VllmServer, default_venv, error_excerpt,
+                                         unavailable_reason)
 from engine.model.fetched import cache_dir, model_dir
 from engine.model.tokenizer import TextTokenizer
 from engine.spec_decode.verify import ngram_propose
@@ -25,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 TARGET = "smollm2-135m"
 DEFAULT_VARIANTS = ("plain", "ngram", "eagle")
+WATCH_S = 2.0                 # how often a ready server is checked for life
+MAX_RESTARTS = 3              # restarts of a server that died, per app
 
 
 def step_rules(variant_key: str, tokenizer: TextTokenizer | None) -> StepRules:
@@ -53,6 +56,7 @@ class VllmFleet:
         self.servers: list[VllmServer] = []
         self.reason = unavailable_reason(self.venv, self.model_dir)
         self.task: asyncio.Task | None = None
+        self.restarts: dict[str, int] = {}
         if self.reason:
             logger.error("!!! vLLM not offered: %s", self.reason)
             return
@@ -92,6 +96,27 @@ class VllmFleet:
             else:
                 logger.error("!!! %s could not start: %s (log: %s)", server.variant.label, server.error,
                              server.log_path)
+        await self._watch()
+
+    async def _watch(self) -> None:
+        """A server that dies is said to have died (its runs end with an error naming it), then started again,
+        at most MAX_RESTARTS times."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            for server in self.servers:
+                if server.state != "ready" or server.process.poll() is None:
+                    continue
+                server.state, server.error = "failed", (f"vLLM exited with code {server.process.returncode}: "
+                                                        f"{error_excerpt(server.log_text())}")
+                server.engine.description.update(server.describe())
+                logger.error("!!! %s died: %s", server.variant.label, server.error)
+                self.restarts[server.variant.key] = self.restarts.get(server.variant.key, 0) + 1
+                if self.restarts[server.variant.key] <= MAX_RESTARTS:
+                    server.stop()
+                    server.start()
+                    if await server.wait_ready():
+                        logger.warning("%s is back (restart %d)", server.variant.label,
+                                       self.restarts[server.variant.key])
 
     async def stop(self) -> None:
         if self.task is not None:

@@ -80,6 +80,7 @@ SERVER_GAUGES = [
                                                       "llamacpp:prompt_tokens_cached_total")),
     ("Draft tokens accepted", "accepted ÷ drafted since it started", ()),
     ("Tokens generated", "since it started", ("vllm:generation_tokens_total", "llamacpp:tokens_predicted_total")),
+    ("Accepted by draft position", "1st · 2nd · … since it started (vLLM)", ()),
 ]
 FRACTIONS = {"vllm:kv_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio"}   # 0..1
 SPEC_PAIRS = (("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
@@ -100,6 +101,8 @@ def server_gauges(values: dict[str, float]) -> list[dict]:
         if label == "Draft tokens accepted":
             pair = next(((a, d) for a, d in SPEC_PAIRS if values.get(d)), None)
             text = f"{values[pair[0]]:,.0f} / {values[pair[1]]:,.0f}" if pair else "–"
+        if label == "Accepted by draft position":
+            text = " · ".join(f"{v:,.0f}" for v in accepted_by_position(values)) or "–"
         rows.append({"label": label, "unit": unit, "text": text})
     return rows
 

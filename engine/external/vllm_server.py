@@ -187,6 +187,7 @@ class VllmServer:
         remove_stale_runs(self.cache / "run")
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True)
+        self.process = None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.state, self.error, self.ready_s, self.started_at = "starting", None, None, time.monotonic()
         self.engine.description.update(self.describe())
