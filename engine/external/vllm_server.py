@@ -100,8 +100,8 @@ def _die_with_parent() -> None:
 def error_excerpt(log: str, limit: int = 1200) -> str:
     """vLLM's own words for why it stopped: the last error lines of its log (a traceback's last line first)."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    wanted = [ln for ln in lines if re.search(r"(Error|Exception|error:|ERROR|Killed|No such file)", ln)
-              and "Traceback" not in ln]
+    wanted = [ln for ln in lines if re.search(r"(\w+Error\b|Exception\b|ERROR|Killed|No such file)", ln)
+              and "Traceback" not in ln and " WARNING " not in ln]
     text = " | ".join(dict.fromkeys(wanted[-4:] or lines[-4:]))
     return text[-limit:] if text else "no output"
 

@@ -50,12 +50,16 @@ def test_a_vllm_that_dies_mid_run_errors_that_run_then_comes_back(vllm_app):
             await c.until("token", timeout=60)
             os.killpg(server.process.pid, signal.SIGKILL)
             return await c.until("error", "done", timeout=90)
+    killed = server.process.pid
     ended = run(killed_mid_run(), timeout=120)
     assert ended["type"] == "error" and PLAIN in ended["message"], ended
-    deadline = time.monotonic() + 600
-    while not next(m for m in get_json(base_url + "/api/models")["models"] if m["name"] == PLAIN)["ready"]:
-        assert time.monotonic() < deadline, "vLLM was not started again"
-        time.sleep(1.0)
+    deadline, states = time.monotonic() + 600, []
+    for wanted in ("not ready", "ready"):                 # noticed (failed, then starting again), then ready
+        while (states[-1:] == ["ready"]) != (wanted == "ready") or not states:
+            states.append(next(m["state"] for m in get_json(base_url + "/api/models")["models"] if m["name"] == PLAIN))
+            assert time.monotonic() < deadline, f"vLLM was not started again: {states[-5:]}"
+            time.sleep(0.5)
+    assert server.process.pid != killed and "starting" in states, states
 
     async def next_run():
         async with connect(base_url) as c:
