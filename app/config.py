@@ -18,6 +18,7 @@ built by `decoding-playground serve` from its options:
 | DECODING_PLAYGROUND_DEMO | – | `auto`: the page opens on SmolLM2 + chat + EAGLE when fetched; `character`: our models |
 | DECODING_PLAYGROUND_VLLM (1/0) | `--vllm` / `--no-vllm` | off: start vLLM servers on the fetched SmolLM2 (app/ws/vllm.py) |
 | DECODING_PLAYGROUND_VLLM_VENV | – | `make vllm`'s: $DECODING_PLAYGROUND_CACHE/vllm/venv |
+| DECODING_PLAYGROUND_VLLM_API_KEY | – | vLLM's API key (environment only); default: one per process |
 """
 from __future__ import annotations
 
@@ -158,6 +159,7 @@ class AppConfig:
     vllm: bool = False                    # start vLLM servers on the fetched SmolLM2 (serve --vllm)
     vllm_threads: int = 1
     vllm_variants: tuple[str, ...] = ("plain", "ngram", "eagle")
+    vllm_port: int | None = None          # the first vLLM server's loopback port (the next ones' follow)
 
     def __post_init__(self):
         object.__setattr__(self, "models_dir", Path(self.models_dir))

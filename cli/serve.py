@@ -103,6 +103,10 @@ def add_parser(sub) -> None:
     v.add_argument("--no-vllm", action="store_false", dest="vllm", help="do not start vLLM (the default)")
     s.add_argument("--vllm-threads", type=_integer(1), default=None, metavar="N",
                    help="each vLLM server's threads (default 1)")
+    s.add_argument("--vllm-compile", action="store_true", default=None,
+                   help="vLLM with torch.compile: decodes ~25%% faster, starts ~2.4x slower (default: eager)")
+    s.add_argument("--vllm-port", type=_integer(1, 65535, " (a TCP port)"), default=None, metavar="PORT",
+                   help="the first vLLM server's loopback port, the next ones' follow (default: free ones)")
     s.add_argument("--vllm-variants", default=None, metavar="LIST",
                    help="which vLLM servers, in the order they start: plain,ngram,eagle (the default)")
     s.set_defaults(func=cmd_serve, parser=s)
@@ -114,7 +118,7 @@ OPTIONS = {"allowed_origins": "--allowed-origin", "allowed_hosts": "--allowed-ho
            "idle_timeout_s": "--idle-timeout", "token": "--token", "max_num_batched_tokens": "--max-num-batched-tokens",
            "embed_frame_ancestors": "--frame-ancestors", "openai_engines": "--openai-url",
            "llamacpp_threads": "--llamacpp-threads", "models_dir": "--models-dir", "vllm_threads": "--vllm-threads",
-           "vllm_variants": "--vllm-variants"}
+           "vllm_variants": "--vllm-variants", "vllm_port": "--vllm-port"}
 VARIABLES = {"idle_timeout_s": "IDLE_TIMEOUT", "embed_frame_ancestors": "FRAME_ANCESTORS"}
 
 
@@ -143,7 +147,7 @@ def server_config(args):
         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout, token=args.token,
         openai_engines=tuple(args.openai or ()), embedded_llamacpp=not args.no_llamacpp,
         llamacpp_threads=args.llamacpp_threads, max_num_batched_tokens=args.max_num_batched_tokens,
-        vllm=args.vllm, vllm_threads=args.vllm_threads,
+        vllm=args.vllm, vllm_threads=args.vllm_threads, vllm_port=args.vllm_port, vllm_compile=args.vllm_compile,
         vllm_variants=tuple(args.vllm_variants.split(",")) if args.vllm_variants else None)
     try:
         config = base.with_overrides(**overrides)

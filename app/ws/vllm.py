@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -49,7 +50,10 @@ def step_rules(variant_key: str, tokenizer: TextTokenizer | None) -> StepRules:
 class VllmFleet:
     """The vLLM servers of one app: made (and their engines offered) at once, started in turn."""
 
-    def __init__(self, variants=DEFAULT_VARIANTS, threads: int = 1, eager: bool = True, cache: Path | None = None):
+    def __init__(self, variants=DEFAULT_VARIANTS, threads: int = 1, eager: bool = True, cache: Path | None = None,
+                 port: int | None = None):
+        """port: the first server's (the next ones' follow), else free ones; the key: $DECODING_PLAYGROUND_VLLM_API_KEY
+        (an operator's, for a client of their own, e.g. `bench serve --engine vllm`), else one per process."""
         cache = Path(cache or cache_dir())
         self.venv, self.model_dir, self.folder = default_venv(cache), model_dir(TARGET, cache), cache / "vllm"
         self.threads, self.eager = threads, eager
@@ -61,7 +65,8 @@ class VllmFleet:
             logger.error("!!! vLLM not offered: %s", self.reason)
             return
         tokenizer = TextTokenizer.from_file(self.model_dir / "tokenizer.json")
-        for key in variants:
+        api_key = os.environ.get("DECODING_PLAYGROUND_VLLM_API_KEY") or None
+        for i, key in enumerate(variants):
             draft = None
             if key == "eagle":
                 try:
@@ -70,7 +75,7 @@ class VllmFleet:
                     logger.error("!!! vLLM with our EAGLE head not offered: %s", e)
                     continue
             server = VllmServer(VARIANTS[key], self.venv, self.model_dir, self.folder, threads, eager, draft,
-                                rules=step_rules(key, tokenizer))
+                                rules=step_rules(key, tokenizer), port=port + i if port else None, api_key=api_key)
             self.servers.append(server)
 
     @property

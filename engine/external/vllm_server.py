@@ -128,18 +128,20 @@ class VllmServer:
     started_at: float = 0.0
     ready_s: float | None = None
     rules: StepRules | None = field(default=None, repr=False)     # how a client reads its steps
+    port: int | None = None                # None: a free one
+    api_key: str | None = field(default=None, repr=False)         # None: made here, known to this process only
     process: subprocess.Popen | None = field(default=None, repr=False)
     engine: ExternalEngine = field(init=False)
-    port: int = field(init=False)
 
     def __post_init__(self):
         """Its port and key, fixed for its life: the engine a client names stays the same across restarts."""
-        self.port = free_port()
+        self.port = self.port or free_port()
         base = f"http://127.0.0.1:{self.port}"
         spec = self.variant.speculative
         rules = self.rules or StepRules(spec and spec["method"], spec["num_speculative_tokens"] if spec else 0)
         self.engine = ExternalEngine(self.variant.label, base + "/v1", SERVED_NAME, base + "/metrics",
-                                     secrets.token_urlsafe(24), "vllm", self.describe(), StreamLimits(stall_s=60.0),
+                                     self.api_key or secrets.token_urlsafe(24), "vllm", self.describe(),
+                                     StreamLimits(stall_s=60.0),
                                      rules)
 
     @property
