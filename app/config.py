@@ -160,6 +160,7 @@ class AppConfig:
     vllm_threads: int = 1
     vllm_variants: tuple[str, ...] = ("plain", "ngram", "eagle")
     vllm_port: int | None = None          # the first vLLM server's loopback port (the next ones' follow)
+    vllm_compile: bool = False            # torch.compile: decode ~25% faster, start-up ~2.4x longer (docs)
 
     def __post_init__(self):
         object.__setattr__(self, "models_dir", Path(self.models_dir))

@@ -115,7 +115,8 @@ class Playground:
                 engines[:0] = [server.engine for server in self.llamacpp]
             await publish_server_config(engines)
             if self.config.vllm:
-                self.vllm = VllmFleet(self.config.vllm_variants, self.config.vllm_threads, port=self.config.vllm_port)
+                self.vllm = VllmFleet(self.config.vllm_variants, self.config.vllm_threads,
+                                      eager=not self.config.vllm_compile, port=self.config.vllm_port)
                 engines += self.vllm.engines             # offered at once, each with its readiness
             ours = set(self.registry.models) if self.registry is not None else set()
             for e in engines:
