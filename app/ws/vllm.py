@@ -99,8 +99,9 @@ class VllmFleet:
                 logger.warning("%s ready in %.0f s on %s", server.variant.label, time.monotonic() - t0,
                                server.engine.base_url)
             else:
-                logger.error("!!! %s could not start: %s (log: %s)", server.variant.label, server.error,
-                             server.log_path)
+                server.stop()
+                logger.error("!!! %s could not start: %s (its log: %s)", server.variant.label, server.error,
+                             server.failed_log_path)
         await self._watch()
 
     async def _watch(self) -> None:

@@ -160,5 +160,5 @@ def add_parser(bsub) -> None:
     b.add_argument("--repeats", type=int, default=5, help="alternated runs of each engine (default 5)")
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
-    b.add_argument("--no-vllm", action="store_true", help="leave vLLM out (it starts three servers of 3.6 GB)")
+    b.add_argument("--no-vllm", action="store_true", help="leave vLLM out (it starts vLLM servers of about 3.6 GB each)")
     b.set_defaults(func=cmd_bench_engines)

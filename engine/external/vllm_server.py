@@ -150,7 +150,12 @@ class VllmServer:
 
     @property
     def log_path(self) -> Path:
-        return self.cache / "logs" / f"{self.variant.key}.log"
+        """Its output while it runs (the run folder's); a failed server's is kept as logs/VARIANT-failed.log."""
+        return self.run_dir / "vllm.log"
+
+    @property
+    def failed_log_path(self) -> Path:
+        return self.cache / "logs" / f"{self.variant.key}-failed.log"
 
     def command(self, port: int) -> list[str]:
         cmd = [str(self.venv / "bin" / "python"), "-m", MODULE, "--model", str(self.model_dir),
@@ -190,7 +195,6 @@ class VllmServer:
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True)
         self.process = None
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.state, self.error, self.ready_s, self.started_at = "starting", None, None, time.monotonic()
         self.engine.description.update(self.describe())
         with open(self.log_path, "wb") as log:
@@ -258,6 +262,9 @@ class VllmServer:
                 os.killpg(p.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        if self.state == "failed" and self.log_path.is_file():
+            self.failed_log_path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.log_path, self.failed_log_path)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         if self.state != "failed":
             self.state = "stopped"

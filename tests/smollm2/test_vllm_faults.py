@@ -3,7 +3,6 @@ nothing behind; one that dies mid-run gives that run an error naming it, the app
 next run works."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -29,12 +28,13 @@ def test_a_vllm_that_cannot_start_says_why_and_leaves_nothing(tmp_path):
     t0 = time.monotonic()
     server.start()
     pid = server.process.pid
-    ok = asyncio.run(server.wait_ready(timeout_s=300))
+    ok = run(server.wait_ready(timeout_s=300), timeout=320)
     server.stop()
     assert not ok and server.state == "failed" and server.engine.description["ready"] is False
     assert "exited with code" in server.error and "nosuch" in server.error.lower(), server.error
     assert time.monotonic() - t0 < 300
     assert not server.run_dir.exists(), "its sockets and temporary files were left behind"
+    assert "nosuch" in server.failed_log_path.read_text().lower()         # its whole log, for the operator
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)                                    # no process of its group is left
 

@@ -3,8 +3,6 @@ the same SmolLM2 float32 weights: greedy token ids, n-gram drafts per step, and 
 from vLLM's stream against vLLM's own per-request metrics and /metrics counters."""
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import numpy as np
 import pytest
@@ -184,4 +182,4 @@ def test_a_start_on_vllm_while_it_is_not_ready_is_refused_with_the_reason():
     engine = ExternalEngine("vLLM · test", "http://127.0.0.1:9/v1", kind="vllm",
                             description={"state": "starting", "ready": False, "error": None})
     with pytest.raises(CommandError, match="is starting, not ready"):
-        asyncio.run(start_external(None, engine, "Hi", {"max_tokens": 4}, False))
+        run(start_external(None, engine, "Hi", {"max_tokens": 4}, False))
