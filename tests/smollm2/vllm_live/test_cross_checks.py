@@ -1,4 +1,4 @@
-"""vLLM itself, live (the session's vLLM servers: tests/conftest.py's `vllm_app`), checked against our engine on
+"""vLLM itself, live (this folder's vLLM servers: conftest.py's `vllm_app`), checked against our engine on
 the same SmolLM2 float32 weights: greedy token ids, n-gram drafts per step, and the figures the page derives
 from vLLM's stream against vLLM's own per-request metrics and /metrics counters."""
 from __future__ import annotations

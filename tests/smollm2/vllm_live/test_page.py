@@ -1,4 +1,4 @@
-"""The page, in Chromium, watching vLLM's n-gram speculation (the session's vLLM servers, tests/conftest.py's
+"""The page, in Chromium, watching vLLM's n-gram speculation (this folder's vLLM servers, conftest.py's
 `vllm_app`): its steps coloured as ours, the draft lane's "vLLM drafted k, accepted a", the reconciliation at
 the end and vLLM's own gauges."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from engine.external.vllm_server import VARIANTS
 
-from .test_playground import open_page, statuses, url, wait_state
+from e2e.test_playground import open_page, statuses, url, wait_state
 
 NGRAM = VARIANTS["ngram"].label
 COPY_PROMPT = ("Repeat the following list exactly, one item per line: apples, bananas, cherries, dates, "
