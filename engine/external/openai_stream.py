@@ -334,7 +334,8 @@ class _Received:
                 "target_forward_calls": None, "draft_forward_calls": None, "kv_cache": None,
                 "tpot_s": (f["elapsed_s"] - f["ttft_s"]) / (n - 1) if n > 1 else None,
                 "tokens": self.tokens or [{"id": -1, "text": x, "status": "target"} for x in self.texts],
-                **f, **(self.vllm_summary() if self.steps is not None else {}), "engine_timings": self.timings, "engine_usage": self.usage,
+                **f, **(self.vllm_summary() if self.steps is not None else {}), "engine_timings": self.timings,
+                "engine_usage": self.usage,
                 "engine_metrics": self.engine_metrics, "model": engine.describe(), "draft_model": None,
                 "settings": {**s.model_dump(), "model": engine.name}}
 
