@@ -420,4 +420,3 @@ class HtmlView:
         if self._snapshotting:
             self.recording.snapshots[key] = pool       # a replay draws the pool as this page did
         return pool
-
