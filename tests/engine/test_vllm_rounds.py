@@ -1,5 +1,5 @@
 """vLLM's steps read from its stream (engine/external/vllm_rounds.py), offline: chunks of token ids against the
-per-step lists vLLM sends (the live checks are tests/smollm2/vllm_live/test_cross_checks.py)."""
+per-step lists vLLM sends (the live checks are tests/e2e/vllm_live/test_cross_checks.py)."""
 from engine.external.vllm_rounds import VllmSteps, accepted_per_position, reconcile
 
 

@@ -1,6 +1,6 @@
 """How the playground starts vLLM (engine/external/vllm_server.py), offline: its command line and environment,
 its error excerpt, the cleaning of run folders left by a killed process (the live start and stop:
-tests/smollm2/vllm_live/test_faults.py)."""
+tests/e2e/vllm_live/test_faults.py)."""
 import os
 from pathlib import Path
 

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from engine.external.vllm_server import VARIANTS
 
-from e2e.test_playground import open_page, statuses, url, wait_state
+from ..test_playground import open_page, statuses, url, wait_state
 
 NGRAM = VARIANTS["ngram"].label
 COPY_PROMPT = ("Repeat the following list exactly, one item per line: apples, bananas, cherries, dates, "

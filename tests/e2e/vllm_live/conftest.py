@@ -1,6 +1,6 @@
 """vLLM itself, live: one set of vLLM servers (plain, n-gram, our EAGLE head) for every test in this folder.
 
-The browser tests' fixtures (Chromium through Playwright) are tests/e2e's, imported here.
+It is under tests/e2e for the browser test: one Playwright (tests/e2e/conftest.py's) serves a whole session.
 """
 import json
 import time
@@ -12,8 +12,8 @@ from live_server import serve
 from app.config import AppConfig
 from app.main import create_app
 from engine.external.vllm_server import default_venv, unavailable_reason
-from engine.model.fetched import cache_dir, model_dir
-from e2e.conftest import browser, page  # noqa: F401  (fixtures)
+from engine.model.fetched import cache_dir, fetched_models, is_fetched, model_dir
+from engine.serving.registry import InferenceEngine, ModelRegistry
 
 VLLM_READY_TIMEOUT_S = 540.0         # within pytest-timeout's 600 s for the test that starts them
 
@@ -39,3 +39,12 @@ def vllm_app(models_dir):
             assert time.monotonic() < deadline, f"vLLM not ready after {VLLM_READY_TIMEOUT_S:g} s: {ours}"
             time.sleep(1.0)
         yield base_url, app
+
+
+@pytest.fixture(scope="package")
+def smollm2_engine():
+    """Our engine serving the fetched SmolLM2 (the weights vLLM serves), for the cross-checks."""
+    if not is_fetched("smollm2-135m"):
+        pytest.skip("!!! SmolLM2-135M is not fetched (make fetch): vLLM's cross-checks SKIPPED !!!")
+    return InferenceEngine(ModelRegistry(fetched_models()), max_sessions=2)
+
