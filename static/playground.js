@@ -422,9 +422,32 @@
     }, { once: true })
   })
 
+  // --- servers the app starts (vLLM) offered while they start: their options say so until /api/models says ready
+  function followStartingServers() {
+    var select = $('f-model')
+    var starting = select && Array.prototype.filter.call(select.options, function (o) { return / \((starting…|failed[^)]*)\)$/.test(o.text) })
+    if (!starting || !starting.length) return
+    var token = new URLSearchParams(location.search).get('token')
+    fetch('/api/models', token ? { headers: { Authorization: 'Bearer ' + token } } : {})
+      .then(function (r) { return r.json() })
+      .then(function (body) {
+        var pending = false
+        body.models.forEach(function (m) {
+          if (m.state === undefined) return
+          var option = starting.find(function (o) { return o.value === m.name })
+          if (!option) return
+          option.text = m.name + (m.ready ? '' : m.state === 'starting' ? ' (starting…)' : ' (' + m.state + ')')
+          if (m.state === 'starting') pending = true
+        })
+        if (pending) setTimeout(followStartingServers, 3000)
+      })
+      .catch(function () { setTimeout(followStartingServers, 10000) })
+  }
+
   document.addEventListener('DOMContentLoaded', function () {
     var form = $('controls')
     applyServerSet()
+    followStartingServers()
     var wrap = $('stream-wrap')
     if (wrap) { watchStream(wrap); watchScroll(wrap) }
     window.addEventListener('resize', function () { redrawChart(); fitKv(true); keepLatest() })

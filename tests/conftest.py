@@ -72,3 +72,4 @@ def artifacts_dir() -> Path:
     """Where tests leave screenshots and logs for people to look at (git-ignored)."""
     ARTIFACTS_DIR.mkdir(exist_ok=True)
     return ARTIFACTS_DIR
+

@@ -256,3 +256,15 @@ def test_a_race_of_engines_names_its_sides_and_survives_a_failing_server(server)
     html = httpx.post(server + "/teach/race", data={**form, "race_b": "hostile ok"}, headers={"Origin": server},
                       timeout=60).text
     assert "does not publish its weight bytes" in html and "error:" not in html
+
+
+def test_a_server_the_app_starts_says_in_the_selector_that_it_is_starting_or_failed():
+    from app.views.page import external_state
+    from engine.external.openai_stream import ExternalEngine
+
+    def label(**state):
+        return external_state(ExternalEngine("vLLM · x", "http://127.0.0.1:9/v1", description=state))
+    assert label(state="starting", ready=False) == " (starting…)"
+    assert label(state="failed", ready=False, error="boom") == " (failed)"
+    assert label(state="ready", ready=True) == "" and label() == ""
+

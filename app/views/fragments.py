@@ -210,3 +210,25 @@ def model_info_text(md: dict, settings: dict, draft_model: dict | None) -> str:
         dm = draft_model
         info += f" · draft model ({dm['name']}): {layers(dm)} × width {dm['hidden_size']}"
     return info
+
+def vllm_lane(lane: dict, e) -> None:
+    """A vLLM step in the draft lane: the drafts it accepted (the step's first tokens), its rejected ones as a
+    count (vLLM does not send them), then its own token, resampled or a bonus."""
+    rejected = e.num_draft_tokens - e.num_accepted
+    lane["method"] = "vLLM"
+    lane["drafts"] += [{"text": "?", "q": None, "status": "rejected", "accept_prob": None, "r": None}] * rejected
+    lane["verdict"] = (f"vLLM drafted {e.num_draft_tokens}, accepted {e.num_accepted}"
+                       + (", bonus token" if not rejected else ", resampled")
+                       + (f" · its {rejected} rejected draft(s) shown as ?: vLLM does not send them" if rejected else ""))
+
+
+def vllm_rounds_text(r: dict) -> str:
+    """The end of a vLLM run: do the stream's steps (a chunk each) and vLLM's per-step lists agree?"""
+    own, stream = r.get("vllm"), r["stream"]
+    head = (f"vLLM's per-step lists: {own['num_drafts']} steps with a draft, {own['num_draft_tokens']} drafted, "
+            f"{own['num_accepted_tokens']} accepted" if own else "vLLM sent no per-step lists")
+    said = (f"{head}; the stream: {r['chunks']} chunks, {stream['num_drafts']} steps with a draft, "
+            f"{stream['num_accepted_tokens']} accepted — "
+            + ("they agree" if r.get("agree") else "they differ" if r.get("agree") is False else "not compared"))
+    return said + "".join(f"; {n}" for n in r["notes"])
+

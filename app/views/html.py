@@ -27,6 +27,8 @@ from app.views.fragments import (
     status_view,
     summary_text,
     token_html,
+    vllm_lane,
+    vllm_rounds_text,
 )
 from app.views.kv_map import KvMap
 from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_note,
@@ -313,6 +315,9 @@ class HtmlView:
         if e.status in ("accepted", "rejected") and e.position <= len(lane["drafts"]):
             d = lane["drafts"][e.position - 1]
             d.update(status=e.status, accept_prob=e.accept_prob, r=e.r)
+        elif self.external and e.status == "accepted":      # vLLM: its accepted drafts come as the step's tokens
+            lane["method"] = "vLLM"
+            lane["drafts"].append({"text": e.text, "q": None, "status": "accepted", "accept_prob": None, "r": None})
         else:
             lane["final"] = e
 
@@ -323,7 +328,9 @@ class HtmlView:
                            f"{int(e.num_draft_tokens)}:{int(e.num_accepted)}")
         lane = self.lane
         if lane is not None and lane["round"] == e.round:
-            if lane["drafts"]:
+            if self.external and e.num_draft_tokens:
+                vllm_lane(lane, e)
+            elif lane["drafts"]:
                 lane["verdict"] = (f"{e.num_accepted} of {e.num_draft_tokens} accepted"
                                    + (", bonus token" if e.num_accepted == e.num_draft_tokens else ", resampled")
                                    + f" · {e.verify_tokens} positions in one target forward")
@@ -371,6 +378,8 @@ class HtmlView:
         if s.get("server_metrics_moved"):      # and how far its counters moved during this run
             moved = ", ".join(f"{k} +{v:g}" for k, v in s["server_metrics_moved"].items() if v)
             frame.append("notes", macros().note("server_metrics", f"the engine's /metrics during this run: {moved}"))
+        if s.get("vllm_rounds"):               # vLLM: the stream's steps against its own per-step lists
+            frame.append("notes", macros().note("vllm_rounds", vllm_rounds_text(s["vllm_rounds"])))
         frame.replace["run-recording"] = ""   # filled in once the recording is complete (render)
         frame.kv_snapshot = True          # the session's blocks are freed now: show it
 

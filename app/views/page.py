@@ -368,6 +368,12 @@ def server_set(model: str | None, external) -> dict:
             "controls": list(SERVER_SET_CONTROLS)}
 
 
+def external_state(engine) -> str:
+    """' (starting…)' or ' (failed)' for a server the app starts (vLLM) that is not ready; '' otherwise."""
+    state = engine.description.get("state")
+    return "" if state in (None, "ready") else f" ({'starting…' if state == 'starting' else state})"
+
+
 def page_context(query, playground, embed: bool) -> dict:
     registry = playground.registry
     state = page_state(query, playground)
@@ -381,7 +387,8 @@ def page_context(query, playground, embed: bool) -> dict:
         options = model_options(registry, state.values["model"] or None)
         target = target_of(registry, state.values["model"] or None)
         races = races_of(registry, target, list(playground.external))
-    targets += [{"name": name, "label": name} for name in playground.external]   # app/ws/external.py
+    targets += [{"name": name, "label": name + external_state(e), "external": True}     # app/ws/external.py
+                for name, e in playground.external.items()]
     return {
         "state": state, "embed": embed, "presets": PRESETS, "speeds": SPEEDS,
         "targets": targets, "model_options": options,

@@ -179,6 +179,10 @@ async def start_external(conn, engine: ExternalEngine, prompt: str | None, setti
     """`Connection.start` for a configured external engine: validate, then run it in the connection's task
     group, with a slot of the same admission control as our own generations."""
     validated(prompt, settings)                      # raises SettingsError: answered, nothing started
+    state = engine.description.get("state")         # a server this app starts (vLLM): ready, or why not
+    if state not in (None, "ready"):
+        why = engine.description.get("error") or "it is starting (its start-up takes about half a minute)"
+        raise CommandError(f"{engine.name} is {state}, not ready: {why}", "model")
     await conn.end_run()
     session = ExternalSession(engine, prompt, dict(settings))
     run = conn.run = Run(next_run_id(), session, sent_settings=dict(settings))

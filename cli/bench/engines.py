@@ -1,4 +1,5 @@
-"""`decoding-playground bench engines`: our numpy engine against llama.cpp on the same SmolLM2-135M weights.
+"""`decoding-playground bench engines`: our numpy engine against llama.cpp and vLLM on the same SmolLM2-135M
+weights (vLLM's part: cli/bench/vllm_engines.py).
 
 A decode step reads every weight once; at batch 1 it is memory-bound, so the tokens per second of two
 engines should be close to the inverse ratio of the bytes their weights take: float32 here (our engine
@@ -11,7 +12,6 @@ thread's BLAS dot of a 256 MB array with itself, for the GB/s each engine achiev
 """
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import statistics
@@ -21,7 +21,8 @@ import time
 import numpy as np
 
 from engine.external.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
-from engine.external.openai_stream import stream_chat
+from cli.bench.vllm_engines import chat_summary, run_vllm
+from cli.bench.vllm_engines import markdown as vllm_markdown
 from engine.model.fetched import fetched_models, is_fetched
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.serving.session import GenerationSession
@@ -63,18 +64,13 @@ def ours(engine: InferenceEngine, max_tokens: int, prompt: str = PROMPT, ngram: 
 
 
 def llamacpp(server: EmbeddedLlamaCpp, max_tokens: int, prompt: str = PROMPT) -> dict:
-    async def run():
-        return [e async for e in stream_chat(server.engine, prompt, {"max_tokens": max_tokens, "temperature": 0.0})]
-    events = asyncio.run(run())
-    if events[-1].type != "done":
-        raise RuntimeError(events[-1].message)
-    s = events[-1].summary
+    s = chat_summary(server.engine, prompt, max_tokens)
     n = s["engine_usage"].get("completion_tokens") or s["num_output_tokens"]
     return {"tokens": n, "tokens_per_s": 1e3 / s["itl_ms"], "ttft_ms": s["ttft_ms"],
             "engine_tokens_per_s": s["engine_tokens_per_s"]}
 
 
-def run_engines(repeats: int, max_tokens: int = MAX_TOKENS) -> dict:
+def run_engines(repeats: int, max_tokens: int = MAX_TOKENS, with_vllm: bool = True) -> dict:
     if not is_fetched(NAME):
         raise SystemExit(f"bench engines: {NAME} is not fetched; run `decoding-playground fetch-model {NAME}`")
     reason = unavailable_reason(gguf_path())
@@ -117,6 +113,8 @@ def run_engines(repeats: int, max_tokens: int = MAX_TOKENS) -> dict:
     e = r["engines"]
     r["predicted_ratio"] = e["ours"]["bytes_per_token"] / e["llamacpp"]["bytes_per_token"]
     r["measured_ratio"] = e["llamacpp"]["tokens_per_s"] / e["ours"]["tokens_per_s"]
+    if with_vllm:
+        r["vllm"] = run_vllm(repeats, PROMPT, COPY_PROMPT, max_tokens)
     return r
 
 
@@ -142,11 +140,13 @@ def markdown(r: dict) -> str:
     for name in ("ours", "llama.cpp"):
         plain, ngram = sp[f"{name} plain"], sp[f"{name} n-gram"]
         lines.append(f"| {name} | {plain:.1f} | {ngram:.1f} | {ngram / plain:.2f}x |")
+    if "vllm" in r:
+        lines += vllm_markdown(r["vllm"])
     return "\n".join(lines)
 
 
 def cmd_bench_engines(args) -> int:
-    r = run_engines(args.repeats)
+    r = run_engines(args.repeats, with_vllm=not args.no_vllm)
     print(json.dumps(r, indent=2) if args.json else markdown(r))
     if not args.no_write:
         from cli.bench.engine import DOCS, write_section
@@ -160,4 +160,5 @@ def add_parser(bsub) -> None:
     b.add_argument("--repeats", type=int, default=5, help="alternated runs of each engine (default 5)")
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    b.add_argument("--no-vllm", action="store_true", help="leave vLLM out (it starts vLLM servers of about 3.6 GB each)")
     b.set_defaults(func=cmd_bench_engines)

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cli.bench.heads_vllm import compare as vllm_compare
+from cli.bench.heads_vllm import markdown as vllm_markdown
 from engine.experiments.shootout import SPEC_BENCH, h100_speedup
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.serving.session import GenerationSession
@@ -154,6 +156,9 @@ def run(args) -> int:
     held_out = np.array([i for r in out["sets"].values() for i in r.pop("plain_ids")])
     out["heads"] = {m: {"parameters": h.num_parameters, "vocab_subset": len(h.subset),
                         "coverage_held_out": float(np.isin(held_out, h.subset).mean())} for m, h in heads.items()}
+    if "eagle" in heads and not args.no_vllm:                 # vLLM's acceptance with our head, beside ours
+        out["vllm"] = vllm_compare(engine, reg, lm, sets["open questions"], args.max_tokens)
+        print("\n".join(vllm_markdown(out["vllm"])), flush=True)
     if args.json:
         print(json.dumps(out, indent=1))
     if not args.no_write and not args.quick:
@@ -188,6 +193,8 @@ def markdown(out) -> str:
     for label, r in out["sets"].items():
         lines += [markdown_set(label, r), ""]
     lines += targets_lines(out["sets"])
+    if "vllm" in out:
+        lines += vllm_markdown(out["vllm"]) + [""]
     lines += ["Spec-Bench (Vicuna-7B, A100) mean acceptance lengths for comparison: "
               + ", ".join(f"{m} {v}" for m, v in SPEC_BENCH.items()) + "."]
     return "\n".join(lines)
@@ -317,4 +324,6 @@ def add_parser(bsub) -> None:
     b.add_argument("--repeats", type=int, default=2)
     b.add_argument("--json", action="store_true")
     b.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    b.add_argument("--no-vllm", action="store_true",
+                   help="leave out vLLM's acceptance with our EAGLE head (it starts a vLLM server: 3.6 GB)")
     b.set_defaults(func=run)

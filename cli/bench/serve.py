@@ -57,6 +57,8 @@ def add_parser(bench_subparsers) -> None:
     bp.add_argument("--repeats", type=int, default=5,
                     help="alone / all-at-once pairs, interleaved (default 5; tokens/s: the median)")
     bp.add_argument("--sweep", action="store_true", help="γ in {none, 2, 4, 6} x concurrency in {1, 4, 16}")
+    bp.add_argument("--engine", choices=("ours", "vllm"), default="ours",
+                    help="vllm: our engine against vLLM at 1, 4 and 16 sessions through `serve --vllm`")
     common_arguments(bp)
     bp.set_defaults(func=run)
 
@@ -332,7 +334,12 @@ def machine() -> dict:
 def run(args) -> int:
     from cli.bench.engine import write_section
 
-    if args.sweep:
+    if args.engine == "vllm":
+        from cli.bench.serve_vllm import run_vllm_sweep, vllm_sweep_markdown
+        r = run_vllm_sweep(args)
+        text = vllm_sweep_markdown(r)
+        name = "serve vllm"
+    elif args.sweep:
         r = run_sweep(args)
         text = sweep_markdown(r)
         name = "serve sweep"

@@ -25,6 +25,7 @@ import httpx
 
 from ..serving.events import Done, Error, Event, Metrics, Prefill, RoundDone, SettingsApplied, Started, TokenResult
 from ..serving.settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
+from .vllm_rounds import StepRules, reconcile, step_tokens, stream_figures
 
 # Our settings that describe our engine's internals; a server has them fixed at its start-up.
 SERVER_SETTINGS = ("method", "num_speculative_tokens", "num_speculative_tokens_schedule", "draft_confidence_threshold",
@@ -50,9 +51,10 @@ class ExternalEngine:
     model: str | None = None        # the request's "model" field (None: the server's only model)
     metrics_url: str | None = None  # Prometheus text (vLLM's and llama.cpp's /metrics)
     api_key: str | None = field(default=None, repr=False)
-    kind: str = "openai"            # llamacpp: llama.cpp's server (timings_per_token, draft counts)
+    kind: str = "openai"            # llamacpp: llama.cpp's server (timings_per_token, draft counts); vllm: token ids
     description: dict = field(default_factory=dict)   # what the model list shows (threads, file, ...)
     limits: StreamLimits = StreamLimits()
+    rules: StepRules | None = field(default=None, repr=False, compare=False)  # vLLM: its steps (vllm_rounds)
 
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -84,6 +86,8 @@ def chat_request(engine: ExternalEngine, prompt: str, s: GenerationSettings) -> 
         body["model"] = engine.model
     if engine.kind == "llamacpp":
         body["timings_per_token"] = True
+    if engine.kind == "vllm":
+        body["return_token_ids"] = True          # each chunk's token ids: one engine step (vllm_rounds)
     return body
 
 
@@ -180,7 +184,7 @@ async def stream_chat(engine: ExternalEngine, prompt: str, settings: dict,
                                    follow_redirects=False, trust_env=False)
     t0 = time.perf_counter()
     deadline = time.monotonic() + limits.total_s
-    stats = _Received(t0)
+    stats = _Received(t0, engine.rules)
     try:
         async with client.stream("POST", engine.base_url.rstrip("/") + "/chat/completions",
                                  json=chat_request(engine, prompt, s), headers=engine.headers()) as response:
@@ -208,8 +212,10 @@ async def stream_chat(engine: ExternalEngine, prompt: str, settings: dict,
 class _Received:
     """What the chunks said, and when they arrived."""
 
-    def __init__(self, t0: float):
+    def __init__(self, t0: float, rules: StepRules | None = None):
         self.t0 = t0
+        self.rules, self.steps = rules, rules.new() if rules else None
+        self.tokens: list[dict] = []     # vLLM: {id, text, status} of each token
         self.arrivals: list[float] = []
         self.texts: list[str] = []
         self.round = 0
@@ -238,7 +244,9 @@ class _Received:
             self.usage = obj["usage"]
         if isinstance(obj.get("metrics"), dict):                 # vLLM --per-request-spec-decode-metrics
             self.engine_metrics = obj["metrics"]
-        texts = []
+        texts, ids = [], []
+        if self.steps is not None and isinstance(obj.get("prompt_token_ids"), list):
+            self.steps.prompt([int(t) for t in obj["prompt_token_ids"] if isinstance(t, int)])
         for choice in obj.get("choices", []):
             if choice.get("index", 0) != 0:
                 continue
@@ -248,8 +256,15 @@ class _Received:
                 raise EngineFault(f"delta.content is not text: {str(content)[:80]!r}")
             if content:
                 texts.append(content)
+            token_ids = choice.get("token_ids")
+            if token_ids is not None:
+                if not isinstance(token_ids, list) or not all(isinstance(t, int) and t >= 0 for t in token_ids):
+                    raise EngineFault(f"token_ids is not a list of token ids: {str(token_ids)[:80]!r}")
+                ids += token_ids
             if isinstance(choice.get("finish_reason"), str):
                 self.finish_reason = choice["finish_reason"]
+        if self.steps is not None:
+            return events + self._step(ids, "".join(texts), now) if ids else events
         if not texts and drafted <= 0:        # a draft verified in a chunk without text still makes a round
             return events
         self.round += 1
@@ -265,6 +280,29 @@ class _Received:
                                 1 + int(max(drafted, 0)), 0.0, 0.0, gap_ms))
         events.append(Metrics(self.figures()))
         return events
+
+    def _step(self, ids: list[int], text: str, now: float) -> list[Event]:
+        """A vLLM chunk: one engine step's tokens, its drafts and acceptances (vllm_rounds)."""
+        self.round += 1
+        events, step = step_tokens(self.rules, self.steps, self.round, ids, text)
+        self.texts.append(text)
+        self.tokens += [{"id": e.id, "text": e.text, "status": e.status} for e in events]
+        gap_ms = (now - (self.arrivals[-1] if self.arrivals else self.t0)) * 1e3
+        self.arrivals += [now] * len(ids)
+        self.drafts[0] += step.drafted
+        self.drafts[1] += step.accepted
+        return events + [RoundDone(self.round, step.drafted, step.accepted, len(ids), step.drafted + 1, 0.0, 0.0,
+                                   gap_ms), Metrics(self.figures())]
+
+    def vllm_summary(self) -> dict:
+        """vLLM's own per-request figures (its per-step lists) where it sent them, reconciled with the stream."""
+        rounds = reconcile(self.steps.steps, self.engine_metrics, self.rules.gamma)
+        own = rounds["reconciled"]
+        return {"vllm_rounds": rounds, "num_drafts": own["num_drafts"],
+                "mean_acceptance_length": own["mean_acceptance_length"],
+                "accepted_per_position": own["accepted_per_position"],
+                "num_draft_tokens": own["num_draft_tokens"], "num_accepted_tokens": own["num_accepted_tokens"],
+                "acceptance_rate": own["acceptance_rate"]} if self.rules.method else {"vllm_rounds": None}
 
     def figures(self) -> dict:
         n = len(self.arrivals)
@@ -285,6 +323,7 @@ class _Received:
             "engine_ttft_ms": _number(t, "prompt_ms"),
             "engine_itl_ms": _number(t, "predicted_per_token_ms"),
             "engine_tokens_per_s": _number(t, "predicted_per_second"),
+            **(stream_figures(self.steps.steps, self.rules.gamma) if self.steps is not None else {}),
         }
 
     def summary(self, engine: ExternalEngine, s: GenerationSettings) -> dict:
@@ -294,8 +333,9 @@ class _Received:
                 "num_drafts": None, "mean_acceptance_length": None, "accepted_per_position": [],
                 "target_forward_calls": None, "draft_forward_calls": None, "kv_cache": None,
                 "tpot_s": (f["elapsed_s"] - f["ttft_s"]) / (n - 1) if n > 1 else None,
-                "tokens": [{"id": -1, "text": x, "status": "target"} for x in self.texts],
-                **f, "engine_timings": self.timings, "engine_usage": self.usage,
+                "tokens": self.tokens or [{"id": -1, "text": x, "status": "target"} for x in self.texts],
+                **f, **(self.vllm_summary() if self.steps is not None else {}), "engine_timings": self.timings,
+                "engine_usage": self.usage,
                 "engine_metrics": self.engine_metrics, "model": engine.describe(), "draft_model": None,
                 "settings": {**s.model_dump(), "model": engine.name}}
 

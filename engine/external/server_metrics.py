@@ -28,6 +28,23 @@ WANTED = re.compile(r"^(vllm|sglang):(kv_cache_usage_perc|num_requests_running|n
 MAX_BODY_BYTES = 1 << 20
 TIMEOUT_S = 2.0
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+# vLLM's accepted draft tokens by their position in the draft, one series per position: kept apart, as
+# vllm:spec_decode_num_accepted_tokens_pos{J}_total (J from 0)
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+_POSITION = re.compile(r'position="(\d{1,2})"')
+
+
+def per_position_key(j: int) -> str:
+    return f"vllm:spec_decode_num_accepted_tokens_pos{j}_total"
+
+
+def accepted_by_position(values: dict[str, float]) -> list[float]:
+    """The per-position series of `values` (or of how far they moved) as a list from position 0."""
+    out, j = [], 0
+    while per_position_key(j) in values:
+        out.append(values[per_position_key(j)])
+        j += 1
+    return out
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -37,14 +54,18 @@ def parse_prometheus(text: str) -> dict[str, float]:
         if not line or line.startswith("#"):
             continue
         m = _LINE.match(line)
-        if not m or not WANTED.match(m.group(1)):
+        if m and m.group(1) == PER_POSITION and _POSITION.search(m.group(2) or ""):
+            name = per_position_key(int(_POSITION.search(m.group(2)).group(1)))
+        elif not m or not WANTED.match(m.group(1)):
             continue
+        else:
+            name = m.group(1)
         try:
             value = float(m.group(3))
         except ValueError:
             continue
         if math.isfinite(value):
-            out[m.group(1)] = out.get(m.group(1), 0.0) + value
+            out[name] = out.get(name, 0.0) + value
     return out
 
 
@@ -59,6 +80,7 @@ SERVER_GAUGES = [
                                                       "llamacpp:prompt_tokens_cached_total")),
     ("Draft tokens accepted", "accepted ÷ drafted since it started", ()),
     ("Tokens generated", "since it started", ("vllm:generation_tokens_total", "llamacpp:tokens_predicted_total")),
+    ("Accepted by draft position", "1st · 2nd · … since it started (vLLM)", ()),
 ]
 FRACTIONS = {"vllm:kv_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio"}   # 0..1
 SPEC_PAIRS = (("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
@@ -79,6 +101,8 @@ def server_gauges(values: dict[str, float]) -> list[dict]:
         if label == "Draft tokens accepted":
             pair = next(((a, d) for a, d in SPEC_PAIRS if values.get(d)), None)
             text = f"{values[pair[0]]:,.0f} / {values[pair[1]]:,.0f}" if pair else "–"
+        if label == "Accepted by draft position":
+            text = " · ".join(f"{v:,.0f}" for v in accepted_by_position(values)) or "–"
         rows.append({"label": label, "unit": unit, "text": text})
     return rows
 

