@@ -15,6 +15,7 @@ built by `decoding-playground serve` from its options:
 | DECODING_PLAYGROUND_TOKEN | `--token` | none (workshop mode off) |
 | DECODING_PLAYGROUND_MAX_NUM_BATCHED_TOKENS | `--max-num-batched-tokens` | the engine's (engine/serving/scheduler.py); 0: no chunked prefill |
 | DECODING_PLAYGROUND_FRAME_ANCESTORS | `--frame-ancestors` | `*` (who may frame `/embed`) |
+| DECODING_PLAYGROUND_THREADS | `--threads` | measured when SmolLM2 loads (engine/model/threads.py) |
 | DECODING_PLAYGROUND_DEMO | – | `auto`: the page opens on SmolLM2 + chat + EAGLE when fetched; `character`: our models |
 """
 from __future__ import annotations
@@ -73,6 +74,7 @@ class AppConfig:
     openai_engines: tuple[dict, ...] = ()  # [{url, model, metrics_url}] from serve --openai-url ...
     embedded_llamacpp: bool = False       # start llama.cpp's server on the fetched SmolLM2 GGUF (serve: yes)
     llamacpp_threads: int = 1
+    threads: int | None = None            # weight-product threads of models that stream from memory; None: measured
 
     def __post_init__(self):
         object.__setattr__(self, "models_dir", Path(self.models_dir))
@@ -83,6 +85,8 @@ class AppConfig:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 0:
             raise ValueError("max_num_batched_tokens must be >= 0 (0: no chunked prefill), "
                              f"got {self.max_num_batched_tokens}")
+        if self.threads is not None and not 1 <= self.threads <= 256:
+            raise ValueError(f"threads must be between 1 and 256, got {self.threads}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.idle_timeout_s <= 0 or self.messages_per_s <= 0:
@@ -134,6 +138,7 @@ class EnvSettings(BaseSettings):
     embed_frame_ancestors: str | None = Field(None, validation_alias=AliasChoices(ENV_PREFIX + "FRAME_ANCESTORS",
                                                                                   "frame_ancestors"))
     demo: str | None = None
+    threads: int | None = None
 
     _split_names = field_validator("allowed_origins", "allowed_hosts", mode="before")(_names)
 

@@ -40,7 +40,8 @@ def cmd_serve(args) -> int:
         max_sessions=args.max_sessions, embed_frame_ancestors=args.frame_ancestors, max_queue=args.max_queue,
         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout, token=args.token,
         openai_engines=tuple(args.openai or ()), embedded_llamacpp=not args.no_llamacpp,
-        llamacpp_threads=args.llamacpp_threads, max_num_batched_tokens=args.max_num_batched_tokens)
+        llamacpp_threads=args.llamacpp_threads, max_num_batched_tokens=args.max_num_batched_tokens,
+        threads=args.threads)
     local = args.host in ("127.0.0.1", "localhost", "::1")
     exposure = "this machine only" if local else "REACHABLE FROM OTHER MACHINES"
     origins = ", ".join(config.allowed_origins) or "none"
@@ -127,7 +128,21 @@ def add_serve_parser(sub) -> None:
     s.add_argument("--no-llamacpp", action="store_true",
                    help="do not start llama.cpp's server on the fetched SmolLM2 GGUF (default: start it if it is there)")
     s.add_argument("--llamacpp-threads", type=int, default=1, metavar="N", help="llama.cpp's threads (default 1)")
+    add_threads_argument(s)
     s.set_defaults(func=cmd_serve)
+
+
+def add_threads_argument(p) -> None:
+    p.add_argument("-t", "--threads", type=threads_count, default=None, metavar="N",
+                   help="threads for the weight products of models that stream from memory (SmolLM2); our small "
+                        "models stay on one (default: measured when SmolLM2 loads, logged with why)")
+
+
+def threads_count(value: str) -> int:
+    n = int(value)
+    if not 1 <= n <= 256:
+        raise argparse.ArgumentTypeError(f"between 1 and 256, got {n}")
+    return n
 
 
 def add_bench_parsers(sub) -> None:

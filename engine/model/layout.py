@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+from .threads import chunk_edges, rows_product, vec_product
+
 PANEL_COLUMNS = 64
 BLOCK_ROWS = 256
 FEW_ROWS = 9
@@ -62,20 +64,26 @@ class PanelWeight:
     def nbytes(self) -> int:
         return self.panels.nbytes
 
-    def vec(self, x):  # [C] -> [D]: as two rows, which OpenBLAS's small GEMM streams faster than its GEMV
+    def vec(self, x, pool=None):  # [C] -> [D]: as two rows, which OpenBLAS's small GEMM streams faster than its GEMV
         rows = np.empty((2, x.shape[0]), x.dtype)
         rows[:] = x
-        return self.rows(rows)[0]
+        return self.rows(rows, pool)[0]
 
-    def rows(self, x):  # [n, C] -> [n, D], each panel's product written straight into its columns
+    def rows(self, x, pool=None):  # [n, C] -> [n, D], each panel's product written straight into its columns
         n, num_panels = x.shape[0], self.panels.shape[0]
         if n == 1:                                   # as two rows, like `vec` (a prefill's last row, a draft step)
-            return self.vec(x[0])[None]
+            return self.vec(x[0], pool)[None]
         padded = self.padded_rows.get(n)
         if padded:                                   # a row count the small GEMM runs faster padded (see `pad_rows`)
-            return self.rows(np.concatenate([x, np.zeros((padded - n, x.shape[1]), x.dtype)]))[:n]
+            return self.rows(np.concatenate([x, np.zeros((padded - n, x.shape[1]), x.dtype)]), pool)[:n]
         out = np.empty((n, self.shape[1]), np.result_type(x, self.panels))
-        np.matmul(x, self.panels, out=out.reshape(n, num_panels, -1).transpose(1, 0, 2))    # [P, n, b] view
+        view = out.reshape(n, num_panels, -1).transpose(1, 0, 2)                   # [P, n, b]
+        if pool is None:
+            np.matmul(x, self.panels, out=view)
+            return out
+        edges = chunk_edges(num_panels, self.panels[0].nbytes, 1, pool.threads)   # runs of whole panels
+        parts = pool.run([lambda a=a, b=b: np.matmul(x, self.panels[a:b]) for a, b in zip(edges, edges[1:])])
+        np.concatenate(parts, out=view)
         return out
 
     def to_array(self):  # -> [C, D]
@@ -103,22 +111,37 @@ class OutInWeight:
     def nbytes(self) -> int:
         return self.t.nbytes
 
-    def vec(self, x):  # [C] -> [D]
-        return np.dot(self.t, x)
+    def vec(self, x, pool=None):  # [C] -> [D]
+        if pool is None:
+            return np.dot(self.t, x)
+        t, edges = self.t, self.edges(pool)
+        return np.concatenate(pool.run([lambda a=a, b=b: np.dot(t[a:b], x) for a, b in zip(edges, edges[1:])]))
 
-    def rows(self, x):  # [n, C] -> [n, D]
-        n = x.shape[0]
+    def rows(self, x, pool=None):  # [n, C] -> [n, D]
+        n, t = x.shape[0], self.t
         if n == 1:
-            return np.dot(self.t, x[0])[None]
-        if n > FEW_ROWS:
-            return np.dot(x, self.t.T)
-        out = np.empty((n, self.shape[1]), np.result_type(x, self.t))
+            return self.vec(x[0], pool)[None]
+        if n > FEW_ROWS and pool is None:
+            return np.dot(x, t.T)
+        if pool is None:
+            return self.columns(x, 0, self.shape[1])
+        edges = self.edges(pool)
+        many = n > FEW_ROWS                          # one GEMM per chunk of output columns
+        parts = pool.run([(lambda a=a, b=b: np.dot(x, t[a:b].T)) if many else (lambda a=a, b=b: self.columns(x, a, b))
+                          for a, b in zip(edges, edges[1:])])
+        return np.concatenate(parts, axis=1)
+
+    def columns(self, x, start: int, stop: int):  # [n, C] -> x @ W[:, start:stop], a few rows
+        out = np.empty((x.shape[0], stop - start), np.result_type(x, self.t))
         r = self.block_rows
-        for a in range(0, self.shape[1], r):         # a block's GEMVs for every row while it is in cache
-            block = self.t[a:a + r]
-            for j in range(n):
-                np.dot(block, x[j], out=out[j, a:a + len(block)])
+        for a in range(start, stop, r):              # a block's GEMVs for every row while it is in cache
+            block = self.t[a:min(a + r, stop)]
+            for j in range(x.shape[0]):
+                np.dot(block, x[j], out=out[j, a - start:a - start + len(block)])
         return out
+
+    def edges(self, pool) -> list[int]:  # chunk edges over the output rows, on `block_rows` boundaries
+        return chunk_edges(self.shape[1], self.t[0].nbytes, self.block_rows, pool.threads)
 
     def to_array(self):  # -> [C, D]
         return self.t.T
@@ -128,12 +151,9 @@ LAYOUTS = {"panels": PanelWeight, "out_in": OutInWeight}
 MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")      # the matrices of an engine.model.LayerWeights
 
 
-def weight_rows(x, w):  # [n, C] @ a layout's weight -> [n, D]: `Model.dot` of a model with these weights
-    return w.rows(x)
-
-
-def weight_vec(x, w):  # [C] @ a layout's weight -> [D]: `Model.vec_dot`
-    return w.vec(x)
+# x @ a layout's weight: `Model.dot` ([n, C] -> [n, D]) and `Model.vec_dot` ([C] -> [D]) of a model with these
+# weights, on the threads `engine.model.threads.set_threads` gave the process
+weight_rows, weight_vec = rows_product, vec_product
 
 
 def one_row_ms(w, repeats: int = 5) -> dict[str, float]:
