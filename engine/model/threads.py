@@ -28,6 +28,7 @@ import _thread
 import itertools
 import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -128,15 +129,16 @@ def _drain(job, caller: bool = False) -> int:
     return ran
 
 
-_POOL = ProductPool(1)
+_POOLS = {1: ProductPool(1)}      # one pool per thread count used so far: idle helpers block and cost nothing
+_POOL = _POOLS[1]
 
 
 def set_threads(threads: int) -> ProductPool:
     """The process's pool for the products of layout weights: `threads` threads in all (the caller included)."""
     global _POOL
-    if threads != _POOL.threads:
-        old, _POOL = _POOL, ProductPool(threads)
-        old.close()
+    if threads not in _POOLS:
+        _POOLS[threads] = ProductPool(threads)
+    _POOL = _POOLS[threads]
     return _POOL
 
 
@@ -146,6 +148,16 @@ def threads() -> int:
 
 def pool() -> ProductPool:
     return _POOL
+
+
+@contextmanager
+def using_threads(threads: int):
+    """`set_threads(threads)` for the block, the count before restored after it (a measurement per count)."""
+    before = _POOL.threads
+    try:
+        yield set_threads(threads)
+    finally:
+        set_threads(before)
 
 
 def chunk_edges(size: int, row_bytes: int, align: int, parts: int = 0) -> list[int]:
