@@ -16,7 +16,9 @@ from engine.experiments.race import default_values, form_text, race_choices
 from engine.experiments.theory import worked_table
 from engine.external import engine_race
 from engine.kv.dtypes import KV_CACHE_DTYPES
+from engine.model.threads import threads
 from engine.serving.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError
+from engine.spec_decode.heads import demo_settings
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
@@ -135,6 +137,10 @@ def demo_defaults(playground, model: str | None = None) -> dict[str, str]:
     if (playground.config.demo == "auto" and lm is not None and "eagle" in lm.meta.get("heads", [])
             and model in (None, "", SMOLLM2_DEMO["model"])):
         out.update(SMOLLM2_DEMO)
+        # EAGLE's best γ and threshold as measured at this server's weight-product threads (bench heads)
+        best = demo_settings(lm.name, threads(), registry.heads_dir)
+        for name in ("num_speculative_tokens", "draft_confidence_threshold") if best else ():
+            out[name] = form_value(name, best[name])
     return out
 
 

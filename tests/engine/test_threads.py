@@ -152,3 +152,30 @@ def test_a_default_leaves_a_core_free_from_four_cores_on():
 def test_a_thread_count_out_of_range_is_refused(bad):
     with pytest.raises(ValueError, match="threads"):
         C.request_threads(bad)
+
+
+def test_eagle_demo_settings_follow_the_thread_count(tmp_path, restore_threads):
+    """bench heads stores EAGLE's best γ and threshold per thread count; the page's SmolLM2 demo opens with the
+    entry of the server's count (the most threads measured up to it)."""
+    import json
+    from types import SimpleNamespace
+
+    from app.views.page import demo_defaults
+    from engine.spec_decode.heads import demo_settings
+
+    folder = tmp_path / "smollm2-135m"
+    folder.mkdir()
+    assert demo_settings("smollm2-135m", 2, tmp_path) is None
+    (folder / "demo.json").write_text(json.dumps({"by_threads": {
+        "1": {"num_speculative_tokens": 5, "draft_confidence_threshold": 0.5},
+        "2": {"num_speculative_tokens": 7, "draft_confidence_threshold": 0.3}}}))
+    assert demo_settings("smollm2-135m", 1, tmp_path)["num_speculative_tokens"] == 5
+    assert demo_settings("smollm2-135m", 2, tmp_path)["draft_confidence_threshold"] == 0.3
+    assert demo_settings("smollm2-135m", 4, tmp_path)["threads"] == 2
+    lm = SimpleNamespace(name="smollm2-135m", meta={"heads": ["eagle"]})
+    playground = SimpleNamespace(registry=SimpleNamespace(models={"smollm2-135m": lm}, heads_dir=tmp_path),
+                                 config=SimpleNamespace(demo="auto"))
+    for threads, gamma, q in ((1, "5", "0.5"), (2, "7", "0.3")):
+        T.set_threads(threads)
+        d = demo_defaults(playground)
+        assert (d["method"], d["num_speculative_tokens"], d["draft_confidence_threshold"]) == ("eagle", gamma, q)
