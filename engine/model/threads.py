@@ -39,14 +39,15 @@ class ProductPool:
     """`threads - 1` helper threads that share the chunks of one product with the calling thread.
 
     `run(tasks)` calls every callable in `tasks` once and returns their results in order; the caller runs
-    chunks too. When the caller has taken the last chunk it waits for the helpers' unfinished chunks for at
-    most `patience` (twice its own time per chunk), then computes them itself: a helper that lost its core
-    in mid-chunk (another process, the browser) costs one chunk's time, not the scheduler's time slice. Its
-    late result is dropped. After such a take-over the helpers sit out the next `REST` products, so that on a
+    chunks too. When the caller has taken the last chunk it waits for the helpers' unfinished chunks until
+    PATIENCE times its own time per chunk has passed since the last of them began, then computes them itself:
+    a helper that lost its core in mid-chunk (another process, the browser) costs a few chunks' time, not the
+    scheduler's time slice. Its late result is dropped. After such a take-over the helpers sit out the next `REST` products, so that on a
     machine whose other core is busy the step runs at one thread's speed instead of paying for every miss.
     One caller at a time (the engine thread); a second caller waits."""
 
     REST = 64                     # products run without helpers after a helper was late (~half a step)
+    PATIENCE = 3.0                # a helper's chunk may take this many of the caller's chunk times
     MIN_PATIENCE_S = 50e-6
 
     def __init__(self, threads: int = 1):
@@ -83,7 +84,7 @@ class ProductPool:
             n = len(tasks)
             done = _thread.allocate_lock()
             done.acquire()
-            job = self._job = [tasks, itertools.count(), itertools.count(1), done, [None] * n]
+            job = self._job = [tasks, itertools.count(), itertools.count(1), done, [None] * n, [0.0] * n]
             for wake in self._wakes:
                 if wake.locked():
                     wake.release()
@@ -91,8 +92,9 @@ class ProductPool:
             try:
                 mine = _drain(job, caller=True)
                 if next(job[2]) <= n:        # a helper is still in a chunk: it releases `done` at the last one
-                    patience = max(self.MIN_PATIENCE_S, 2 * (time.perf_counter() - t) / max(mine, 1))
-                    if not done.acquire(timeout=patience):
+                    per_chunk = (time.perf_counter() - t) / max(mine, 1)
+                    deadline = max(job[5]) + max(self.MIN_PATIENCE_S, self.PATIENCE * per_chunk)
+                    if not done.acquire(timeout=max(0.0, deadline - time.perf_counter())):
                         self.late += 1
                         self._resting = self.REST
             finally:
@@ -115,9 +117,10 @@ def _drain(job, caller: bool = False) -> int:
     `next()` of an itertools.count is atomic under the GIL: every chunk is taken once and every finish counted
     once. The caller counts one more finish of its own after draining (`ProductPool.run`), so whoever counts
     n + 1 is last: a helper that is releases `done`."""
-    tasks, taken, finished, done, results = job
+    tasks, taken, finished, done, results, started = job
     n, ran = len(tasks), 0
     while (i := next(taken)) < n:
+        started[i] = time.perf_counter()
         try:
             results[i] = tasks[i]()
         except Exception:             # noqa: BLE001  (a helper's: left unset, the caller runs it again and raises)
