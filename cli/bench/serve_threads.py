@@ -71,11 +71,11 @@ def wait_until_loaded(base: str, model: str, timeout_s: float = 300.0) -> None:
 
 def knee(by_concurrency: dict) -> dict:
     """Where the room's tokens/s stops growing with the sessions: the gain of each step of concurrency, and the
-    last concurrency reached before the gain fell below KNEE_GAIN (the largest one measured if it never did)."""
+    last concurrency reached before the gain fell below KNEE_GAIN (None: it never did up to the largest)."""
     cs = sorted(by_concurrency)
     tps = {c: by_concurrency[c]["tokens_per_s"] for c in cs}
     gains = {f"{a}->{b}": tps[b] / tps[a] for a, b in zip(cs, cs[1:]) if tps[a] and tps[b]}
-    at = next((a for a, b in zip(cs, cs[1:]) if tps[a] and tps[b] and tps[b] / tps[a] < KNEE_GAIN), cs[-1])
+    at = next((a for a, b in zip(cs, cs[1:]) if tps[a] and tps[b] and tps[b] / tps[a] < KNEE_GAIN), None)
     return {"gains": gains, "at": at}
 
 
@@ -95,8 +95,9 @@ def room_markdown(r: dict) -> str:
     lines.append("")
     for t, k in r["knee"].items():
         gains = ", ".join(f"{step} sessions {g:.2f}x" for step, g in k["gains"].items())
-        lines.append(f"{t} thread{'s' * (t > 1)}: tokens/s {gains}; the knee at {k['at']} sessions "
-                     f"(beyond it 4x the sessions gain less than {KNEE_GAIN}x).")
+        where = (f"the knee at {k['at']} sessions (beyond it 4x the sessions gain less than {KNEE_GAIN}x)"
+                 if k["at"] else f"no knee up to {max(ROOM)} sessions (every 4x gained at least {KNEE_GAIN}x)")
+        lines.append(f"{t} thread{'s' * (t > 1)}: tokens/s {gains}; {where}.")
     ts = sorted(r["rows"])
     if len(ts) > 1:
         a, b = ts[0], ts[-1]

@@ -17,13 +17,18 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import numpy as np
 
 from engine.kv.cache import KVCacheManager
+from engine.model.checkpoint import load_checkpoint
 from engine.model.layout import WeightStream
-from engine.model.llama import forward
+from engine.model.llama import Model, forward
 from engine.model.threads import read_chunked, set_threads, threads
 
 NAME = "smollm2-135m"
+CHARACTER_MODEL = Path(__file__).resolve().parents[2] / "models" / "target-mha"
 ROWS = tuple(range(1, 10))
 CONTEXT = 256
 GENERATE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -31,14 +36,37 @@ GENERATE_TOKENS = 64
 TARGETS = {"decode_speedup": 1.25, "decode_over_floor": 1.25}      # at 2 threads: >= and <=
 
 
+def character_step(inner: int = 50):
+    """A decode step of our character model (models/target-mha, weights in the cache): ms per step over `inner`
+    steps at a 100-token context. It never uses the threads; timed beside SmolLM2's at every count, so that a
+    slowdown from their mere presence would show."""
+    cfg, weights, _ = load_checkpoint(CHARACTER_MODEL, with_tokenizer=False)
+    model = Model(cfg, weights)
+    tokens = np.random.default_rng(0).integers(2, cfg.vocab_size, 101)
+    mgr = KVCacheManager(cfg, num_blocks=101 // 16 + 3, block_size=16, enable_prefix_caching=False)
+    seq = mgr.new_sequence()
+    forward(model, tokens[:100], 0, mgr.append_slots(seq, tokens[:100]))
+    new = tokens[100:]
+
+    def step() -> float:
+        t = time.perf_counter()
+        for _ in range(inner):
+            forward(model, new, 100, mgr.append_slots(seq, new))
+            mgr.truncate(seq, 100)
+        return (time.perf_counter() - t) / inner * 1e3
+    return step
+
+
 def thread_costs(model, tokens, counts, repeats: int) -> dict:
-    """{count: {"read_ms": [..], n: [..]}}: ms of the floor pass and of a forward over n rows, per round."""
+    """{count: {"read_ms": [..], n: [..], "character_ms": [..]}}: ms of the floor pass, of a forward over n rows
+    and of a character model's decode step, per round."""
     before = threads()
     mgr = KVCacheManager(model.cfg, num_blocks=CONTEXT // 16 + 3, block_size=16, enable_prefix_caching=False)
     seq = mgr.new_sequence()
     forward(model, tokens[:CONTEXT], 0, mgr.append_slots(seq, tokens[:CONTEXT]))
     flat = WeightStream(model).flat
-    times = {c: {"read_ms": [], **{n: [] for n in ROWS}} for c in counts}
+    small = character_step()
+    times = {c: {"read_ms": [], "character_ms": [], **{n: [] for n in ROWS}} for c in counts}
     try:
         for _ in range(repeats):
             for c in counts:
@@ -52,6 +80,7 @@ def thread_costs(model, tokens, counts, repeats: int) -> dict:
                     forward(model, new, CONTEXT, mgr.append_slots(seq, new))
                     times[c][n].append((time.perf_counter() - t) * 1e3)
                     mgr.truncate(seq, CONTEXT)
+                times[c]["character_ms"].append(small())
     finally:
         set_threads(before)
     return times
@@ -94,7 +123,7 @@ def run_threads(lm, tokens, counts, repeats: int, generate_repeats: int) -> dict
         med = {k: statistics.median(v) for k, v in times[c].items()}
         per[c] = {"read_ms": med["read_ms"], "read_gb_per_s": nbytes / med["read_ms"] / 1e6,
                   "ms": {n: med[n] for n in ROWS}, "ratio": {n: med[n] / med[1] for n in ROWS},
-                  "decode_over_floor": med[1] / med["read_ms"],
+                  "decode_over_floor": med[1] / med["read_ms"], "character_ms": med["character_ms"],
                   "speedup": statistics.median(times[1][1]) / med[1]}
     in_process_s = time.perf_counter() - t0
     c1 = cpu_seconds()
@@ -135,12 +164,15 @@ def markdown(r: dict) -> list[str]:
                          f"{'yes' if t['met'] else '**no**'} |")
         lines.append("")
     lines += ["| threads | floor ms (GB/s) | decode ms (context 256) | decode / floor | decode speed-up | "
-              "`generate` tok/s | same text |", "|---|---|---|---|---|---|---|"]
+              "`generate` tok/s | same text | character model's step ms (÷ 1 thread's) |",
+              "|---|---|---|---|---|---|---|---|"]
+    one_char = r["per_threads"][1]["character_ms"]
     for c in counts:
         d, g = r["per_threads"][c], r["generate"][c]
         lines.append(f"| {c} | {d['read_ms']:.1f} ({d['read_gb_per_s']:.1f}) | {d['ms'][1]:.1f} | "
                      f"{d['decode_over_floor']:.2f}x | {d['speedup']:.2f}x | {g['tokens_per_s']:.1f} | "
-                     f"{'yes' if g['same_text'] else '**no**'} |")
+                     f"{'yes' if g['same_text'] else '**no**'} | {d['character_ms']:.3f} "
+                     f"({d['character_ms'] / one_char:.2f}x) |")
     lines += ["", "Verification cost curve per thread count, t(n)/t(1) (ms of n rows):", "",
               "| threads | " + " | ".join(f"n={n}" for n in ROWS) + " |", "|---|" + "---|" * len(ROWS)]
     for c in counts:
