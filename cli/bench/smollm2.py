@@ -35,7 +35,7 @@ from engine.model.checkpoint import load_checkpoint
 from engine.model.fetched import cache_dir, fetched_models, is_fetched
 from engine.model.layout import LAYOUTS, PanelWeight, WeightStream, use_layout
 from engine.model.llama import Model, forward
-from engine.model.threads import set_threads
+from engine.model.thread_choice import request_threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.serving.session import GenerationSession
 
@@ -171,13 +171,13 @@ def run_smollm2(quick: bool = False, cache=None, threads: int = 2) -> dict:
     if not is_fetched(NAME, cache):
         raise SystemExit(f"bench smollm2: {NAME} is not in the cache {cache or cache_dir()}; "
                          f"run `decoding-playground fetch-model {NAME}` first")
+    request_threads(1)          # as before issue 33; the threads section compares 1 .. N
     registry = ModelRegistry(fetched_models(cache))
     engine = InferenceEngine(registry, max_sessions=2)
     t = time.perf_counter()
     lm = registry.get(NAME)
     chosen = lm.model
     load_s = time.perf_counter() - t
-    set_threads(1)              # as before issue 33; the threads section compares 1 .. N
     tok = lm.tokenizer
     tokens = np.array(tok.encode(tok.chat_template.prompt(SUMMARY_PROMPT + " " + SUMMARY_PROMPT)))
     assert len(tokens) >= CONTEXT + max(ROWS), len(tokens)

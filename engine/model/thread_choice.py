@@ -3,10 +3,10 @@
 
 The measurement times, per thread count and taking turns, a one-token forward of the model (a decode step's
 products) and one pass over its weight bytes (the step's floor: the roofline per thread count that the Cost
-model view shows), and keeps the fewest threads within STEP_GAIN of the fastest step. A default takes every
-core of a 2-3 core machine (a helper that finds its core busy takes no chunks: the browser and the event loop
-cost the step its speed-up, never more) and leaves one core free from 4 cores on. The choice is logged with
-the figures that made it.
+model view shows), and keeps the fewest threads unless more make the step STEP_GAIN faster and the read
+faster too. A default takes every core of a 2-3 core machine (a helper that finds its core busy takes no
+chunks: the browser and the event loop cost the step its speed-up, not a stall) and leaves one core free from 4
+cores on. The choice is logged with the figures that made it.
 
     request_threads(None)            # the measured default (serve and generate: --threads N)
     choice = threads_for(model)      # measured once per process, applied, logged
@@ -89,7 +89,8 @@ def measure_threads(model, counts, rounds: int = 5) -> tuple[dict[int, float], d
 
 def choose_threads(model, cores: int | None = None, rounds: int = 5) -> ThreadChoice:
     """The thread count for `model`'s products: the count whose measured step is fastest among
-    1 .. `candidate_threads(cores)`, the fewer threads unless more are STEP_GAIN faster (`rounds` turns)."""
+    1 .. `candidate_threads(cores)`, the fewer threads unless more make the step STEP_GAIN faster and the read
+    of the weights faster too (`rounds` turns)."""
     cores = cores or available_cores()
     top = candidate_threads(cores)
     counts = list(range(1, top + 1))
@@ -98,12 +99,12 @@ def choose_threads(model, cores: int | None = None, rounds: int = 5) -> ThreadCh
     gbps = choice.read_gb_per_s()
     facts = "; ".join(f"{n} thread{'s' * (n > 1)}: step {step[n]:.1f} ms, read {gbps[n]:.1f} GB/s" for n in counts)
     best = 1
-    for n in counts[1:]:
-        if step[n] * STEP_GAIN <= step[best]:
+    for n in counts[1:]:              # both must agree: on a busy machine one of five rounds can flatter either
+        if step[n] * STEP_GAIN <= step[best] and read[n] <= read[best]:
             best = n
     choice.threads = best
     if best == 1:
-        why = (f"more threads did not make the step {STEP_GAIN - 1:.0%} faster" if top > 1
+        why = (f"more threads did not make the step {STEP_GAIN - 1:.0%} faster and the read faster too" if top > 1
                else "one core available")
     else:
         why = f"{best} threads make the step {step[1] / step[best]:.2f}x as fast as one"
