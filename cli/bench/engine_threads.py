@@ -74,8 +74,10 @@ def ours(threads: int, prompt: str, max_tokens: int) -> dict:
     return generate_tokens_per_s(threads, prompt, max_tokens)
 
 
-def run_threads(counts, repeats: int, prompt: str, max_tokens: int, lm, llamacpp_chat, with_transformers: bool = True) -> dict:
-    """Decode tokens/s per engine and thread count (medians of `repeats`), and what was left out and why."""
+def run_threads(counts, repeats: int, prompt: str, max_tokens: int, lm, llamacpp_chat,
+                with_transformers: bool = True) -> dict:
+    """Decode tokens/s per engine and thread count (medians of `repeats`), and what was left out and why.
+    `llamacpp_chat(server, max_tokens, prompt)`: bench engines' llama.cpp run."""
     counts = sorted(set(counts) | {1})
     skipped, engines = {}, {"ours": {}}
     reason = unavailable_reason(gguf_path())
@@ -95,14 +97,14 @@ def run_threads(counts, repeats: int, prompt: str, max_tokens: int, lm, llamacpp
     start, t0 = cpu_seconds(), time.perf_counter()
     try:
         for s in servers.values():
-            llamacpp_chat(s, prompt, 8)                                    # warm-up: first-call costs
+            llamacpp_chat(s, 8, prompt)                                    # warm-up: first-call costs
         for w in workers.values():
             w.generate(ids, 8, eos)
         for _ in range(repeats):
             for t in counts:
                 runs.setdefault(("ours", t), []).append(ours(t, prompt, max_tokens))
                 if t in servers:
-                    runs.setdefault(("llama.cpp", t), []).append(llamacpp_chat(servers[t], prompt, max_tokens))
+                    runs.setdefault(("llama.cpp", t), []).append(llamacpp_chat(servers[t], max_tokens, prompt))
                 if t in workers:
                     runs.setdefault(("transformers", t), []).append(workers[t].generate(ids, max_tokens, eos))
     finally:
