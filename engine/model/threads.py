@@ -42,20 +42,28 @@ class ProductPool:
     chunks too. When the caller has taken the last chunk it waits for the helpers' unfinished chunks until
     PATIENCE times its own time per chunk has passed since the last of them began, then computes them itself:
     a helper that lost its core in mid-chunk (another process, the browser) costs a few chunks' time, not the
-    scheduler's time slice. Its late result is dropped. After such a take-over the helpers sit out the next `REST` products, so that on a
-    machine whose other core is busy the step runs at one thread's speed instead of paying for every miss.
-    One caller at a time (the engine thread); a second caller waits."""
+    scheduler's time slice. Its late result is dropped.
 
-    REST = 64                     # products run without helpers after a helper was late (~half a step)
+    Whether sharing pays is measured as it runs (`adaptive`): per product shape (its number of chunks), an
+    average of the wall time with the helpers and one of the caller alone; a product runs the faster way,
+    and one in EXPLORE the other way, so that both averages follow the machine. On a machine whose other
+    core is busy, a helper preempted while it holds the GIL stalls the caller for a time slice, which no
+    chunk's lateness shows: the averages do, and the products then run on the caller alone. Small products,
+    which a helper reaches too late to share, go alone on a quiet machine too.
+    One caller at a time (the engine thread); a second caller waits.
+    """
+
     PATIENCE = 3.0                # a helper's chunk may take this many of the caller's chunk times
     MIN_PATIENCE_S = 50e-6
+    EXPLORE = 16                  # one product of a shape in this many runs the way its averages do not prefer
+    AVERAGING = 0.1               # weight of the newest run in a shape's averages
 
     def __init__(self, threads: int = 1):
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.threads = threads
         self.late = 0                # take-overs so far (a figure for benchmarks)
-        self._resting = 0
+        self.timings: dict[int, list] = {}   # chunks -> [runs, mean s alone, mean s shared]
         self._job = None
         self._closed = False
         self._caller = threading.Lock()
@@ -76,10 +84,20 @@ class ProductPool:
             if job is not None:
                 _drain(job)
 
-    def run(self, tasks: list) -> list:
-        if not self._wakes or len(tasks) < 2 or self._resting:
-            self._resting = max(0, self._resting - 1)
+    def run(self, tasks: list, adaptive: bool = True) -> list:
+        if not self._wakes or len(tasks) < 2:
             return [task() for task in tasks]
+        if not adaptive:
+            return self._shared(tasks)
+        timing = self.timings.setdefault(len(tasks), [0, None, None])
+        shared = share_next(timing, self.EXPLORE)
+        t = time.perf_counter()
+        results = self._shared(tasks) if shared else [task() for task in tasks]
+        seconds, i = time.perf_counter() - t, 2 if shared else 1
+        timing[i] = seconds if timing[i] is None else timing[i] + self.AVERAGING * (seconds - timing[i])
+        return results
+
+    def _shared(self, tasks: list) -> list:
         with self._caller:
             n = len(tasks)
             done = _thread.allocate_lock()
@@ -96,7 +114,6 @@ class ProductPool:
                     deadline = max(job[5]) + max(self.MIN_PATIENCE_S, self.PATIENCE * per_chunk)
                     if not done.acquire(timeout=max(0.0, deadline - time.perf_counter())):
                         self.late += 1
-                        self._resting = self.REST
             finally:
                 self._job = None
             results = job[4]
@@ -110,6 +127,18 @@ class ProductPool:
         for wake in self._wakes:
             if wake.locked():
                 wake.release()
+
+
+def share_next(timing: list, explore: int) -> bool:
+    """Whether a product of one shape runs shared next: [runs so far, mean s alone, mean s shared] (updated:
+    the run is counted). The first run goes alone and the second shared, so both means exist; then the
+    faster way, and every `explore`-th run the other."""
+    timing[0] += 1
+    runs, alone, shared = timing
+    if alone is None or shared is None:
+        return alone is not None
+    faster = shared < alone
+    return faster != (runs % explore == 0)
 
 
 def _drain(job, caller: bool = False) -> int:
@@ -193,4 +222,4 @@ def read_chunked(arrays, pool: ProductPool) -> None:
     for v in arrays:
         edges = chunk_edges(len(v), v.itemsize, 1024, pool.threads)
         tasks += [lambda c=v[a:b]: np.dot(c, c) for a, b in zip(edges, edges[1:])]
-    pool.run(tasks)
+    pool.run(tasks, adaptive=False)

@@ -47,7 +47,7 @@ def test_helpers_take_chunks():
             helper_ran.set()
         return i, threading.get_ident() == caller
     try:
-        results = pool.run([lambda i=i: task(i) for i in range(8)])
+        results = pool.run([lambda i=i: task(i) for i in range(8)], adaptive=False)
     finally:
         pool.close()
     assert [i for i, _ in results] == list(range(8))
@@ -56,8 +56,8 @@ def test_helpers_take_chunks():
 
 def test_a_helper_that_stalls_is_taken_over_and_its_late_result_dropped():
     """A helper stuck in its chunk (here: held on an event, as a preempted thread is held by the scheduler) costs
-    the caller its patience, not the helper's delay: the caller computes the chunk itself, the helpers rest for
-    the next products, and the stuck chunk's result, when it comes, goes nowhere."""
+    the caller its patience, not the helper's delay: the caller computes the chunk itself, and the stuck chunk's
+    result, when it comes, goes nowhere."""
     pool = T.ProductPool(2)
     stuck, release, caller = threading.Event(), threading.Event(), threading.get_ident()
 
@@ -70,10 +70,9 @@ def test_a_helper_that_stalls_is_taken_over_and_its_late_result_dropped():
             assert stuck.wait(WAIT_S), "no helper thread took a chunk"
         return i
     try:
-        results = pool.run([lambda i=i: task(i) for i in range(6)])
+        results = pool.run([lambda i=i: task(i) for i in range(6)], adaptive=False)
         assert results == list(range(6))
         assert pool.late == 1
-        assert pool.run([lambda: threading.get_ident()] * 4) == [caller] * 4      # resting: the caller alone
     finally:
         release.set()
         pool.close()
@@ -85,9 +84,36 @@ def test_an_error_in_a_chunk_reaches_the_caller():
     def boom():
         raise ZeroDivisionError("chunk")
     try:
-        with pytest.raises(ZeroDivisionError):
-            pool.run([lambda: 1, boom, lambda: 3, lambda: 4])
+        for adaptive in (False, True):
+            with pytest.raises(ZeroDivisionError):
+                pool.run([lambda: 1, boom, lambda: 3, lambda: 4], adaptive=adaptive)
         assert pool.run([lambda: 1, lambda: 2]) == [1, 2]
+    finally:
+        pool.close()
+
+
+def test_each_product_shape_runs_the_way_measured_faster_and_sometimes_the_other():
+    """First alone, then shared, then the faster of the two means, and one run in EXPLORE the other way."""
+    timing = [0, None, None]
+    assert T.share_next(timing, 4) is False                         # the run then sets the alone mean
+    timing[1] = 0.002
+    assert T.share_next(timing, 4) is True
+    timing[2] = 0.001                                               # shared faster
+    assert [T.share_next(timing, 4) for _ in range(6)] == [True, False, True, True, True, False]
+    timing[1:] = [0.001, 0.002]                                     # alone faster
+    assert [T.share_next(timing, 4) for _ in range(4)] == [False, False, False, True]
+
+
+def test_a_shape_measured_slower_shared_runs_on_the_caller_alone():
+    """A busy machine, where sharing costs more than it gives: the averages say so and the caller works alone
+    (but for the runs that keep measuring the other way)."""
+    pool = T.ProductPool(2)
+    caller = threading.get_ident()
+    try:
+        pool.timings[4] = [1, 0.001, 0.050]
+        ran = [pool.run([lambda: threading.get_ident()] * 4) for _ in range(pool.EXPLORE - 2)]
+        assert all(r == [caller] * 4 for r in ran)
+        assert pool.timings[4][1] != 0.001 and pool.timings[4][2] == 0.050    # the alone mean follows
     finally:
         pool.close()
 
