@@ -126,8 +126,8 @@ def run_threads(counts, repeats: int, prompt: str, max_tokens: int, lm, llamacpp
 
 def markdown(r: dict) -> list[str]:
     counts, tps = r["counts"], r["tokens_per_s"]
-    lines = ["", f"At equal threads (engine/model/threads.py for ours; `bench engines --threads {max(counts)}`): decode "
-             f"tokens/s, medians of {r['repeats']} interleaved runs, chat, greedy. Other processes kept "
+    lines = ["", f"At equal threads (engine/model/threads.py for ours; `bench engines --threads {max(counts)}`): "
+             f"decode tokens/s, medians of {r['repeats']} interleaved runs, chat, greedy. Other processes kept "
              f"{r['others_cores']:.2f} cores busy meanwhile (load average {r['loadavg']:.1f}): on 2 cores, 2-thread "
              "figures mean little unless that is near 0.", "",
              "| engine | " + " | ".join(f"{t} thread{'s' * (t > 1)}" for t in counts) + " | ours / it at "

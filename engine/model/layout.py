@@ -82,7 +82,8 @@ class PanelWeight:
             np.matmul(x, self.panels, out=view)
             return out
         edges = chunk_edges(num_panels, self.panels[0].nbytes, 1, pool.threads)   # runs of whole panels
-        parts = pool.run([lambda a=a, b=b: np.matmul(x, self.panels[a:b]) for a, b in zip(edges, edges[1:])])
+        parts = pool.run([lambda a=a, b=b: np.matmul(x, self.panels[a:b]) for a, b in zip(edges, edges[1:])],
+                         rows=n)
         np.concatenate(parts, out=view)
         return out
 
@@ -128,7 +129,7 @@ class OutInWeight:
         edges = self.edges(pool)
         many = n > FEW_ROWS                          # one GEMM per chunk of output columns
         parts = pool.run([(lambda a=a, b=b: np.dot(x, t[a:b].T)) if many else (lambda a=a, b=b: self.columns(x, a, b))
-                          for a, b in zip(edges, edges[1:])])
+                          for a, b in zip(edges, edges[1:])], rows=n)
         return np.concatenate(parts, axis=1)
 
     def columns(self, x, start: int, stop: int):  # [n, C] -> x @ W[:, start:stop], a few rows

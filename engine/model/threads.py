@@ -44,7 +44,7 @@ class ProductPool:
     a helper that lost its core in mid-chunk (another process, the browser) costs a few chunks' time, not the
     scheduler's time slice. Its late result is dropped.
 
-    Whether sharing pays is measured as it runs (`adaptive`): per product shape (its number of chunks), an
+    Whether sharing pays is measured as it runs (`adaptive`): per product shape (its chunks and rows), an
     average of the wall time with the helpers and one of the caller alone; a product runs the faster way,
     and one in EXPLORE the other way, so that both averages follow the machine. On a machine whose other
     core is busy, a helper preempted while it holds the GIL stalls the caller for a time slice, which no
@@ -63,7 +63,7 @@ class ProductPool:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.threads = threads
         self.late = 0                # take-overs so far (a figure for benchmarks)
-        self.timings: dict[int, list] = {}   # chunks -> [runs, mean s alone, mean s shared]
+        self.timings: dict[tuple, list] = {}   # (chunks, rows) -> [runs, mean s alone, mean s shared]
         self._job = None
         self._closed = False
         self._caller = threading.Lock()
@@ -84,12 +84,13 @@ class ProductPool:
             if job is not None:
                 _drain(job)
 
-    def run(self, tasks: list, adaptive: bool = True) -> list:
+    def run(self, tasks: list, adaptive: bool = True, rows: int = 1) -> list:
+        """`rows`: of the product (a verification's few rows cost otherwise than one row of the same weight)."""
         if not self._wakes or len(tasks) < 2:
             return [task() for task in tasks]
         if not adaptive:
             return self._shared(tasks)
-        timing = self.timings.setdefault(len(tasks), [0, None, None])
+        timing = self.timings.setdefault((len(tasks), rows), [0, None, None])
         shared = share_next(timing, self.EXPLORE)
         t = time.perf_counter()
         results = self._shared(tasks) if shared else [task() for task in tasks]

@@ -110,10 +110,10 @@ def test_a_shape_measured_slower_shared_runs_on_the_caller_alone():
     pool = T.ProductPool(2)
     caller = threading.get_ident()
     try:
-        pool.timings[4] = [1, 0.001, 0.050]
+        pool.timings[4, 1] = [1, 0.001, 0.050]
         ran = [pool.run([lambda: threading.get_ident()] * 4) for _ in range(pool.EXPLORE - 2)]
         assert all(r == [caller] * 4 for r in ran)
-        assert pool.timings[4][1] != 0.001 and pool.timings[4][2] == 0.050    # the alone mean follows
+        assert pool.timings[4, 1][1] != 0.001 and pool.timings[4, 1][2] == 0.050    # the alone mean follows
     finally:
         pool.close()
 
