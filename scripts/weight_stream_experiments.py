@@ -23,7 +23,8 @@
   and as two (the engine's), against the bare read, in a process per OpenBLAS kernel set (OPENBLAS_CORETYPE:
   numpy's OpenBLAS picks one for the CPU at start-up; the variable makes it use another), alternated.
 - pool (issue 33): one pass of one-row products over SmolLM2's shapes (both layouts), on 1 thread and on 2:
-  engine/model/threads.py's pool at several chunk sizes (CHUNK_BYTES; 0: one chunk per thread), and OpenBLAS's
+  engine/model/threads.py's pool sharing every product at several chunk sizes (CHUNK_BYTES; one chunk per
+  thread), and each shape the way its running averages found faster (as served), and OpenBLAS's
   own threads (openblas_set_num_threads, [out, in] only: it does not thread the panels' small GEMMs), with the
   bare read on 1 and 2 threads, and the CPU other processes used meanwhile.
 Figures are per-thread CPU time (time.thread_time) for `layouts`, `bytes`, `panels` and `coretypes` (min / median ms),
@@ -275,17 +276,19 @@ def pool(repeats: int) -> None:
     x = [rng.standard_normal(s[0], dtype=np.float32) for s in SHAPES]
     layouts = {"out_in": [OutInWeight(a) for a in w], "panels": [PanelWeight(a) for a in w]}
     flat = [a.reshape(-1) for a in w]
-    chunk_sizes = (1 << 20, 4 << 20, 1 << 40)            # 1 MB, 4 MB, one chunk per thread
+    chunk_sizes = (1 << 20, 4 << 20, 16 << 20, 1 << 40)  # 1, 4, 16 MB, one chunk per thread
     default = T.CHUNK_BYTES
 
     def products(weights):
         return lambda: [T.vec_product(xi, lw) for lw, xi in zip(weights, x)]
 
-    def with_pool(threads_, chunk, fn):
+    def with_pool(threads_, chunk, fn, share=True):
         def go():
             T.CHUNK_BYTES = chunk
-            with T.using_threads(threads_):
+            with T.using_threads(threads_) as p:
+                p.share = share if threads_ > 1 else None
                 fn()
+                p.share = None
             T.CHUNK_BYTES = default
         return go
 
@@ -303,6 +306,7 @@ def pool(repeats: int) -> None:
         for chunk in chunk_sizes:
             label = "a chunk per thread" if chunk > 1 << 30 else f"{chunk >> 20} MB chunks"
             fns[f"{name}: pool of 2, {label}"] = with_pool(2, chunk, products(weights))
+        fns[f"{name}: pool of 2, each shape as measured faster"] = with_pool(2, default, products(weights), None)
         if name == "out_in":
             fns[f"{name}: OpenBLAS 2 threads"] = openblas2(products(weights))
     with open("/proc/stat") as f:

@@ -78,14 +78,19 @@ class PanelWeight:
             return self.rows(np.concatenate([x, np.zeros((padded - n, x.shape[1]), x.dtype)]), pool)[:n]
         out = np.empty((n, self.shape[1]), np.result_type(x, self.panels))
         view = out.reshape(n, num_panels, -1).transpose(1, 0, 2)                   # [P, n, b]
-        if pool is None:
+
+        def whole():
             np.matmul(x, self.panels, out=view)
             return out
-        edges = chunk_edges(num_panels, self.panels[0].nbytes, 1, pool.threads)   # runs of whole panels
-        parts = pool.run([lambda a=a, b=b: np.matmul(x, self.panels[a:b]) for a, b in zip(edges, edges[1:])],
-                         rows=n)
-        np.concatenate(parts, out=view)
-        return out
+
+        def chunks():
+            edges = chunk_edges(num_panels, self.panels[0].nbytes, 1, pool.threads)   # runs of whole panels
+            return [lambda a=a, b=b: np.matmul(x, self.panels[a:b]) for a, b in zip(edges, edges[1:])]
+
+        def assemble(parts):
+            np.concatenate(parts, out=view)
+            return out
+        return whole() if pool is None else pool.product(whole, chunks, assemble, (self.shape, n))
 
     def to_array(self):  # -> [C, D]
         return self.panels.transpose(1, 0, 2).reshape(self.shape)
@@ -113,24 +118,26 @@ class OutInWeight:
         return self.t.nbytes
 
     def vec(self, x, pool=None):  # [C] -> [D]
+        t = self.t
         if pool is None:
-            return np.dot(self.t, x)
-        t, edges = self.t, self.edges(pool)
-        return np.concatenate(pool.run([lambda a=a, b=b: np.dot(t[a:b], x) for a, b in zip(edges, edges[1:])]))
+            return np.dot(t, x)
+        return pool.product(lambda: np.dot(t, x), lambda: [lambda a=a, b=b: np.dot(t[a:b], x) for a, b in
+                                                           self.edges(pool)], np.concatenate, (self.shape, 1))
 
     def rows(self, x, pool=None):  # [n, C] -> [n, D]
         n, t = x.shape[0], self.t
         if n == 1:
             return self.vec(x[0], pool)[None]
-        if n > FEW_ROWS and pool is None:
-            return np.dot(x, t.T)
-        if pool is None:
-            return self.columns(x, 0, self.shape[1])
-        edges = self.edges(pool)
-        many = n > FEW_ROWS                          # one GEMM per chunk of output columns
-        parts = pool.run([(lambda a=a, b=b: np.dot(x, t[a:b].T)) if many else (lambda a=a, b=b: self.columns(x, a, b))
-                          for a, b in zip(edges, edges[1:])], rows=n)
-        return np.concatenate(parts, axis=1)
+        many = n > FEW_ROWS                          # one GEMM; in chunks, one per chunk of output columns
+
+        def whole():
+            return np.dot(x, t.T) if many else self.columns(x, 0, self.shape[1])
+
+        def chunks():
+            return [(lambda a=a, b=b: np.dot(x, t[a:b].T)) if many else (lambda a=a, b=b: self.columns(x, a, b))
+                    for a, b in self.edges(pool)]
+        return whole() if pool is None else pool.product(whole, chunks, lambda parts: np.concatenate(parts, axis=1),
+                                                         (self.shape, n))
 
     def columns(self, x, start: int, stop: int):  # [n, C] -> x @ W[:, start:stop], a few rows
         out = np.empty((x.shape[0], stop - start), np.result_type(x, self.t))
@@ -141,8 +148,9 @@ class OutInWeight:
                 np.dot(block, x[j], out=out[j, a - start:a - start + len(block)])
         return out
 
-    def edges(self, pool) -> list[int]:  # chunk edges over the output rows, on `block_rows` boundaries
-        return chunk_edges(self.shape[1], self.t[0].nbytes, self.block_rows, pool.threads)
+    def edges(self, pool) -> list[tuple[int, int]]:  # chunks of the output rows, edges on `block_rows` boundaries
+        e = chunk_edges(self.shape[1], self.t[0].nbytes, self.block_rows, pool.threads)
+        return list(zip(e, e[1:]))
 
     def to_array(self):  # -> [C, D]
         return self.t.T

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-CHUNK_BYTES = 1 << 20          # of weights per chunk: ~40 us of streaming, a few us of Python per chunk
+CHUNK_BYTES = 4 << 20          # of weights per chunk (~0.2 ms of streaming): 1 MB chunks ran slower (benchmarks.md)
 
 
 class ProductPool:
@@ -44,8 +44,8 @@ class ProductPool:
     a helper that lost its core in mid-chunk (another process, the browser) costs a few chunks' time, not the
     scheduler's time slice. Its late result is dropped.
 
-    Whether sharing pays is measured as it runs (`adaptive`): per product shape (its chunks and rows), an
-    average of the wall time with the helpers and one of the caller alone; a product runs the faster way,
+    Whether sharing pays is measured as it runs (`product`): per product shape (the weight's and the rows), an
+    average of the wall time shared and one of the caller alone in one call; a product runs the faster way,
     and one in EXPLORE the other way, so that both averages follow the machine. On a machine whose other
     core is busy, a helper preempted while it holds the GIL stalls the caller for a time slice, which no
     chunk's lateness shows: the averages do, and the products then run on the caller alone. Small products,
@@ -63,7 +63,8 @@ class ProductPool:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.threads = threads
         self.late = 0                # take-overs so far (a figure for benchmarks)
-        self.timings: dict[tuple, list] = {}   # (chunks, rows) -> [runs, mean s alone, mean s shared]
+        self.timings: dict = {}      # product shape -> [runs, mean s alone, mean s shared]
+        self.share: bool | None = None   # None: as measured; True / False: always / never (tests, experiments)
         self._job = None
         self._closed = False
         self._caller = threading.Lock()
@@ -84,19 +85,26 @@ class ProductPool:
             if job is not None:
                 _drain(job)
 
-    def run(self, tasks: list, adaptive: bool = True, rows: int = 1) -> list:
-        """`rows`: of the product (a verification's few rows cost otherwise than one row of the same weight)."""
+    def run(self, tasks: list) -> list:
+        """Every task once, shared with the helpers; their results in order."""
         if not self._wakes or len(tasks) < 2:
             return [task() for task in tasks]
-        if not adaptive:
-            return self._shared(tasks)
-        timing = self.timings.setdefault((len(tasks), rows), [0, None, None])
+        return self._shared(tasks)
+
+    def product(self, whole, chunks, assemble, shape):
+        """A product the faster way for its `shape` (a hashable: the weight's shape and the rows): `whole()` in
+        one call on the caller alone, or `assemble(run(chunks()))` shared. Both give the same floats."""
+        if not self._wakes or self.share is False:
+            return whole()
+        if self.share:
+            return assemble(self.run(chunks()))
+        timing = self.timings.setdefault(shape, [0, None, None])
         shared = share_next(timing, self.EXPLORE)
         t = time.perf_counter()
-        results = self._shared(tasks) if shared else [task() for task in tasks]
+        out = assemble(self.run(chunks())) if shared else whole()
         seconds, i = time.perf_counter() - t, 2 if shared else 1
         timing[i] = seconds if timing[i] is None else timing[i] + self.AVERAGING * (seconds - timing[i])
-        return results
+        return out
 
     def _shared(self, tasks: list) -> list:
         with self._caller:
@@ -223,4 +231,4 @@ def read_chunked(arrays, pool: ProductPool) -> None:
     for v in arrays:
         edges = chunk_edges(len(v), v.itemsize, 1024, pool.threads)
         tasks += [lambda c=v[a:b]: np.dot(c, c) for a, b in zip(edges, edges[1:])]
-    pool.run(tasks, adaptive=False)
+    pool.run(tasks)

@@ -18,7 +18,17 @@ WAIT_S = 10.0      # the most a test waits for a helper thread to be scheduled (
 def restore_threads():
     before = T.threads()
     yield
+    for threads in (2, 3):
+        T.set_threads(threads).share = None
     T.set_threads(before)
+
+
+def sharing(threads: int) -> T.ProductPool:
+    """The process's pool of `threads`, sharing every product (not only those measured faster shared): the
+    chunked products are the ones whose floats the tests compare."""
+    pool = T.set_threads(threads)
+    pool.share = True if threads > 1 else None
+    return pool
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -47,7 +57,7 @@ def test_helpers_take_chunks():
             helper_ran.set()
         return i, threading.get_ident() == caller
     try:
-        results = pool.run([lambda i=i: task(i) for i in range(8)], adaptive=False)
+        results = pool.run([lambda i=i: task(i) for i in range(8)])
     finally:
         pool.close()
     assert [i for i, _ in results] == list(range(8))
@@ -70,7 +80,7 @@ def test_a_helper_that_stalls_is_taken_over_and_its_late_result_dropped():
             assert stuck.wait(WAIT_S), "no helper thread took a chunk"
         return i
     try:
-        results = pool.run([lambda i=i: task(i) for i in range(6)], adaptive=False)
+        results = pool.run([lambda i=i: task(i) for i in range(6)])
         assert results == list(range(6))
         assert pool.late == 1
     finally:
@@ -84,9 +94,11 @@ def test_an_error_in_a_chunk_reaches_the_caller():
     def boom():
         raise ZeroDivisionError("chunk")
     try:
-        for adaptive in (False, True):
+        with pytest.raises(ZeroDivisionError):
+            pool.run([lambda: 1, boom, lambda: 3, lambda: 4])
+        for _ in range(3):         # alone, shared, then the faster: each raises
             with pytest.raises(ZeroDivisionError):
-                pool.run([lambda: 1, boom, lambda: 3, lambda: 4], adaptive=adaptive)
+                pool.product(boom, lambda: [lambda: 1, boom], list, "shape")
         assert pool.run([lambda: 1, lambda: 2]) == [1, 2]
     finally:
         pool.close()
@@ -108,12 +120,12 @@ def test_a_shape_measured_slower_shared_runs_on_the_caller_alone():
     """A busy machine, where sharing costs more than it gives: the averages say so and the caller works alone
     (but for the runs that keep measuring the other way)."""
     pool = T.ProductPool(2)
-    caller = threading.get_ident()
     try:
-        pool.timings[4, 1] = [1, 0.001, 0.050]
-        ran = [pool.run([lambda: threading.get_ident()] * 4) for _ in range(pool.EXPLORE - 2)]
-        assert all(r == [caller] * 4 for r in ran)
-        assert pool.timings[4, 1][1] != 0.001 and pool.timings[4, 1][2] == 0.050    # the alone mean follows
+        pool.timings["shape"] = [1, 0.001, 0.050]
+        ran = [pool.product(lambda: "alone", lambda: [lambda: 1, lambda: 2], list, "shape")
+               for _ in range(pool.EXPLORE - 2)]
+        assert ran == ["alone"] * (pool.EXPLORE - 2)
+        assert pool.timings["shape"][1] != 0.001 and pool.timings["shape"][2] == 0.050    # the alone mean follows
     finally:
         pool.close()
 
@@ -128,7 +140,7 @@ def test_products_are_the_same_floats_at_every_thread_count(layout, restore_thre
         T.set_threads(1)
         one = [T.vec_product(x[0], lw)] + [T.rows_product(x[:n], lw) for n in (1, 2, 3, 5, FEW_ROWS, 24)]
         for threads in (2, 3):
-            T.set_threads(threads)
+            sharing(threads)
             many = [T.vec_product(x[0], lw)] + [T.rows_product(x[:n], lw) for n in (1, 2, 3, 5, FEW_ROWS, 24)]
             for a, b in zip(one, many):
                 assert np.array_equal(a, b)
@@ -143,7 +155,7 @@ def test_greedy_decoding_is_identical_at_every_thread_count(make_model, layout, 
     prompt = np.random.default_rng(6).integers(0, plain.cfg.vocab_size, 20)
     runs = {}
     for threads in (1, 2, 3):
-        T.set_threads(threads)
+        sharing(threads)
         mgr = KVCacheManager(model.cfg, num_blocks=8, block_size=8)
         seq = mgr.new_sequence()
         tokens = list(prompt)

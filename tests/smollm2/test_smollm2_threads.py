@@ -13,6 +13,8 @@ def restore_threads():
     before = T.threads()
     yield
     C.request_threads(None)
+    for threads in (2, 3):
+        T.set_threads(threads).share = None
     T.set_threads(before)
 
 
@@ -20,7 +22,7 @@ def restore_threads():
 def test_greedy_output_is_identical_at_every_thread_count(run_session, method, restore_threads):
     runs = {}
     for threads in (1, 2, 3):
-        T.set_threads(threads)
+        T.set_threads(threads).share = True if threads > 1 else None      # every product in chunks
         summary, tokens = run_session(PROMPT, chat=True, method=method, num_speculative_tokens=3, max_tokens=32)
         runs[threads] = (summary["text"], [t.id for t in tokens])
     assert runs[2] == runs[1] and runs[3] == runs[1]
