@@ -25,7 +25,7 @@ DECODING_PLAYGROUND_VLLM_VENV ?= $(DECODING_PLAYGROUND_CACHE)/vllm/venv
 export DECODING_PLAYGROUND_VLLM_VENV
 VLLM_STAMP := $(DECODING_PLAYGROUND_VLLM_VENV)/.installed-$(shell sha1sum < $(VLLM_REQUIREMENTS) | cut -c1-12)
 
-.PHONY: setup browser fetch vllm run test docker-check screenshot clean
+.PHONY: setup browser fetch vllm run test docker-check screenshot clean transformers
 
 setup: $(VENV)/.stamp node_modules/.stamp
 
@@ -127,6 +127,16 @@ docker-check: setup fetch
 	podman info >/dev/null 2>&1 || skip "podman does not work here: $$(podman info 2>&1 | tail -1)"; \
 	OPENBLAS_NUM_THREADS=1 $(VENV_PYTHON) scripts/docker_check.py --cache-dir "$(DOCKER_CHECK_CACHE)" \
 		--smollm2-dir "$(DECODING_PLAYGROUND_CACHE)/models/smollm2-135m"
+
+# Hugging Face transformers for `bench engines` only (its thread race): torch's CPU build and transformers in a
+# virtual environment of their own under the cache, never the project's (cli/bench/engine_threads.py).
+TRANSFORMERS_VENV := $(DECODING_PLAYGROUND_CACHE)/transformers/venv
+transformers: $(TRANSFORMERS_VENV)/.stamp
+
+$(TRANSFORMERS_VENV)/.stamp: requirements/transformers-bench.txt
+	$(PYTHON) -m venv $(TRANSFORMERS_VENV)
+	$(TRANSFORMERS_VENV)/bin/pip install --disable-pip-version-check -r requirements/transformers-bench.txt
+	touch $@
 
 # README's picture: the page mid-run from a real server, in Debian's Chromium (docs/screenshot.png).
 screenshot: setup browser

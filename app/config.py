@@ -15,6 +15,7 @@ built by `decoding-playground serve` from its options:
 | DECODING_PLAYGROUND_TOKEN | `--token` | none (workshop mode off) |
 | DECODING_PLAYGROUND_MAX_NUM_BATCHED_TOKENS | `--max-num-batched-tokens` | the engine's (engine/serving/scheduler.py); 0: no chunked prefill |
 | DECODING_PLAYGROUND_FRAME_ANCESTORS | `--frame-ancestors` | `*` (who may frame `/embed`) |
+| DECODING_PLAYGROUND_THREADS | `--threads` | measured when SmolLM2 loads (engine/model/threads.py) |
 | DECODING_PLAYGROUND_DEMO | – | `auto`: the page opens on SmolLM2 + chat + EAGLE when fetched; `character`: our models |
 | DECODING_PLAYGROUND_VLLM (1/0) | `--vllm` / `--no-vllm` | off: start vLLM servers on the fetched SmolLM2 (app/ws/vllm.py) |
 | DECODING_PLAYGROUND_VLLM_VENV | – | `make vllm`'s: $DECODING_PLAYGROUND_CACHE/vllm/venv |
@@ -161,6 +162,7 @@ class AppConfig:
     vllm_variants: tuple[str, ...] = ("plain", "ngram", "eagle")
     vllm_port: int | None = None          # the first vLLM server's loopback port (the next ones' follow)
     vllm_compile: bool = False            # torch.compile: decode ~25% faster, start-up ~2.4x longer (docs)
+    threads: int | None = None            # weight-product threads of models that stream from memory; None: measured
 
     def __post_init__(self):
         object.__setattr__(self, "models_dir", Path(self.models_dir))
@@ -172,6 +174,8 @@ class AppConfig:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 0:
             raise ConfigError("max_num_batched_tokens", f"at least 0 (0: no chunked prefill), got "
                                                         f"{self.max_num_batched_tokens}")
+        if self.threads is not None and not 1 <= self.threads <= 256:
+            raise ConfigError("threads", f"1 to 256, got {self.threads}")
         if self.max_queue < 0:
             raise ConfigError("max_queue", f"at least 0, got {self.max_queue}")
         for name in ("idle_timeout_s", "messages_per_s"):
@@ -237,6 +241,7 @@ class EnvSettings(BaseSettings):
                                                                                   "frame_ancestors"))
     demo: str | None = None
     vllm: bool | None = None
+    threads: int | None = None
 
     _split_names = field_validator("allowed_origins", "allowed_hosts", mode="before")(_names)
 

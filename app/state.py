@@ -30,6 +30,7 @@ from engine.external.openai_stream import configured_engines
 from engine.kv.cache import PoolSnapshot
 from engine.model.checkpoint import CheckpointError
 from engine.model.fetched import LazyModel
+from engine.model.thread_choice import request_threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.serving.scheduler import MAX_NUM_BATCHED_TOKENS
 
@@ -103,6 +104,7 @@ class Playground:
                 self._loading.discard(lm.name)
 
     async def start(self) -> None:
+        request_threads(self.config.threads)     # applied when a model that streams from memory loads (logged)
         if self.registry is not None:
             self._loading = {m.name for m in self.registry.models.values()
                              if isinstance(m.model, LazyModel) and not m.model.loaded}
@@ -131,8 +133,9 @@ class Playground:
             self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics,
                                               MAX_NUM_BATCHED_TOKENS if budget is None else budget or None)
             self.engine_thread.start()
-            logger.info("engine thread started (BLAS threads: OPENBLAS_NUM_THREADS=%s)",
-                        os.environ.get("OPENBLAS_NUM_THREADS"))
+            logger.info("engine thread started (BLAS threads: OPENBLAS_NUM_THREADS=%s; weight-product threads: %s)",
+                        os.environ.get("OPENBLAS_NUM_THREADS"), self.config.threads or
+                        "measured when a model that streams from memory loads")
 
     async def stop(self) -> None:
         self._stopped.set()

@@ -5,6 +5,7 @@ import json
 import sys
 
 from engine.experiments.measure import check_distribution
+from engine.model.thread_choice import current_choice, request_threads
 from engine.serving.registry import MODELS_DIR, InferenceEngine, ModelRegistry
 from engine.serving.request_fit import fit_request
 from engine.serving.session import GenerationSession
@@ -34,6 +35,7 @@ def load_engine(models_dir) -> InferenceEngine:
 
 
 def cmd_generate(args) -> int:
+    request_threads(args.threads)
     engine = load_engine(args.models_dir)
     try:
         fit = fit_request(engine.registry, settings_from_args(args))     # the flags left out: the model's defaults
@@ -51,13 +53,17 @@ def cmd_generate(args) -> int:
     if last.type == "error":
         print(f"\nerror: {last.message}", file=sys.stderr)
         return 1
+    choice = current_choice()        # made only if the model streams its weights from memory (SmolLM2)
+    threads = {"threads": choice.threads, "threads_reason": choice.reason} if choice else {"threads": None}
     if args.json:
-        print(json.dumps(last.summary, indent=2))
+        print(json.dumps({**last.summary, **threads}, indent=2))
     else:
         s = last.summary
         extra = f", acceptance {s['acceptance_rate']:.2f}" if s["acceptance_rate"] is not None else ""
         print(f"\n\n[{s['num_output_tokens']} tokens, {s['tokens_per_s']:.0f} tok/s{extra}, "
               f"finish: {s['finish_reason']}]", file=sys.stderr)
+        if choice:
+            print(f"[threads: {choice.threads}: {choice.reason}]", file=sys.stderr)
     return 0
 
 
@@ -100,6 +106,8 @@ def add_parsers(sub) -> None:
     g.add_argument("--prompt", required=True)
     g.add_argument("--json", action="store_true", help="print the JSON summary (docs/protocol.md)")
     g.add_argument("--models-dir", default=None)
+    from cli.main import add_threads_argument
+    add_threads_argument(g)
     add_settings_arguments(g)
     g.set_defaults(func=cmd_generate)
 

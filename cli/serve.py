@@ -96,6 +96,9 @@ def add_parser(sub) -> None:
                    help="do not start llama.cpp's server on the fetched SmolLM2 GGUF (default: start it if it is there)")
     s.add_argument("--llamacpp-threads", type=_integer(1), default=1, metavar="N",
                    help="llama.cpp's threads (default 1)")
+    s.add_argument("-t", "--threads", type=_integer(1, 256), default=None, metavar="N",
+                   help="threads for the weight products of models that stream from memory (SmolLM2); our small "
+                        "models stay on one (default: measured when SmolLM2 loads, logged with why)")
     v = s.add_mutually_exclusive_group()
     v.add_argument("--vllm", action="store_true", default=None,
                    help="start vLLM servers on the fetched SmolLM2 (make vllm installs vLLM; about 3.6 GB each; "
@@ -118,7 +121,7 @@ OPTIONS = {"allowed_origins": "--allowed-origin", "allowed_hosts": "--allowed-ho
            "idle_timeout_s": "--idle-timeout", "token": "--token", "max_num_batched_tokens": "--max-num-batched-tokens",
            "embed_frame_ancestors": "--frame-ancestors", "openai_engines": "--openai-url",
            "llamacpp_threads": "--llamacpp-threads", "models_dir": "--models-dir", "vllm_threads": "--vllm-threads",
-           "vllm_variants": "--vllm-variants", "vllm_port": "--vllm-port"}
+           "vllm_variants": "--vllm-variants", "vllm_port": "--vllm-port", "threads": "--threads"}
 VARIABLES = {"idle_timeout_s": "IDLE_TIMEOUT", "embed_frame_ancestors": "FRAME_ANCESTORS"}
 
 
@@ -147,7 +150,7 @@ def server_config(args):
         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout, token=args.token,
         openai_engines=tuple(args.openai or ()), embedded_llamacpp=not args.no_llamacpp,
         llamacpp_threads=args.llamacpp_threads, max_num_batched_tokens=args.max_num_batched_tokens,
-        vllm=args.vllm, vllm_threads=args.vllm_threads, vllm_port=args.vllm_port, vllm_compile=args.vllm_compile,
+        threads=args.threads, vllm=args.vllm, vllm_threads=args.vllm_threads, vllm_port=args.vllm_port, vllm_compile=args.vllm_compile,
         vllm_variants=tuple(args.vllm_variants.split(",")) if args.vllm_variants else None)
     try:
         config = base.with_overrides(**overrides)

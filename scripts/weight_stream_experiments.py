@@ -6,6 +6,7 @@
     .venv/bin/python scripts/weight_stream_experiments.py panels [--repeats 11]
     .venv/bin/python scripts/weight_stream_experiments.py variance [--rounds 60]
     .venv/bin/python scripts/weight_stream_experiments.py coretypes [--rounds 2] [--repeats 7]
+    .venv/bin/python scripts/weight_stream_experiments.py pool [--repeats 9]
 
 - layouts: one pass of products over matrices of SmolLM2's shapes (random float32: timing does not depend
   on the values) for 1, 2, 3, 5 and 9 rows, per layout and call pattern, against a bare read of the bytes.
@@ -21,6 +22,11 @@
 - coretypes: the one-row pass as [out, in] `W @ x`, as [in, out] `x @ W`, over 64-column panels as one row
   and as two (the engine's), against the bare read, in a process per OpenBLAS kernel set (OPENBLAS_CORETYPE:
   numpy's OpenBLAS picks one for the CPU at start-up; the variable makes it use another), alternated.
+- pool (issue 33): one pass of one-row products over SmolLM2's shapes (both layouts), on 1 thread and on 2:
+  engine/model/threads.py's pool sharing every product at several chunk sizes (CHUNK_BYTES; one chunk per
+  thread), and each shape the way its running averages found faster (as served), and OpenBLAS's
+  own threads (openblas_set_num_threads, [out, in] only: it does not thread the panels' small GEMMs), with the
+  bare read on 1 and 2 threads, and the CPU other processes used meanwhile.
 Figures are per-thread CPU time (time.thread_time) for `layouts`, `bytes`, `panels` and `coretypes` (min / median ms),
 which leaves out the time other processes hold the core but not their use of the memory bus; wall time for
 `threads` and `variance`.
@@ -259,17 +265,74 @@ def coretypes(rounds: int, repeats: int) -> None:
             print(f"  {k:40s} {lo:7.1f} / {med:7.1f} ms")
 
 
+def pool(repeats: int) -> None:
+    import ctypes
+    import glob
+
+    from engine.model import threads as T
+    lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(np.__file__), "..", "numpy.libs", "libscipy_openblas*"))[0])
+    rng = np.random.default_rng(0)
+    w = [rng.standard_normal(s, dtype=np.float32) for s in SHAPES]
+    x = [rng.standard_normal(s[0], dtype=np.float32) for s in SHAPES]
+    layouts = {"out_in": [OutInWeight(a) for a in w], "panels": [PanelWeight(a) for a in w]}
+    flat = [a.reshape(-1) for a in w]
+    chunk_sizes = (1 << 20, 4 << 20, 16 << 20, 1 << 40)  # 1, 4, 16 MB, one chunk per thread
+    default = T.CHUNK_BYTES
+
+    def products(weights):
+        return lambda: [T.vec_product(xi, lw) for lw, xi in zip(weights, x)]
+
+    def with_pool(threads_, chunk, fn, share=True):
+        def go():
+            T.CHUNK_BYTES = chunk
+            with T.using_threads(threads_) as p:
+                p.share = share if threads_ > 1 else None
+                fn()
+                p.share = None
+            T.CHUNK_BYTES = default
+        return go
+
+    def openblas2(fn):
+        def go():
+            lib.scipy_openblas_set_num_threads64_(2)
+            fn()
+            lib.scipy_openblas_set_num_threads64_(1)
+        return go
+
+    fns = {"read, 1 thread": with_pool(1, default, lambda: T.read_chunked(flat, T.pool())),
+           "read, 2 threads (pool)": with_pool(2, default, lambda: T.read_chunked(flat, T.pool()))}
+    for name, weights in layouts.items():
+        fns[f"{name}: 1 thread"] = with_pool(1, default, products(weights))
+        for chunk in chunk_sizes:
+            label = "a chunk per thread" if chunk > 1 << 30 else f"{chunk >> 20} MB chunks"
+            fns[f"{name}: pool of 2, {label}"] = with_pool(2, chunk, products(weights))
+        fns[f"{name}: pool of 2, each shape as measured faster"] = with_pool(2, default, products(weights), None)
+        if name == "out_in":
+            fns[f"{name}: OpenBLAS 2 threads"] = openblas2(products(weights))
+    with open("/proc/stat") as f:
+        before = [int(v) for v in f.readline().split()[1:]]
+    own, t0 = os.times(), time.perf_counter()
+    timed(fns, repeats, clock=time.perf_counter)
+    with open("/proc/stat") as f:
+        after = [int(v) for v in f.readline().split()[1:]]
+    busy = (sum(after) - sum(before) - (after[3] + after[4] - before[3] - before[4])) / os.sysconf("SC_CLK_TCK")
+    mine = sum(os.times()[:2]) - sum(own[:2])
+    print(f"other processes: {(busy - mine) / (time.perf_counter() - t0):.2f} cores busy meanwhile; "
+          f"late helpers taken over: {T.set_threads(2).late}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["layouts", "bytes", "threads", "threads-child", "panels", "variance",
-                                      "coretypes", "coretypes-child"])
+                                      "coretypes", "coretypes-child", "pool"])
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
     {"layouts": lambda: layouts(a.repeats), "bytes": lambda: fewer_bytes(a.repeats),
      "threads": lambda: threads(a.rounds), "threads-child": threads_child,
      "panels": lambda: panel_widths(a.repeats), "variance": lambda: variance(a.rounds),
-     "coretypes": lambda: coretypes(a.rounds, a.repeats), "coretypes-child": lambda: coretypes_child(a.repeats)}[a.what]()
+     "coretypes": lambda: coretypes(a.rounds, a.repeats), "coretypes-child": lambda: coretypes_child(a.repeats),
+     "pool": lambda: pool(a.repeats)}[a.what]()
 
 
 if __name__ == "__main__":

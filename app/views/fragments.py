@@ -46,10 +46,12 @@ def model_line(info: str, model: dict, step_ms: float | None) -> str:
     floor = model.get("weights_stream_ms")
     if floor is None:
         return info
+    on = f" on {model['threads']} threads" if model.get("threads", 1) > 1 else ""
     if step_ms is None:
         gb_s = model["weight_bytes"] / floor / 1e6
-        return f"{info} · its {model['weight_bytes'] / 1e6:.0f} MB of weights stream in {floor:.1f} ms here ({gb_s:.0f} GB/s)"
-    return (f"{info} · decode {step_ms:.1f} ms, weights stream in {floor:.1f} ms: {floor / step_ms:.0%} of "
+        return (f"{info} · its {model['weight_bytes'] / 1e6:.0f} MB of weights stream in {floor:.1f} ms here{on} "
+                f"({gb_s:.0f} GB/s)")
+    return (f"{info} · decode {step_ms:.1f} ms, weights stream in {floor:.1f} ms{on}: {floor / step_ms:.0%} of "
             "this machine's memory bandwidth")
 
 

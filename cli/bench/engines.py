@@ -20,10 +20,12 @@ import time
 
 import numpy as np
 
+from cli.bench import engine_threads
 from engine.external.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
 from cli.bench.vllm_engines import chat_summary, run_vllm
 from cli.bench.vllm_engines import markdown as vllm_markdown
 from engine.model.fetched import fetched_models, is_fetched
+from engine.model.thread_choice import request_threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.serving.session import GenerationSession
 
@@ -70,17 +72,19 @@ def llamacpp(server: EmbeddedLlamaCpp, max_tokens: int, prompt: str = PROMPT) ->
             "engine_tokens_per_s": s["engine_tokens_per_s"]}
 
 
-def run_engines(repeats: int, max_tokens: int = MAX_TOKENS, with_vllm: bool = True) -> dict:
+def run_engines(repeats: int, max_tokens: int = MAX_TOKENS, threads: int = 2, llamacpp_threads: int = 1,
+                with_transformers: bool = True, with_vllm: bool = True) -> dict:
     if not is_fetched(NAME):
         raise SystemExit(f"bench engines: {NAME} is not fetched; run `decoding-playground fetch-model {NAME}`")
     reason = unavailable_reason(gguf_path())
     if reason:
         raise SystemExit(f"bench engines: llama.cpp cannot run: {reason}")
+    request_threads(1)          # this part: ours on one thread; engine_threads races 1 .. N
     registry = ModelRegistry(fetched_models())
     engine = InferenceEngine(registry, max_sessions=1)
     lm = registry.get(NAME)
-    server = EmbeddedLlamaCpp.start(gguf_path(), threads=1, parallel=1)
-    ngram_server = EmbeddedLlamaCpp.start(gguf_path(), threads=1, parallel=1, ngram=NGRAM)
+    server = EmbeddedLlamaCpp.start(gguf_path(), threads=llamacpp_threads, parallel=1)
+    ngram_server = EmbeddedLlamaCpp.start(gguf_path(), threads=llamacpp_threads, parallel=1, ngram=NGRAM)
     results: dict[str, list] = {"ours": [], "llamacpp": []}
     speculation: dict[str, list] = {"ours plain": [], "ours n-gram": [], "llama.cpp plain": [],
                                     "llama.cpp n-gram": []}
@@ -99,6 +103,7 @@ def run_engines(repeats: int, max_tokens: int = MAX_TOKENS, with_vllm: bool = Tr
         ngram_server.close()
     bytes_per_token = {"ours": lm.model.num_parameters * 4, "llamacpp": gguf_path().stat().st_size}
     r = {"date": dt.date.today().isoformat(), "repeats": repeats, "max_tokens": max_tokens, "threads": 1,
+         "llamacpp_threads": llamacpp_threads,
          "bandwidth_bytes_per_s": bandwidth, "engines": {}}
     for name, runs in results.items():
         tps = statistics.median(x["tokens_per_s"] for x in runs)
@@ -113,6 +118,9 @@ def run_engines(repeats: int, max_tokens: int = MAX_TOKENS, with_vllm: bool = Tr
     e = r["engines"]
     r["predicted_ratio"] = e["ours"]["bytes_per_token"] / e["llamacpp"]["bytes_per_token"]
     r["measured_ratio"] = e["llamacpp"]["tokens_per_s"] / e["ours"]["tokens_per_s"]
+    if threads > 1:
+        r["at_threads"] = engine_threads.run_threads(range(1, threads + 1), repeats, PROMPT, max_tokens, lm,
+                                                     llamacpp, with_transformers)
     if with_vllm:
         r["vllm"] = run_vllm(repeats, PROMPT, COPY_PROMPT, max_tokens)
     return r
@@ -140,13 +148,16 @@ def markdown(r: dict) -> str:
     for name in ("ours", "llama.cpp"):
         plain, ngram = sp[f"{name} plain"], sp[f"{name} n-gram"]
         lines.append(f"| {name} | {plain:.1f} | {ngram:.1f} | {ngram / plain:.2f}x |")
+    if "at_threads" in r:
+        lines += engine_threads.markdown(r["at_threads"])
     if "vllm" in r:
         lines += vllm_markdown(r["vllm"])
     return "\n".join(lines)
 
 
 def cmd_bench_engines(args) -> int:
-    r = run_engines(args.repeats, with_vllm=not args.no_vllm)
+    r = run_engines(args.repeats, threads=args.threads, llamacpp_threads=args.llamacpp_threads,
+                    with_transformers=not args.no_transformers, with_vllm=not args.no_vllm)
     print(json.dumps(r, indent=2) if args.json else markdown(r))
     if not args.no_write:
         from cli.bench.engine import DOCS, write_section
@@ -161,4 +172,10 @@ def add_parser(bsub) -> None:
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     b.add_argument("--no-vllm", action="store_true", help="leave vLLM out (it starts vLLM servers of about 3.6 GB each)")
+    b.add_argument("-t", "--threads", type=int, default=2, metavar="N",
+                   help="also race every engine at 1 .. N threads, interleaved (default 2; 1: leave it out)")
+    b.add_argument("--llamacpp-threads", type=int, default=1, metavar="N",
+                   help="llama.cpp's threads in the one-thread comparison and the n-gram part (default 1)")
+    b.add_argument("--no-transformers", action="store_true",
+                   help="leave Hugging Face transformers out of the thread race (it needs `make transformers`)")
     b.set_defaults(func=cmd_bench_engines)

@@ -28,7 +28,10 @@ import numpy as np
 
 from cli.bench.heads_vllm import compare as vllm_compare
 from cli.bench.heads_vllm import markdown as vllm_markdown
+from cli.bench import heads_threads
 from engine.experiments.shootout import SPEC_BENCH, h100_speedup
+from engine.model.thread_choice import request_threads
+from engine.model.threads import threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.serving.session import GenerationSession
 from engine.spec_decode.heads import HEADS_DIR
@@ -100,6 +103,11 @@ def measure(engine, prompts, max_tokens, repeats, cfgs) -> dict:
             plain[-1].append(generate(engine, p, max_tokens, method="none"))
             for name, s in cfgs:
                 spec[name][-1].append(generate(engine, p, max_tokens, **s))
+    return summarize(plain, spec, cfgs)
+
+
+def summarize(plain, spec, cfgs) -> dict:
+    """`measure`'s figures from its runs: per repeat, [(wall, summary, times) per prompt], plain and per config."""
     t1 = statistics.median(mean_ms(r, 1) for r in plain)
     rows = []
     for name, s in cfgs:
@@ -134,6 +142,7 @@ def measure(engine, prompts, max_tokens, repeats, cfgs) -> dict:
 
 def run(args) -> int:
     from engine.model.fetched import fetched_models
+    request_threads(args.threads)                 # the weight products' threads (the default: measured at load)
     reg = ModelRegistry(fetched_models())
     if NAME not in reg.models:
         raise SystemExit(f"{NAME} is not fetched: run `decoding-playground fetch-model {NAME}` (make fetch)")
@@ -144,7 +153,7 @@ def run(args) -> int:
     generate(engine, OPEN[0], 8, method="none")                                           # warm up
     sets = {"open questions": OPEN[:1] if args.quick else OPEN, "summaries": SUMMARIES[:1] if args.quick else SUMMARIES}
     out = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "model": NAME,
-           "max_tokens": args.max_tokens, "repeats": args.repeats, "sets": {}}
+           "max_tokens": args.max_tokens, "repeats": args.repeats, "threads": threads(), "sets": {}}
     for label, prompts in sets.items():
         cs = cfgs if label == "open questions" else [c for c in cfgs if c[1]["method"] == "eagle"]
         r = measure(engine, prompts, args.max_tokens, args.repeats, cs)
@@ -153,6 +162,11 @@ def run(args) -> int:
                                                   row["draft_calls_per_round"], context=256)
         out["sets"][label] = r
         print(markdown_set(label, r), flush=True)
+    if args.compare_threads and "eagle" in heads:
+        counts = sorted({1, max(2, threads())})
+        out["by_threads"] = heads_threads.compare(engine, sets["open questions"], args.max_tokens, args.repeats,
+                                                  counts, args.quick)
+        print("\n".join(heads_threads.markdown(out["by_threads"])), flush=True)
     held_out = np.array([i for r in out["sets"].values() for i in r.pop("plain_ids")])
     out["heads"] = {m: {"parameters": h.num_parameters, "vocab_subset": len(h.subset),
                         "coverage_held_out": float(np.isin(held_out, h.subset).mean())} for m, h in heads.items()}
@@ -166,6 +180,9 @@ def run(args) -> int:
         write_section("heads", markdown(out))
         (HEADS_DIR / NAME / "bench.json").write_text(json.dumps(out, indent=1))
         write_card(HEADS_DIR / NAME, out)
+        best = {t: heads_threads.best_row(r["rows"]) for t, r in out.get("by_threads", {}).items()}
+        best[out["threads"]] = heads_threads.best_row(out["sets"]["open questions"]["rows"])
+        heads_threads.record_defaults(HEADS_DIR / NAME, out["date"], best)
     return 0
 
 
@@ -186,6 +203,7 @@ def markdown_set(label, r) -> str:
 
 def markdown(out) -> str:
     lines = [f"Run {out['date']}: `decoding-playground bench heads` ({out['model']}, chat template, temperature 0, "
+             f"{out.get('threads', 1)} thread{'s' * (out.get('threads', 1) > 1)} for the weight products, "
              f"{out['max_tokens']} tokens, {out['repeats']} interleaved repeats; each run a fresh generation with an "
              "empty prefix cache, wall-clock; speed-ups of the decode phase and of the whole generation). Heads: " + ", ".join(f"{m} {h['parameters']:,} parameters + LM head rows of a "
                                                  f"{h['vocab_subset']:,}-token subset" for m, h in out["heads"].items()),
@@ -195,6 +213,8 @@ def markdown(out) -> str:
     lines += targets_lines(out["sets"])
     if "vllm" in out:
         lines += vllm_markdown(out["vllm"]) + [""]
+    if "by_threads" in out:
+        lines += heads_threads.markdown(out["by_threads"])
     lines += ["Spec-Bench (Vicuna-7B, A100) mean acceptance lengths for comparison: "
               + ", ".join(f"{m} {v}" for m, v in SPEC_BENCH.items()) + "."]
     return "\n".join(lines)
@@ -326,4 +346,9 @@ def add_parser(bsub) -> None:
     b.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     b.add_argument("--no-vllm", action="store_true",
                    help="leave out vLLM's acceptance with our EAGLE head (it starts a vLLM server: 3.6 GB)")
+    b.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="threads for the weight products (default: measured at load, as serve does)")
+    b.add_argument("--compare-threads", action="store_true",
+                   help="also sweep EAGLE's γ and threshold at 1 and N threads, interleaved (the demo's defaults "
+                        "per thread count)")
     b.set_defaults(func=run)

@@ -50,6 +50,9 @@ def add_parser(bench_subparsers) -> None:
     bp.add_argument("--quick", action="store_true", help="2 repeats, 120 tokens (a smoke run)")
     bp.add_argument("--json", action="store_true", help="print the results as JSON")
     bp.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    bp.add_argument("--model", default=None,
+                    help="the page on one fetched model (smollm2-135m) at 1 and --threads threads (cli/bench/page_threads.py)")
+    bp.add_argument("-t", "--threads", type=int, default=2, metavar="N", help="with --model: against 1 thread (default 2)")
     bp.set_defaults(func=run)
 
 
@@ -309,6 +312,15 @@ def markdown(r: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     max_tokens, repeats = (120, 2) if args.quick else (args.max_tokens, args.repeats)
+    if args.model:
+        from cli.bench import page_threads
+        args.max_tokens, args.repeats = max_tokens, repeats
+        r = page_threads.run_page_threads(args)
+        print(json.dumps(r, indent=2) if args.json else page_threads.markdown(r))
+        if not args.no_write and not args.quick:
+            from cli.bench.engine import write_section
+            write_section("page threads", page_threads.markdown(r))
+        return 0
     r = run_page(args.models_dir, max_tokens, repeats)
     if args.json:
         print(json.dumps(r, indent=2))

@@ -34,6 +34,7 @@ import time
 from contextlib import contextmanager
 
 from cli.bench.serve_report import main_markdown, ms, sweep_markdown
+from cli.bench.serve_threads import room_markdown, run_room
 from cli.bench.served import Server, common_arguments, get_json
 
 PROMPTS = ["def fibonacci(n):\n    ", "class Stack:\n    def __init__(self", "import os\nimport sys\n\ndef main(",
@@ -59,6 +60,10 @@ def add_parser(bench_subparsers) -> None:
     bp.add_argument("--sweep", action="store_true", help="γ in {none, 2, 4, 6} x concurrency in {1, 4, 16}")
     bp.add_argument("--engine", choices=("ours", "vllm"), default="ours",
                     help="vllm: our engine against vLLM at 1, 4 and 16 sessions through `serve --vllm`")
+    bp.add_argument("--model", default=None,
+                    help="the room on one model (e.g. smollm2-135m): 1, 4 and 16 sessions at 1 .. --threads threads")
+    bp.add_argument("-t", "--threads", type=int, default=2, metavar="N",
+                    help="with --model: a server per thread count 1 .. N, interleaved (default 2)")
     common_arguments(bp)
     bp.set_defaults(func=run)
 
@@ -339,6 +344,10 @@ def run(args) -> int:
         r = run_vllm_sweep(args)
         text = vllm_sweep_markdown(r)
         name = "serve vllm"
+    elif args.model:
+        r = run_room(args)
+        text = room_markdown(r)
+        name = "serve room"
     elif args.sweep:
         r = run_sweep(args)
         text = sweep_markdown(r)

@@ -28,11 +28,14 @@ import time
 import numpy as np
 
 from cli.bench.smollm2_profile import ModelWith, breakdown_markdown, step_breakdown
+from cli.bench.smollm2_threads import markdown as threads_markdown
+from cli.bench.smollm2_threads import run_threads
 from engine.kv.cache import KVCacheManager
 from engine.model.checkpoint import load_checkpoint
 from engine.model.fetched import cache_dir, fetched_models, is_fetched
 from engine.model.layout import LAYOUTS, PanelWeight, WeightStream, use_layout
 from engine.model.llama import Model, forward
+from engine.model.thread_choice import request_threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.serving.session import GenerationSession
 
@@ -164,10 +167,11 @@ def layout_figures(times: dict, med: dict, floor: float) -> dict:
     return layouts
 
 
-def run_smollm2(quick: bool = False, cache=None) -> dict:
+def run_smollm2(quick: bool = False, cache=None, threads: int = 2) -> dict:
     if not is_fetched(NAME, cache):
         raise SystemExit(f"bench smollm2: {NAME} is not in the cache {cache or cache_dir()}; "
                          f"run `decoding-playground fetch-model {NAME}` first")
+    request_threads(1)          # as before issue 33; the threads section compares 1 .. N
     registry = ModelRegistry(fetched_models(cache))
     engine = InferenceEngine(registry, max_sessions=2)
     t = time.perf_counter()
@@ -205,6 +209,7 @@ def run_smollm2(quick: bool = False, cache=None) -> dict:
     r["ngram_summary"] = ngram_vs_plain(engine, SUMMARY_PROMPT, repeats)
     r["ngram_question"] = ngram_vs_plain(engine, QUESTION_PROMPT, repeats)
     r["ngram_summary_speedup"] = r["ngram_summary"]["speedup"]
+    r["threads"] = run_threads(lm, tokens, range(1, threads + 1), 3 if quick else 9, 1 if quick else 3)
     met = {k: (r[k] <= v if k in AT_MOST else r[k] >= v) for k, v in TARGETS.items() if k in r}
     met["ngram_summary_speedup"] &= r["ngram_summary"]["identical_output"]     # faster *and* the same text
     r["targets"] = {k: {"target": TARGETS[k], "measured": r[k], "met": m} for k, m in met.items()}
@@ -266,7 +271,7 @@ def markdown(r: dict) -> str:
         used = " (used)" if name == r["layout"] else ""
         prefill = f"{d['prefill_tokens_per_s']:.0f}" if "prefill_tokens_per_s" in d else ""
         lines.append(f"| {LAYOUT_LABELS[name]}{used} | {cells} | {prefill} |")
-    return "\n".join(lines + breakdown_markdown(r["breakdown"]) + ngram_markdown(r))
+    return "\n".join(lines + breakdown_markdown(r["breakdown"]) + ngram_markdown(r) + threads_markdown(r["threads"]))
 
 
 def ngram_markdown(r: dict) -> list[str]:
@@ -290,7 +295,7 @@ def ngram_markdown(r: dict) -> list[str]:
 
 
 def cmd_bench_smollm2(args) -> int:
-    r = run_smollm2(args.quick, args.cache_dir)
+    r = run_smollm2(args.quick, args.cache_dir, args.threads)
     print(json.dumps(r, indent=2) if args.json else markdown(r))
     if not args.no_write and not args.quick:
         from cli.bench.engine import DOCS, write_section
@@ -305,4 +310,6 @@ def add_parser(bsub) -> None:
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     b.add_argument("--cache-dir", default=None, help="the fetch-model cache (default: $DECODING_PLAYGROUND_CACHE)")
+    b.add_argument("-t", "--threads", type=int, default=2, metavar="N",
+                   help="compare 1 .. N threads for the weight products (default 2); the rest runs on one")
     b.set_defaults(func=cmd_bench_smollm2)

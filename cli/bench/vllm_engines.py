@@ -1,7 +1,7 @@
 """`bench engines`' vLLM part: our numpy engine against vLLM (CPU build, float32) on the same SmolLM2 weights.
 
-Both as a served engine runs, warm: ours in a worker process per thread count (OPENBLAS_NUM_THREADS set
-before numpy loads: a process's BLAS threads are fixed then), one fresh session per generation as the page
+Both as a served engine runs, warm: ours in a worker process per thread count (`--threads`: the weight
+products' threads, engine/model/threads.py; BLAS stays at one), one fresh session per generation as the page
 starts one, vLLM a chat request to a server started for the thread count (VLLM_CPU_OMP_THREADS_BIND,
 OMP_NUM_THREADS); each side warmed up with a generation first. Decode
 speed is 1 / time per token after the first: our summary's TPOT, vLLM's chunk arrivals (its inter-token
@@ -28,12 +28,12 @@ NGRAM_SETTINGS = {"method": "ngram", "num_speculative_tokens": NGRAM["num_specul
 
 
 class Ours:
-    """Our engine in a process of its own with `threads` BLAS threads, SmolLM2 loaded once (see the module)."""
+    """Our engine in a process of its own on `threads` weight-product threads, SmolLM2 loaded once."""
 
     def __init__(self, threads: int):
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads)}
-        self.process = subprocess.Popen([sys.executable, "-m", "cli.bench.vllm_engines"], env=env, text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+        self.process = subprocess.Popen([sys.executable, "-m", "cli.bench.vllm_engines", str(threads)], env=env,
+                                        text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def generate(self, prompt: str, max_tokens: int, ngram: bool = False) -> dict:
         self.process.stdin.write(json.dumps({"prompt": prompt, "max_tokens": max_tokens, "ngram": ngram}) + "\n")
@@ -48,11 +48,13 @@ class Ours:
         self.process.wait(30)
 
 
-def worker() -> None:
+def worker(threads: int) -> None:
     """The worker's loop: a JSON request a line in, the generation's figures a line out."""
     from engine.model.fetched import fetched_models
+    from engine.model.thread_choice import request_threads
     from engine.serving.registry import InferenceEngine, ModelRegistry
     from engine.serving.session import GenerationSession
+    request_threads(threads)
     engine = InferenceEngine(ModelRegistry(fetched_models()), max_sessions=1)
     for line in sys.stdin:
         r = json.loads(line)
@@ -164,4 +166,4 @@ def markdown(r: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    worker()
+    worker(int(sys.argv[1]))

@@ -2,6 +2,8 @@
 
     verify_curve_steps(lm)                 -> {n: ms} of one target forward over n new tokens
     verify_cost_steps(registry, lm)        -> that curve at every γ + 1, the draft's step and their ratio c
+    roofline_steps(lm)                     -> per thread count: the weights' read bandwidth, the step it predicts,
+                                              the step measured
     distribution_steps(engine, prompt, …)  -> the first seed's distribution check (TVD against p)
 
 Each job yields between timed pieces, never inside one: on the server the engine thread runs other
@@ -15,8 +17,10 @@ import time
 import numpy as np
 
 from ..kv.cache import KVCacheManager
-from ..model.layout import stream_ms, weight_bytes
+from ..model.layout import WeightStream, weight_bytes
 from ..model.llama import forward, forward_no_cache
+from ..model.thread_choice import available_cores, candidate_threads
+from ..model.threads import read_chunked, threads, using_threads
 from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine, ModelRegistry
 from ..serving.settings import SettingsError
@@ -81,12 +85,52 @@ def verify_cost_steps(registry: ModelRegistry, lm) -> Job[dict]:
         draft_ms = (yield from verify_curve_steps(draft, ns=(1,), repeats=repeats, summary=min))[1]
     # a model whose weights do not fit in the caches: one pass over its weight bytes, the floor of t(1)
     streamed = hasattr(lm.model, "weights_stream_ms")
+    roofline = (yield from roofline_steps(lm, repeats=3 if large else 5)) if streamed else None
     return {"model": lm.name, "draft": draft.name if draft else None, "context": CURVE_CONTEXT,
+            "threads": threads() if streamed else 1, "roofline": roofline,
             "target_ms": {n: curve_at(curve, n) for n in CURVE_NS}, "measured_at": list(ns),
             "draft_ms": draft_ms, "c": draft_ms / curve[1] if draft_ms else None,
-            "floor_ms": stream_ms(lm.model) if streamed else None,
+            "floor_ms": (next(r["predicted_ms"] for r in roofline if r["threads"] == threads())
+                         if streamed else None),
             "weight_bytes": weight_bytes(lm.model) if streamed else None,
             "seconds": time.perf_counter() - t}
+
+
+def roofline_steps(lm, context: int = CURVE_CONTEXT, repeats: int = 5) -> Job[list[dict]]:
+    """Per thread count, 1 up to the more of the process's count and what a default may use here: the fastest
+    pass over the model's weight bytes on that many threads (engine/model/threads.py), its bandwidth and the
+    step time it predicts (the bytes at that bandwidth: the roofline), and the fastest decode step at `context`
+    tokens on as many threads beside it. The counts take turns; each timed piece runs at its count, and the
+    process's count is back in force at every yield (where the engine thread runs other sessions' steps)."""
+    model, cfg = lm.model, lm.cfg
+    counts = range(1, max(threads(), candidate_threads(available_cores())) + 1)
+    tokens = np.random.default_rng(0).integers(2, cfg.vocab_size, context + 1)
+    mgr = KVCacheManager(cfg, num_blocks=(context + 1) // 16 + 2, block_size=16)
+    seq = mgr.new_sequence()
+    forward(model, tokens[:context], 0, mgr.append_slots(seq, tokens[:context]))
+    stream = WeightStream(model)
+    read, step = {n: [] for n in counts}, {n: [] for n in counts}
+    for _ in range(repeats):
+        for n in counts:
+            yield
+            with using_threads(n) as pool:
+                t = time.perf_counter()
+                read_chunked(stream.flat, pool)
+                read[n].append((time.perf_counter() - t) * 1e3)
+            yield
+            with using_threads(n):
+                t = time.perf_counter()
+                forward(model, tokens[context:], context, mgr.append_slots(seq, tokens[context:]))
+                step[n].append((time.perf_counter() - t) * 1e3)
+                mgr.truncate(seq, context)
+    mgr.free(seq)
+    rows = []
+    for n in counts:
+        read_ms, step_ms = min(read[n]), min(step[n])
+        rows.append({"threads": n, "read_gb_per_s": stream.nbytes / read_ms / 1e6, "predicted_ms": read_ms,
+                     "step_ms": step_ms, "step_over_predicted": step_ms / read_ms,
+                     "speedup": min(step[1]) / step_ms})
+    return rows
 
 
 def tvd(counts, p) -> float:

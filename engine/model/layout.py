@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+from .threads import chunk_edges, rows_product, vec_product
+
 PANEL_COLUMNS = 64
 BLOCK_ROWS = 256
 FEW_ROWS = 9
@@ -62,21 +64,33 @@ class PanelWeight:
     def nbytes(self) -> int:
         return self.panels.nbytes
 
-    def vec(self, x):  # [C] -> [D]: as two rows, which OpenBLAS's small GEMM streams faster than its GEMV
+    def vec(self, x, pool=None):  # [C] -> [D]: as two rows, which OpenBLAS's small GEMM streams faster than its GEMV
         rows = np.empty((2, x.shape[0]), x.dtype)
         rows[:] = x
-        return self.rows(rows)[0]
+        return self.rows(rows, pool)[0]
 
-    def rows(self, x):  # [n, C] -> [n, D], each panel's product written straight into its columns
+    def rows(self, x, pool=None):  # [n, C] -> [n, D], each panel's product written straight into its columns
         n, num_panels = x.shape[0], self.panels.shape[0]
         if n == 1:                                   # as two rows, like `vec` (a prefill's last row, a draft step)
-            return self.vec(x[0])[None]
+            return self.vec(x[0], pool)[None]
         padded = self.padded_rows.get(n)
         if padded:                                   # a row count the small GEMM runs faster padded (see `pad_rows`)
-            return self.rows(np.concatenate([x, np.zeros((padded - n, x.shape[1]), x.dtype)]))[:n]
+            return self.rows(np.concatenate([x, np.zeros((padded - n, x.shape[1]), x.dtype)]), pool)[:n]
         out = np.empty((n, self.shape[1]), np.result_type(x, self.panels))
-        np.matmul(x, self.panels, out=out.reshape(n, num_panels, -1).transpose(1, 0, 2))    # [P, n, b] view
-        return out
+        view = out.reshape(n, num_panels, -1).transpose(1, 0, 2)                   # [P, n, b]
+
+        def whole():
+            np.matmul(x, self.panels, out=view)
+            return out
+
+        def chunks():
+            edges = chunk_edges(num_panels, self.panels[0].nbytes, 1, pool.threads)   # runs of whole panels
+            return [lambda a=a, b=b: np.matmul(x, self.panels[a:b]) for a, b in zip(edges, edges[1:])]
+
+        def assemble(parts):
+            np.concatenate(parts, out=view)
+            return out
+        return whole() if pool is None else pool.product(whole, chunks, assemble, (self.shape, n))
 
     def to_array(self):  # -> [C, D]
         return self.panels.transpose(1, 0, 2).reshape(self.shape)
@@ -103,22 +117,40 @@ class OutInWeight:
     def nbytes(self) -> int:
         return self.t.nbytes
 
-    def vec(self, x):  # [C] -> [D]
-        return np.dot(self.t, x)
+    def vec(self, x, pool=None):  # [C] -> [D]
+        t = self.t
+        if pool is None:
+            return np.dot(t, x)
+        return pool.product(lambda: np.dot(t, x), lambda: [lambda a=a, b=b: np.dot(t[a:b], x) for a, b in
+                                                           self.edges(pool)], np.concatenate, (self.shape, 1))
 
-    def rows(self, x):  # [n, C] -> [n, D]
-        n = x.shape[0]
+    def rows(self, x, pool=None):  # [n, C] -> [n, D]
+        n, t = x.shape[0], self.t
         if n == 1:
-            return np.dot(self.t, x[0])[None]
-        if n > FEW_ROWS:
-            return np.dot(x, self.t.T)
-        out = np.empty((n, self.shape[1]), np.result_type(x, self.t))
+            return self.vec(x[0], pool)[None]
+        many = n > FEW_ROWS                          # one GEMM; in chunks, one per chunk of output columns
+
+        def whole():
+            return np.dot(x, t.T) if many else self.columns(x, 0, self.shape[1])
+
+        def chunks():
+            return [(lambda a=a, b=b: np.dot(x, t[a:b].T)) if many else (lambda a=a, b=b: self.columns(x, a, b))
+                    for a, b in self.edges(pool)]
+        return whole() if pool is None else pool.product(whole, chunks, lambda parts: np.concatenate(parts, axis=1),
+                                                         (self.shape, n))
+
+    def columns(self, x, start: int, stop: int):  # [n, C] -> x @ W[:, start:stop], a few rows
+        out = np.empty((x.shape[0], stop - start), np.result_type(x, self.t))
         r = self.block_rows
-        for a in range(0, self.shape[1], r):         # a block's GEMVs for every row while it is in cache
-            block = self.t[a:a + r]
-            for j in range(n):
-                np.dot(block, x[j], out=out[j, a:a + len(block)])
+        for a in range(start, stop, r):              # a block's GEMVs for every row while it is in cache
+            block = self.t[a:min(a + r, stop)]
+            for j in range(x.shape[0]):
+                np.dot(block, x[j], out=out[j, a - start:a - start + len(block)])
         return out
+
+    def edges(self, pool) -> list[tuple[int, int]]:  # chunks of the output rows, edges on `block_rows` boundaries
+        e = chunk_edges(self.shape[1], self.t[0].nbytes, self.block_rows, pool.threads)
+        return list(zip(e, e[1:]))
 
     def to_array(self):  # -> [C, D]
         return self.t.T
@@ -128,12 +160,9 @@ LAYOUTS = {"panels": PanelWeight, "out_in": OutInWeight}
 MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")      # the matrices of an engine.model.LayerWeights
 
 
-def weight_rows(x, w):  # [n, C] @ a layout's weight -> [n, D]: `Model.dot` of a model with these weights
-    return w.rows(x)
-
-
-def weight_vec(x, w):  # [C] @ a layout's weight -> [D]: `Model.vec_dot`
-    return w.vec(x)
+# x @ a layout's weight: `Model.dot` ([n, C] -> [n, D]) and `Model.vec_dot` ([C] -> [D]) of a model with these
+# weights, on the threads `engine.model.threads.set_threads` gave the process
+weight_rows, weight_vec = rows_product, vec_product
 
 
 def one_row_ms(w, repeats: int = 5) -> dict[str, float]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from .config import ModelConfig
 from .layout import weight_bytes
 from .llama import Model
+from .thread_choice import current_choice
 from .tokenizer import TextTokenizer
 
 
@@ -24,8 +25,12 @@ class LoadedModel:
         # a loaded model in a layout for weights beyond the caches (engine/model/layout.py): its bytes, and how fast
         # one pass over them ran here (vars: a model not loaded yet is not loaded for this)
         floor = vars(self.model).get("weights_stream_ms")
+        choice = current_choice()         # the pass on as many threads as its products run on (thread_choice.py)
+        threads = choice.threads if floor is not None and choice is not None else 1
+        if threads > 1 and threads in choice.read_ms:
+            floor = choice.read_ms[threads]
         streamed = {} if floor is None else {"layout": self.model.layout, "weights_stream_ms": floor,
-                                             "weight_bytes": weight_bytes(self.model)}
+                                             "weight_bytes": weight_bytes(self.model), "threads": threads}
         return {"name": self.name, "role": self.role, "attention": c.attention_kind,
                 "num_hidden_layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
                 "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,

@@ -21,11 +21,13 @@ import re
 from dataclasses import dataclass, field
 
 from ..model.loaded_model import LoadedModel
+from ..model.threads import threads
 from ..spec_decode.heads import METHODS as HEAD_METHODS
+from ..spec_decode.heads import demo_settings
 from .settings import GenerationSettings, SettingsError, excerpt
 
-# An EAGLE head's drafting when it is a model's default method: γ and the confidence threshold that gave SmolLM2's
-# head its best measured speed-up (`bench heads`, docs/benchmarks.md).
+# An EAGLE head's drafting when it is a model's default method and `bench heads` measured none for the thread
+# count (models/heads/NAME/demo.json): γ and the confidence threshold of SmolLM2's head's best one-thread run.
 EAGLE_DEFAULTS = {"num_speculative_tokens": 5, "draft_confidence_threshold": 0.5}
 
 
@@ -43,7 +45,9 @@ def model_defaults(registry, target: LoadedModel) -> dict:
     if registry.draft_for(target) is not None:
         return {"method": "draft_model"}
     if "eagle" in target.meta.get("heads", []):
-        return {"method": "eagle", **EAGLE_DEFAULTS}
+        # the head's best drafting as `bench heads` measured it at this process's weight-product threads
+        best = demo_settings(target.name, threads(), registry.heads_dir)
+        return {"method": "eagle", **({k: best[k] for k in EAGLE_DEFAULTS} if best else EAGLE_DEFAULTS)}
     return {"method": "ngram"}
 
 

@@ -19,6 +19,7 @@ the factor is folded into the first matrix of each head here). Weights: models/h
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -275,6 +276,24 @@ class MedusaProposer:
 
     def free(self) -> None:
         pass
+
+
+def demo_settings(target_name: str, threads: int, heads_dir: Path = HEADS_DIR) -> dict | None:
+    """EAGLE's best γ and confidence threshold for a target at `threads` weight-product threads, as `bench heads`
+    measured them (its folder's demo.json, per thread count): the entry of the most threads measured up to
+    `threads`, else of the fewest; None without one. Verification and drafting scale differently with threads
+    (cli/bench/heads_threads.py), so the best setting is a property of the thread count."""
+    try:
+        by_threads = json.loads((Path(heads_dir) / target_name / "demo.json").read_text())["by_threads"]
+        entries = {int(t): e for t, e in by_threads.items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not entries:
+        return None
+    at = max((t for t in entries if t <= threads), default=min(entries))
+    e = entries[at]
+    return {"num_speculative_tokens": int(e["num_speculative_tokens"]),
+            "draft_confidence_threshold": float(e.get("draft_confidence_threshold", 0.0)), "threads": at}
 
 
 def available_heads(target_name: str, heads_dir: Path = HEADS_DIR) -> list[str]:

@@ -14,18 +14,20 @@ from app.routers.teach.common import CURVES, BusyError, model_of, run_job
 from app.views.recording import RECORDINGS
 from engine.experiments.measure import verify_cost_steps
 from engine.experiments.theory import RoundPoint, run_series
+from engine.model.threads import threads
 
 router = APIRouter()
-_curves: dict[str, dict] = {}
+_curves: dict[tuple[str, int], dict] = {}     # (model, weight-product threads): the curve follows the thread count
 MAX_ROUNDS = 4096            # the charts show at most the last this many rounds
 
 
 async def verify_cost(playground, model_name: str | None) -> dict:
     """The curve of a model (KeyError: no such model; BusyError: another curve is being measured)."""
     lm = playground.engine.registry.get(model_name)
-    if lm.name not in _curves:
-        _curves[lm.name] = await run_job(playground, verify_cost_steps(playground.engine.registry, lm), CURVES)
-    return _curves[lm.name]
+    key = (lm.name, threads())
+    if key not in _curves:
+        _curves[key] = await run_job(playground, verify_cost_steps(playground.engine.registry, lm), CURVES)
+    return _curves[key]
 
 
 @router.get("/curve.json")

@@ -1,0 +1,158 @@
+"""How many threads the weight products of models that stream from memory run on (engine/model/threads.py):
+`--threads N`, else measured on the machine it runs on when the first such model loads (engine/model/fetched.py).
+
+The measurement times, per thread count and taking turns, a one-token forward of the model (a decode step's
+products) and one pass over its weight bytes (the step's floor: the roofline per thread count that the Cost
+model view shows), and keeps the fewest threads unless more make the step STEP_GAIN faster and the read
+faster too. A default takes every core of a 2-3 core machine (a helper that finds its core busy takes no
+chunks: the browser and the event loop cost the step its speed-up, not a stall) and leaves one core free from 4
+cores on. The choice is logged with the figures that made it.
+
+    request_threads(None)            # the measured default (serve and generate: --threads N)
+    choice = threads_for(model)      # measured once per process, applied, logged
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .layout import WeightStream, weight_bytes
+from .llama import forward
+from .threads import read_chunked, set_threads, threads
+
+logger = logging.getLogger(__name__)
+
+MAX_THREADS = 8                # beyond this more readers add no bandwidth on the machines we know
+STEP_GAIN = 1.05               # more threads must make the measured step at least this much faster
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # not Linux
+        return os.cpu_count() or 1
+
+
+def candidate_threads(cores: int) -> int:
+    """The most threads a default may use: every core on a 2-3 core machine, one left free from 4 on, at most
+    MAX_THREADS."""
+    return max(1, min(MAX_THREADS, cores if cores <= 3 else cores - 1))
+
+
+@dataclass
+class ThreadChoice:
+    threads: int
+    reason: str
+    cores: int = 1
+    step_ms: dict[int, float] = field(default_factory=dict)     # threads -> fastest decode step's products
+    read_ms: dict[int, float] = field(default_factory=dict)     # threads -> fastest pass over the weights
+    weight_bytes: int = 0
+    auto_threads: int = 1                                        # what the measurement chose, --threads aside
+    auto_reason: str = ""
+
+    def read_gb_per_s(self) -> dict[int, float]:
+        return {n: self.weight_bytes / ms / 1e6 for n, ms in self.read_ms.items()}
+
+    def as_dict(self) -> dict:
+        return {"threads": self.threads, "reason": self.reason, "cores": self.cores, "step_ms": self.step_ms,
+                "read_ms": self.read_ms, "read_gb_per_s": self.read_gb_per_s(), "weight_bytes": self.weight_bytes,
+                "auto_threads": self.auto_threads}
+
+
+def measure_threads(model, counts, rounds: int = 5) -> tuple[dict[int, float], dict[int, float]]:
+    """Fastest ms, per thread count, of a one-token forward of `model` (a layout model: its products are a decode
+    step's) and of one pass over its weight bytes, the counts taking turns round by round (on a shared machine
+    interference only adds time). Leaves the pool as it was."""
+    before = threads()
+    stream = WeightStream(model)
+    token = np.array([min(2, model.cfg.vocab_size - 1)])
+    step, read = {n: [] for n in counts}, {n: [] for n in counts}
+    try:
+        for _ in range(rounds):
+            for n in counts:
+                p = set_threads(n)
+                t = time.perf_counter()
+                forward(model, token, 0, None, last_only=True)
+                step[n].append((time.perf_counter() - t) * 1e3)
+                t = time.perf_counter()
+                read_chunked(stream.flat, p)
+                read[n].append((time.perf_counter() - t) * 1e3)
+    finally:
+        set_threads(before)
+    return {n: min(v) for n, v in step.items()}, {n: min(v) for n, v in read.items()}
+
+
+def choose_threads(model, cores: int | None = None, rounds: int = 5) -> ThreadChoice:
+    """The thread count for `model`'s products: the count whose measured step is fastest among
+    1 .. `candidate_threads(cores)`, the fewer threads unless more make the step STEP_GAIN faster and the read
+    of the weights faster too (`rounds` turns)."""
+    cores = cores or available_cores()
+    top = candidate_threads(cores)
+    counts = list(range(1, top + 1))
+    step, read = measure_threads(model, counts, rounds)
+    choice = ThreadChoice(1, "", cores, step, read, weight_bytes(model))
+    gbps = choice.read_gb_per_s()
+    facts = "; ".join(f"{n} thread{'s' * (n > 1)}: step {step[n]:.1f} ms, read {gbps[n]:.1f} GB/s" for n in counts)
+    best = 1
+    for n in counts[1:]:              # both must agree: on a busy machine one of five rounds can flatter either
+        if step[n] * STEP_GAIN <= step[best] and read[n] <= read[best]:
+            best = n
+    choice.threads = best
+    if best == 1:
+        why = (f"more threads did not make the step {STEP_GAIN - 1:.0%} faster and the read faster too" if top > 1
+               else "one core available")
+    else:
+        why = f"{best} threads make the step {step[1] / step[best]:.2f}x as fast as one"
+    choice.reason = f"{why} ({cores} cores, up to {top} tried; {facts})"
+    return choice
+
+
+# The process's choice: `--threads` (None: measure), and what was measured when the first model whose
+# weights stream from memory loaded (engine/model/fetched.py); character models never ask.
+_requested: int | None = None
+_choice: ThreadChoice | None = None
+_choice_lock = threading.Lock()
+
+
+def request_threads(requested: int | None) -> None:
+    """`--threads N` (None: the measured default). Applies at once to a model already loaded."""
+    global _requested
+    if requested is not None and not 1 <= requested <= 256:
+        raise ValueError(f"threads must be between 1 and 256, got {requested}")
+    _requested = requested
+    with _choice_lock:
+        if _choice is not None:
+            _settle(_choice)
+
+
+def _settle(choice: ThreadChoice) -> None:
+    if _requested is not None:
+        choice.threads = _requested
+        choice.reason = f"--threads {_requested} (measured here, the default would be {choice.auto_threads}: " \
+                        f"{choice.auto_reason})"
+    else:
+        choice.threads, choice.reason = choice.auto_threads, choice.auto_reason
+    set_threads(choice.threads)
+    logger.info("threads: %d for the weight products of models that stream from memory: %s",
+                choice.threads, choice.reason)
+
+
+def threads_for(model) -> ThreadChoice:
+    """The process's thread choice, measured on `model` (a layout model, just loaded) the first time."""
+    global _choice
+    with _choice_lock:
+        if _choice is None:
+            choice = choose_threads(model)
+            choice.auto_threads, choice.auto_reason = choice.threads, choice.reason
+            _choice = choice
+            _settle(choice)
+        return _choice
+
+
+def current_choice() -> ThreadChoice | None:
+    return _choice
