@@ -8,9 +8,10 @@
     experiments/  what the teaching views run: traces, races, the shoot-out, measurements, theory
     training/     numpy training with handwritten backprop, and the draft heads' training
 
-NOTE: BLAS is pinned to one thread before numpy is first imported. On a shared 2-core machine a
-second BLAS thread has made decode steps 10-25x slower (docs/benchmarks.md). Set the variables
-yourself before importing numpy to override.
+NOTE: BLAS is pinned to one thread before numpy is first imported. OpenBLAS's second thread waits for a
+core another process may hold: on a shared 2-core machine it has made steps up to 25x and prefills up to
+200x slower (docs/benchmarks.md, `bench smollm2`). More cores for a memory-bound model come from
+`--threads N` (engine/model/threads.py), which never waits for a busy core.
 """
 import os
 

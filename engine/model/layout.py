@@ -5,9 +5,9 @@ like a GPU, and its speed is how fast numpy streams those bytes. Which call patt
 depends on the CPU and on the kernels OpenBLAS picks for it, and on this machine's hosts it has gone both
 ways (docs/benchmarks.md, `bench smollm2`):
 
-- `OutInWeight`: W stored [out, in] (Hugging Face's own order), one row as `W @ x`, a GEMV. One session
-  measured it at the machine's bandwidth (17 ms for the model's weights); another (SkylakeX kernels) at half
-  of it, while a plain streaming read of the same bytes ran at full speed.
+- `OutInWeight`: W stored [out, in] (Hugging Face's own order), one row as `W @ x`, a GEMV. On some hosts it
+  streams at the machine's bandwidth; with OpenBLAS's SkylakeX kernels at about half of it, while a plain
+  streaming read of the same bytes runs at full speed.
 - `PanelWeight`: W [in, out] as contiguous 64-column panels [P, C, 64], one row as a two-row product
   `x @ panel` (the row and a copy of it), which OpenBLAS's small-matrix GEMM streams panel by panel. On
   SkylakeX kernels it runs within 5-15% of the streaming read; without that small kernel OpenBLAS packs
