@@ -2,9 +2,10 @@
 KV pool are made once, whichever thread asks first, and the others wait for those (engine/serving/registry.py).
 
 A server's warm-up thread and the worker thread of each start all ask for the same pools once the weights are in
-memory; when each made its own, `serve --max-sessions 16` with 4 such starts peaked at 8.6 GiB instead of 3.1.
-The makers are counted on the real constructors (they still run), and the peak of what Python and numpy hold is
-taken with tracemalloc.
+memory; when each made its own, the server's peak memory grew by a whole target pool per start. The makers are
+counted on the real constructors (they still run), and the peak of what Python and numpy hold is taken with
+tracemalloc. (Run alone, the first asker loads the weights; after other SmolLM2 tests this process already holds
+them, engine/model/fetched.py, and the askers meet at the pools a moment later.)
 """
 from __future__ import annotations
 
