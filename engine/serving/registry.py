@@ -4,6 +4,11 @@
 lists the pretrained models `fetch-model` converted into the cache (engine/model/fetched.py; loaded on first use).
 `InferenceEngine` adds one KV cache manager per (model, cache dtype, block size), created on first
 use, so that sessions of the same model share blocks and the prefix cache.
+
+NOTE: heads and pools are made once per key (`MadeOnce`) whichever threads ask at the same moment: a server's
+warm-up and the worker threads of concurrent starts all ask for a target's pool once its weights are in
+memory; had each made its own (all but one thrown away after), a pool's memory (hundreds of MiB for SmolLM2)
+would have been taken once per asker at the same moment.
 """
 from __future__ import annotations
 
@@ -24,13 +29,35 @@ MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 SEQUENCE_TOKENS_BUDGET = 2048
 
 
+class MadeOnce:
+    """Values made once per key, from any thread: the first asker makes one (holding only that key's lock),
+    those asking for the same key meanwhile wait for it, and askers of other keys are not held up. A make that
+    raises leaves nothing behind: the next asker tries again and gets its own error.
+    `made` (key -> value) is only ever added to; copy it (`list(made.values())`) to read it from another thread."""
+
+    def __init__(self):
+        self.made: dict = {}
+        self._making: dict = {}                   # key -> the lock its maker holds
+        self._lock = threading.Lock()
+
+    def get(self, key, make: Callable[[], object]):
+        if key in self.made:
+            return self.made[key]
+        with self._lock:
+            key_lock = self._making.setdefault(key, threading.Lock())
+        with key_lock:
+            if key not in self.made:
+                self.made[key] = make()
+            return self.made[key]
+
+
 class ModelRegistry:
     def __init__(self, models: list[LoadedModel]):
         if not any(m.role == "target" for m in models):
             raise ValueError("no target model")
         self.models = {m.name: m for m in models}
         self.heads_dir = HEADS_DIR
-        self._heads: dict[str, dict] = {}
+        self._heads = MadeOnce()                  # target name -> its heads
         for m in models:
             m.meta.setdefault("heads", available_heads(m.name, self.heads_dir))
 
@@ -82,17 +109,17 @@ class ModelRegistry:
 
     def set_heads(self, target_name: str, heads: dict) -> None:
         """Heads built in memory (tests, evaluation) instead of models/heads/."""
-        self._heads[target_name] = heads
+        self._heads.made[target_name] = heads
         self.models[target_name].meta["heads"] = sorted(heads)
 
     def heads_for(self, target: LoadedModel) -> dict:
-        """The draft heads trained for this target ({'eagle': ..., 'medusa': ...}; loaded on first use)."""
-        if target.name not in self._heads:
-            found = available_heads(target.name, self.heads_dir)
+        """The draft heads trained for this target ({'eagle': ..., 'medusa': ...}; loaded on first use, once)."""
+        def load() -> dict:
+            if not available_heads(target.name, self.heads_dir):
+                return {}
             model = self.get(target.name).model
-            self._heads[target.name] = load_heads(target.name, target.cfg, model.embed, target.path, self.heads_dir,
-                                                  model.layout) if found else {}
-        return self._heads[target.name]
+            return load_heads(target.name, target.cfg, model.embed, target.path, self.heads_dir, model.layout)
+        return self._heads.get(target.name, load)
 
     def draft_for(self, target: LoadedModel) -> LoadedModel | None:
         for d in self.drafts:
@@ -108,24 +135,20 @@ class InferenceEngine:
         self.registry = registry
         self.blocks_per_pool = blocks_per_pool
         self.max_sessions = max_sessions
-        self.managers: dict[tuple, KVCacheManager] = {}
+        self._pools = MadeOnce()
+        self.managers: dict[tuple, KVCacheManager] = self._pools.made    # (model, dtype, block size) -> pool
         self.lock = threading.RLock()
 
     def manager(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> KVCacheManager:
-        key = (lm.name, kv_cache_dtype, block_size)
-        mgr = self.managers.get(key)
-        if mgr is None:
-            mgr = self.managers[key] = self._new_manager(lm, kv_cache_dtype, block_size)
-        return mgr
+        """The pool of (model, cache dtype, block size), made on first use; if another thread is making it,
+        the one it makes."""
+        return self._pools.get((lm.name, kv_cache_dtype, block_size),
+                               lambda: self._new_manager(lm, kv_cache_dtype, block_size))
 
     def prepare_pool(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> None:
         """Make a pool ahead of its first use, from any thread: its memory is written outside the engine lock
         (for SmolLM2 hundreds of MiB, seconds during which an engine thread would serve nobody)."""
-        key = (lm.name, kv_cache_dtype, block_size)
-        if key not in self.managers:
-            mgr = self._new_manager(lm, kv_cache_dtype, block_size)
-            with self.lock:
-                self.managers.setdefault(key, mgr)
+        self.manager(lm, kv_cache_dtype, block_size)
 
     def prepare_pools_for(self, target: LoadedModel, s: GenerationSettings) -> None:
         """Make every pool a generation on `target` with settings `s` uses, from any thread:
@@ -163,5 +186,5 @@ class InferenceEngine:
 
     def pool_snapshots(self) -> list:
         """Every KV pool now (engine/kv/cache.py's PoolSnapshot). Safe from any thread: one C-level copy of
-        the managers (the engine thread may add a pool), and each snapshot may be a step old."""
+        the managers (any thread may add a pool), and each snapshot may be a step old."""
         return [m.snapshot() for m in list(self.managers.values())]

@@ -15,9 +15,10 @@ class SessionFigures:
         return len(self.tokens) - len(self.prompt_ids)
 
     def _drain_block_events(self) -> list[dict]:
-        """Take this session's block events from the pools it uses; other sessions' stay for them."""
+        """Take this session's block events from the pools it uses; other sessions' stay for them. (A copy of
+        the pools: another thread may add one meanwhile.)"""
         return [{"kind": e.kind, "block_id": e.block_id, "pool": e.pool}
-                for mgr in self.engine.managers.values() for e in mgr.pool.drain_events(self._seq_ids)]
+                for mgr in list(self.engine.managers.values()) for e in mgr.pool.drain_events(self._seq_ids)]
 
     def _kv_event(self) -> KVBlocks:
         pools = []
