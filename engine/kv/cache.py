@@ -140,6 +140,7 @@ class PoolSnapshot:
     cached: int                 # free blocks that still hold a prefix-cache entry
     bytes_per_token: int
     block_states: str           # one letter a block: f(ree) c(ached) u(sed) s(hared)
+    nbytes: int = 0             # K/V memory the pool holds (every block's, used or not)
 
     @property
     def key(self) -> tuple:
@@ -156,7 +157,7 @@ class PoolSnapshot:
     def stats(self) -> dict:
         """The pool as /api/stats lists it."""
         return {"name": self.name, "kv_cache_dtype": self.kv_cache_dtype, "block_size": self.block_size,
-                "num_blocks": self.num_blocks, "used": self.used, "cached": self.cached}
+                "num_blocks": self.num_blocks, "used": self.used, "cached": self.cached, "bytes": self.nbytes}
 
 
 class KVCacheManager:
@@ -171,6 +172,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, name, enable_prefix_caching)
         self.store = KVStore(cfg, num_blocks, block_size, self.dtype)
         self.bytes_per_token = kv_bytes_per_token(cfg, self.dtype)
+        self.nbytes = num_blocks * block_size * self.bytes_per_token    # = store.nbytes() (fp8's scales aside)
         self.sequences: dict[int, Sequence] = {}
         self._ids = itertools.count()
         # prefix-cache statistics (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens)
@@ -181,9 +183,22 @@ class KVCacheManager:
     def snapshot(self) -> PoolSnapshot:
         return PoolSnapshot(self.pool.name, self.dtype.name, self.block_size, self.pool.num_blocks,
                             self.pool.num_used_blocks, len(self.pool.cached), self.bytes_per_token,
-                            self.pool.block_states())
+                            self.pool.block_states(), self.nbytes)
+
+    def release(self) -> None:
+        """Drop the K/V numbers: the pool has been freed (engine/serving/pools.py). Its memory goes back at once,
+        whoever still holds this manager (an ended generation's runner); a new sequence here raises."""
+        if self.sequences:
+            raise RuntimeError(f"KV pool '{self.name}' still holds {len(self.sequences)} sequences")
+        self.store = None
+
+    @property
+    def released(self) -> bool:
+        return self.store is None
 
     def new_sequence(self) -> Sequence:
+        if self.store is None:
+            raise RuntimeError(f"KV pool '{self.name}' ({self.dtype.name}, block size {self.block_size}) was freed")
         max_tokens = self.cfg.max_position_embeddings
         seq = Sequence(next(self._ids), max_tokens,
                        slots=np.zeros(-(-max_tokens // self.block_size) * self.block_size, np.int64))
