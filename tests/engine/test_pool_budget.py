@@ -8,6 +8,7 @@ Bytes are counted on the pools themselves (their K/V arrays, and what numpy hold
 from __future__ import annotations
 
 import itertools
+import sys
 import tracemalloc
 
 import pytest
@@ -267,3 +268,34 @@ def test_a_pool_whose_make_fails_leaves_nothing_reserved_and_a_claimed_one_is_ke
         claim.set({b: 9 * one, d: 2 * one})                                # b kept by the claim: no room for d
     assert pools.get(d, 2 * one, lambda: pool(2)).nbytes == 2 * one       # the claim was refused: b idle, freed
     assert b not in pools.made and pools.freed == 1 and pools.held_bytes() == 2 * one
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="resident memory read from /proc/self/status")
+def test_a_freed_pool_gives_its_memory_back_to_the_system():
+    """The process's resident memory follows the pools held while pools of other dtypes are made (each in a thread
+    of its own, as a server's starts are) and freed. Without handing freed memory back (glibc keeps a freed pool's
+    arrays for later allocations once they are under its mmap threshold) it stayed up to half a pool above them."""
+    import threading
+
+    from engine.kv.cache import KVCacheManager
+    from engine.model.config import ModelConfig
+    from engine.serving.pools import KVPools
+
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+    cfg = ModelConfig.from_name("tiny").replace(hidden_size=256, num_attention_heads=4, num_key_value_heads=4,
+                                                head_dim=64, num_hidden_layers=8)    # 12.5 MiB a layer in float32
+    blocks = 400
+    pool_bytes = KVCacheManager(cfg, blocks, 16).nbytes
+    pools = KVPools(budget=int(1.6 * pool_bytes))
+    base = rss()
+    for dtype in ("auto", "float16", "bfloat16", "auto", "float16", "fp8_e4m3", "auto", "bfloat16"):
+        spec = KVCacheManager(cfg, 1, 16, dtype).nbytes * blocks
+        maker = threading.Thread(target=pools.get, args=(("t", dtype, 16), spec,
+                                                          lambda d=dtype: KVCacheManager(cfg, blocks, 16, d)))
+        maker.start()
+        maker.join()
+        assert rss() - base <= pools.held_bytes() + 0.05 * pool_bytes, (dtype, rss() - base, pools.held_bytes())
+    assert pools.freed >= 4
