@@ -79,13 +79,14 @@ class Playground:
             logger.error("no models loaded from %s: %s", config.models_dir, e)
             return cls(config, None, f"no models loaded from {config.models_dir}: {e}")
         engine = InferenceEngine(registry, max_sessions=config.max_sessions, kv_cache_memory=config.kv_cache_memory)
-        logger.info("KV cache memory: %s for all pools (%s); the pools made at start-up take %s",
-                    human_bytes(engine.kv_cache_memory), "--kv-cache-memory" if config.kv_cache_memory is not None
-                    else "the default: twice those", human_bytes(engine.default_pool_bytes))
+        how = "--kv-cache-memory; the pools made at start-up take %s" if config.kv_cache_memory is not None else \
+            "the default: twice the %s of the pools made at start-up"
+        logger.info("KV cache memory: %s for all pools (" + how + ")", human_bytes(engine.kv_cache_memory),
+                    human_bytes(engine.default_pool_bytes))
         if engine.kv_cache_memory < engine.default_pool_bytes:
-            logger.warning("--kv-cache-memory %s is less than the default pools (%s): requests that need the ones "
-                           "left out are refused", human_bytes(engine.kv_cache_memory),
-                           human_bytes(engine.default_pool_bytes))
+            logger.warning("--kv-cache-memory %s is less than the pools made at start-up take (%s): those left out "
+                           "are not made, and requests that need them are refused",
+                           human_bytes(engine.kv_cache_memory), human_bytes(engine.default_pool_bytes))
         return cls(config, engine)
 
     def loading(self) -> list[str]:
