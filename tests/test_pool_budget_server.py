@@ -76,7 +76,7 @@ def test_a_change_over_the_budget_is_an_error_and_runs_once_the_pool_in_use_is_i
     held_key, asked_key = (f"target:{model}", "float16", 8), (f"target:{model}", "bfloat16", 32)
 
     async def scenario():
-        async with connect(budget_server) as a, connect(budget_server) as held:
+        async with connect(budget_server) as a, connect(budget_server) as held, connect(budget_server) as c:
             await a.send(type="start", prompt=PROMPT, paused=True, settings={"model": model, "method": "draft_model",
                                                                             "max_tokens": 40})
             await a.until("started")
@@ -96,8 +96,12 @@ def test_a_change_over_the_budget_is_an_error_and_runs_once_the_pool_in_use_is_i
             await a.send(**STEP)                       # the generation runs on, in the pool it had
             kv = await a.until("kv")
             assert {(p["kv_cache_dtype"], p["block_size"]) for p in kv["pools"]} == {("auto", 16)}
+            await c.send(type="start", prompt=PROMPT, settings={             # a start that needs it too
+                "model": model, "method": "draft_model", "kv_cache_dtype": "bfloat16", "block_size": 32})
+            error = await c.until("error", "started", "queued")
+            assert error["type"] == "error" and error["setting"] == "kv_cache_dtype", error
             stats = check_figures(budget_server)
-            assert stats["kv_pools_refused"] >= 1 and asked_key not in keys(stats)
+            assert stats["kv_pools_refused"] >= 2 and asked_key not in keys(stats)
 
             await held.send(type="stop")               # the other generation ends: its pool is idle
             assert (await held.until("done"))["finish_reason"] == "cancelled"
@@ -110,6 +114,8 @@ def test_a_change_over_the_budget_is_an_error_and_runs_once_the_pool_in_use_is_i
             assert asked_key in keys(stats) and held_key not in keys(stats) and stats["kv_pools_freed"] >= 1
             await a.send(type="resume")
             assert (await a.until("done"))["finish_reason"] == "length"
+            await c.send(type="start", prompt=PROMPT, settings={"model": model, "max_tokens": 8})   # the refused
+            assert (await c.until("done"))["num_output_tokens"] == 8                              # connection runs
 
             # the freed pool is made again for a new run, which generates
             await held.send(type="start", prompt=PROMPT, settings={
