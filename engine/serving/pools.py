@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import Counter
+from collections import Counter, deque
 from typing import Callable
 
 GIB, MIB = 2 ** 30, 2 ** 20
@@ -50,6 +50,7 @@ class KVPools:
         self._lock = threading.Lock()
         self._tick = itertools.count()
         self._claim_ids = itertools.count(1)
+        self._dropped: deque[int] = deque()        # claims of generations collected without closing
         self.freed = 0                             # pools freed to make room
         self.refused = 0                           # claims refused
 
@@ -65,6 +66,7 @@ class KVPools:
     def _set_claim(self, claim_id: int, wants: dict) -> None:
         """The claim now holds exactly `wants` (key -> bytes); PoolBudgetError (and no change) if they do not fit."""
         with self._lock:
+            self._forget_dropped()
             self._reserve(wants, claim_id)
             old = self._claims.get(claim_id, frozenset())
             self._claims[claim_id] = frozenset(wants)
@@ -75,11 +77,19 @@ class KVPools:
 
     def _release(self, claim_id: int) -> None:
         with self._lock:
-            old = self._claims.pop(claim_id, frozenset())
-            tick = next(self._tick)
-            for key in old:
-                self._last_use[key] = tick
-            self._drop_unused_reservations()
+            self._forget_dropped()
+            self._release_locked(claim_id)
+
+    def _release_locked(self, claim_id: int) -> None:
+        old = self._claims.pop(claim_id, frozenset())
+        tick = next(self._tick)
+        for key in old:
+            self._last_use[key] = tick
+        self._drop_unused_reservations()
+
+    def _forget_dropped(self) -> None:
+        while self._dropped:
+            self._release_locked(self._dropped.popleft())
 
     # --- pools ---------------------------------------------------------------------------------
     def get(self, key, nbytes: int, make: Callable[[], object], warm: bool = False):
@@ -90,6 +100,7 @@ class KVPools:
             self._last_use[key] = next(self._tick)
             return pool
         with self._lock:
+            self._forget_dropped()
             if warm:
                 self._warm.add(key)
             if key not in self._sizes:
@@ -174,3 +185,8 @@ class PoolClaim:
 
     def release(self) -> None:
         self.pools._release(self.id)
+
+    def dropped(self) -> None:
+        """The generation was collected without closing: released at the next claim or use. (The garbage collector
+        may call this inside any allocation, even one under the pools' lock, so it takes no lock.)"""
+        self.pools._dropped.append(self.id)

@@ -101,7 +101,7 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         # the KV pools this session uses, held against the server's KV memory budget until it closes (or, dropped
         # without closing, is collected); a pool that cannot fit refuses the start here (live_settings.py)
         self._pool_claim = engine.pools.claim()
-        weakref.finalize(self, self._pool_claim.release)
+        self._pool_finalizer = weakref.finalize(self, self._pool_claim.dropped)
         self._applying: GenerationSettings | None = None
         self._claim_pools(pool_setting(settings), settings)
         self._ensure_pools(settings)
@@ -121,6 +121,7 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
                     r.free()
             self._drain_block_events()
             self._pool_claim.release()
+            self._pool_finalizer.detach()
 
     # --- the generators ----------------------------------------------------------------------------
     def events(self) -> Iterator[Event]:
