@@ -9,6 +9,7 @@ built by `decoding-playground serve` from its options:
 | DECODING_PLAYGROUND_ALLOWED_ORIGINS (comma-separated) | `--allowed-origin` (repeatable) | none: own origin only |
 | DECODING_PLAYGROUND_ALLOWED_HOSTS (comma-separated) | `--allowed-host` (repeatable) | none: localhost, 127.0.0.1, [::1] and `--host` |
 | DECODING_PLAYGROUND_MAX_SESSIONS | `--max-sessions` | 8 generating sessions |
+| DECODING_PLAYGROUND_KV_CACHE_MEMORY | `--kv-cache-memory` | twice the KV pools made at start-up (engine/serving/pools.py) |
 | DECODING_PLAYGROUND_MAX_QUEUE | `--max-queue` | 32 starts waiting for a slot |
 | DECODING_PLAYGROUND_MAX_CONNECTIONS | `--max-connections` | 1000 websockets (watchers included) |
 | DECODING_PLAYGROUND_IDLE_TIMEOUT | `--idle-timeout` | 600 s without progress or a message |
@@ -46,6 +47,20 @@ ENV_PREFIX = "DECODING_PLAYGROUND_"
 # beyond that transport limit does an oversized message close the connection.
 MAX_MESSAGE_BYTES = 64 * 1024
 TRANSPORT_MAX_MESSAGE_BYTES = 1024 * 1024
+
+
+SIZE_UNITS = {"": 2 ** 30, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmg]i?b)?\s*", re.IGNORECASE)
+
+
+def memory_size(text: str | int) -> int:
+    """`1.5GiB`, `800MiB`, `2GB` or a plain number of GiB -> bytes (ValueError if it is none of them)."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.fullmatch(str(text)[:40])
+    if not m:
+        raise ValueError(f"a size such as 1.5GiB, 800MiB or 2GB (a plain number: GiB), got {excerpt(text)}")
+    return int(float(m.group(1)) * SIZE_UNITS[(m.group(2) or "").lower()])
 
 
 def normalize_origin(origin: str) -> str:
@@ -144,6 +159,7 @@ class AppConfig:
     allowed_hosts: tuple[str, ...] = field(default_factory=tuple)   # Host names besides the local ones
     bind_host: str = "127.0.0.1"          # `serve --host`: a name the server is reachable by (0.0.0.0: any IP)
     max_sessions: int = 8                 # generations at once (each holds KV blocks)
+    kv_cache_memory: int | None = None    # bytes all KV pools may hold together; None: twice the start-up pools
     embed_frame_ancestors: str = "*"
     max_queue: int = 32                   # starts waiting for a slot; beyond: close 1013 "busy, retry"
     max_connections: int = 1000           # websockets at once, watchers included; beyond: close 1013
@@ -168,6 +184,11 @@ class AppConfig:
         object.__setattr__(self, "models_dir", Path(self.models_dir))
         with _field("allowed_origins"):
             object.__setattr__(self, "allowed_origins", tuple(normalize_origin(o) for o in self.allowed_origins))
+        if self.kv_cache_memory is not None:
+            with _field("kv_cache_memory"):
+                object.__setattr__(self, "kv_cache_memory", memory_size(self.kv_cache_memory))
+            if self.kv_cache_memory < 2 ** 20:
+                raise ConfigError("kv_cache_memory", f"at least 1MiB, got {self.kv_cache_memory} bytes")
         for name in ("max_sessions", "max_connections", "message_burst"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"at least 1, got {getattr(self, name)}")
@@ -231,6 +252,7 @@ class EnvSettings(BaseSettings):
     allowed_origins: Annotated[tuple[str, ...] | None, NoDecode] = None
     allowed_hosts: Annotated[tuple[str, ...] | None, NoDecode] = None
     max_sessions: int | None = None
+    kv_cache_memory: str | None = None
     max_queue: int | None = None
     max_connections: int | None = None
     idle_timeout_s: float | None = Field(None, validation_alias=AliasChoices(ENV_PREFIX + "IDLE_TIMEOUT",

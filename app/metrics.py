@@ -16,6 +16,9 @@ gauges read at scrape time (sessions, pools, the engine thread) come from the ro
 | vllm:time_to_first_token_seconds | histogram | start message -> first token (queue included; not for paused starts) |
 | vllm:inter_token_latency_seconds | histogram | one round, boundary to its last event (pacing left out) |
 | vllm:e2e_request_latency_seconds | histogram | start message -> done (runs started paused are left out) |
+| playground_kv_pool_bytes | gauge | K/V memory per pool (pools come and go: an idle one may be freed) |
+| playground_kv_cache_memory_bytes | gauge | what all pools may hold together (--kv-cache-memory) |
+| playground_kv_pools_freed / _refused | counter | idle pools freed to make room / requests whose pool did not fit |
 | playground_* | | websocket connections, watchers, rooms, KV blocks per pool, scheduler steps and batches |
 
 NOTE (threads): counters and histograms are updated in the engine thread (`observe`) and read by a scrape

@@ -31,6 +31,7 @@ from engine.kv.cache import PoolSnapshot
 from engine.model.checkpoint import CheckpointError
 from engine.model.fetched import LazyModel
 from engine.model.thread_choice import request_threads
+from engine.serving.pools import human_bytes
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.serving.scheduler import MAX_NUM_BATCHED_TOKENS
 
@@ -77,7 +78,16 @@ class Playground:
         except (FileNotFoundError, CheckpointError, KeyError, ValueError) as e:
             logger.error("no models loaded from %s: %s", config.models_dir, e)
             return cls(config, None, f"no models loaded from {config.models_dir}: {e}")
-        return cls(config, InferenceEngine(registry, max_sessions=config.max_sessions))
+        engine = InferenceEngine(registry, max_sessions=config.max_sessions, kv_cache_memory=config.kv_cache_memory)
+        how = "--kv-cache-memory; the pools made at start-up take %s" if config.kv_cache_memory is not None else \
+            "the default: twice the %s of the pools made at start-up"
+        logger.info("KV cache memory: %s for all pools (" + how + ")", human_bytes(engine.kv_cache_memory),
+                    human_bytes(engine.default_pool_bytes))
+        if engine.kv_cache_memory < engine.default_pool_bytes:
+            logger.warning("--kv-cache-memory %s is less than the pools made at start-up take (%s): those left out "
+                           "are not made, and requests that need them are refused",
+                           human_bytes(engine.kv_cache_memory), human_bytes(engine.default_pool_bytes))
+        return cls(config, engine)
 
     def loading(self) -> list[str]:
         """Fetched models still being made ready in the background (weights, heads, KV pools: `_warm_up`)."""
@@ -167,6 +177,10 @@ class Playground:
                 "max_sessions": self.config.max_sessions, "max_queue": self.config.max_queue,
                 "kv_blocks_used": sum(p["used"] for p in pools),
                 "kv_blocks_total": sum(p["num_blocks"] for p in pools), "pools": pools,
+                "kv_pool_bytes": sum(p["bytes"] for p in pools),
+                "kv_cache_memory": self.engine.kv_cache_memory if self.engine else None,
+                "kv_pools_freed": self.engine.pools.freed if self.engine else 0,
+                "kv_pools_refused": self.engine.pools.refused if self.engine else 0,
                 "engine": {"alive": bool(thread and thread.alive), "scheduled": len(thread.links) if thread else 0,
                            "steps": thread.steps if thread else 0,
                            "posts": thread.posts if thread else 0,

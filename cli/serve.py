@@ -69,6 +69,10 @@ def add_parser(sub) -> None:
                    help="another Host name the server answers to, e.g. behind a proxy (repeatable; '*': any). "
                         "Always: localhost, 127.0.0.1, [::1] and --host; others get 400 (DNS rebinding)")
     s.add_argument("--max-sessions", type=_integer(1), default=None, help="generations at once (default 8)")
+    s.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
+                   help="memory all KV pools may hold together, e.g. 3GiB or 1500MiB (default: twice the pools "
+                        "made at start-up); idle pools are freed to make room, a request whose pool cannot fit gets "
+                        "an error")
     s.add_argument("--frame-ancestors", default=None,
                    help="CSP frame-ancestors of /embed: who may frame it (default '*')")
     s.add_argument("--max-queue", type=_integer(0), default=None,
@@ -117,7 +121,8 @@ def add_parser(sub) -> None:
 
 # AppConfig's fields as `serve` spells them, and as the environment does (app/config.py)
 OPTIONS = {"allowed_origins": "--allowed-origin", "allowed_hosts": "--allowed-host", "bind_host": "--host",
-           "max_sessions": "--max-sessions", "max_queue": "--max-queue", "max_connections": "--max-connections",
+           "max_sessions": "--max-sessions", "kv_cache_memory": "--kv-cache-memory", "max_queue": "--max-queue",
+           "max_connections": "--max-connections",
            "idle_timeout_s": "--idle-timeout", "token": "--token", "max_num_batched_tokens": "--max-num-batched-tokens",
            "embed_frame_ancestors": "--frame-ancestors", "openai_engines": "--openai-url",
            "llamacpp_threads": "--llamacpp-threads", "models_dir": "--models-dir", "vllm_threads": "--vllm-threads",
@@ -146,7 +151,8 @@ def server_config(args):
     overrides = dict(
         models_dir=args.models_dir, allowed_origins=tuple(args.allowed_origin) if args.allowed_origin else None,
         allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None, bind_host=args.host,
-        max_sessions=args.max_sessions, embed_frame_ancestors=args.frame_ancestors, max_queue=args.max_queue,
+        max_sessions=args.max_sessions, kv_cache_memory=args.kv_cache_memory,
+        embed_frame_ancestors=args.frame_ancestors, max_queue=args.max_queue,
         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout, token=args.token,
         openai_engines=tuple(args.openai or ()), embedded_llamacpp=not args.no_llamacpp,
         llamacpp_threads=args.llamacpp_threads, max_num_batched_tokens=args.max_num_batched_tokens,

@@ -147,7 +147,8 @@ BAD_SERVE_OPTIONS = [
     ["--idle-timeout", "0"], ["--llamacpp-threads", "0"], ["--log-format", "xml"], ["--allowed-origin", "garbage"],
     ["--allowed-host", "a@b"], ["--allowed-host", "x:y:z"], ["--host", "999.1.1.1"], ["--models-dir", "/nonexistent"],
     ["--token", "short"], ["--frame-ancestors", "a;b"], ["--openai-url", "ftp://x"], ["--openai-model", "m"],
-    ["--no-such-option"], ["--port"],
+    ["--no-such-option"], ["--port"], ["--kv-cache-memory", "lots"], ["--kv-cache-memory", "0"],
+    ["--kv-cache-memory", "-1GiB"], ["--kv-cache-memory", "12 parsecs"],
 ]
 
 
@@ -164,7 +165,8 @@ def test_every_bad_serve_option_is_a_one_line_usage_error(argv, capsys, monkeypa
 
 
 @pytest.mark.parametrize("env", [{"DECODING_PLAYGROUND_MAX_SESSIONS": "abc"}, {"DECODING_PLAYGROUND_MAX_SESSIONS": "0"},
-                                 {"DECODING_PLAYGROUND_MODELS_DIR": "/nonexistent"}])
+                                 {"DECODING_PLAYGROUND_MODELS_DIR": "/nonexistent"},
+                                 {"DECODING_PLAYGROUND_KV_CACHE_MEMORY": "1 byte"}])
 def test_a_bad_environment_variable_is_one_line_too(env, capsys, monkeypatch):
     from cli.main import main
 

@@ -27,6 +27,19 @@ def scrape_gauges(pg) -> list[tuple]:
     for p in pools:
         labels = {"pool": p.name, "kv_cache_dtype": p.kv_cache_dtype, "block_size": p.block_size}
         rows.append(("playground_kv_blocks_total", "gauge", "KV blocks in the pool.", labels, p.num_blocks))
+    for p in pools:
+        labels = {"pool": p.name, "kv_cache_dtype": p.kv_cache_dtype, "block_size": p.block_size}
+        rows.append(("playground_kv_pool_bytes", "gauge", "K/V memory the pool holds (all its blocks).", labels,
+                     p.nbytes))
+    if pg.engine is not None:
+        rows += [
+            ("playground_kv_cache_memory_bytes", "gauge", "What all KV pools may hold together (--kv-cache-memory).",
+             {}, pg.engine.kv_cache_memory),
+            ("playground_kv_pools_freed", "counter", "Idle KV pools freed to make room for another.", {},
+             pg.engine.pools.freed),
+            ("playground_kv_pools_refused", "counter", "Requests refused: their KV pool did not fit the memory.", {},
+             pg.engine.pools.refused),
+        ]
     thread = pg.engine_thread
     rows += [
         ("playground_max_sessions", "gauge", "Generations allowed at once (--max-sessions).", {},

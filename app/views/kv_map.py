@@ -67,12 +67,16 @@ class KvMap:
         if frame.kv_events:
             # the drafter's pool (a draft model's, or an EAGLE head's own) is drawn in the draft slot, under its name
             pools = {("draft" if p["role"] == "eagle" else p["role"]): p for p in frame.kv_events[-1].pools}
+        freed: dict[str, RenderedPool] = {}       # drawn pools the server has freed since (an idle pool may go)
         if frame.kv_snapshot or frame.kv_events:
             for role, old in self.drawn.items():
                 if role not in pools or frame.kv_snapshot:
                     snap = pool_now(old.key)
                     if snap is not None and (role not in pools or frame.kv_snapshot):
                         pools[role] = snap
+                    elif snap is None and frame.kv_snapshot:
+                        pools.pop(role, None)
+                        freed[role] = old
         last_event: dict[tuple, str] = {}
         for e in frame.kv_events:
             for be in e.events:
@@ -81,7 +85,14 @@ class KvMap:
         for role in ("target", "draft"):
             pool = pools.get(role)
             if pool is None:
-                if role in self.drawn or not self.drawn:
+                if role in freed:
+                    gone = freed[role].pool
+                    frame.replace[f"kv-{role}-grid"] = m.kv_unused(role, (
+                        f"The pool {gone['name']} ({gone['kv_cache_dtype']}, block size {gone['block_size']}) has been "
+                        "freed: no run uses it, and the server frees idle pools to make room for others"))
+                    frame.replace[f"kv-{role}-caption"] = m.kv_caption(role, None)
+                    self.drawn.pop(role, None)
+                elif role in self.drawn or not self.drawn:
                     why = (" (an external engine: its KV cache is the server's own, not shown here)" if external
                            else " (method: no drafter with a cache)" if role == "draft" else " (KV cache off: recomputing)")
                     frame.replace[f"kv-{role}-grid"] = m.kv_unused(role, f"No {role} KV cache in use" + why)

@@ -10,6 +10,8 @@ event through the pool. `SequenceKV` is what `engine.model.forward` writes to an
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import itertools
 from dataclasses import dataclass, field
 
@@ -21,6 +23,22 @@ from .dtypes import FP8_SCALE_DIVISOR, KVCacheDType, kv_bytes_per_token, quantiz
 
 F32 = np.float32
 BLOCK_SIZES = (8, 16, 32)
+try:
+    _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    _MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)
+except OSError:
+    _MALLOC_TRIM = None
+
+
+def trim_freed_memory() -> None:
+    """Give the memory freed in this process back to the system (glibc's malloc_trim; elsewhere nothing).
+
+    NOTE: a pool's per-layer arrays (SmolLM2 at 8 sessions: 26 MB each in float32, less in the other dtypes) are
+    below glibc's largest mmap threshold, which rises to the size of each mapped block freed: after a pool is
+    freed, pools of other dtypes come from the threads' malloc arenas, and memory freed there stays in the
+    process (a server's resident memory kept growing past its pools' budget)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def gather(a, slots):  # [2, nkv, num_slots, ...] -> [2, nkv, T, ...]
@@ -140,6 +158,7 @@ class PoolSnapshot:
     cached: int                 # free blocks that still hold a prefix-cache entry
     bytes_per_token: int
     block_states: str           # one letter a block: f(ree) c(ached) u(sed) s(hared)
+    nbytes: int = 0             # K/V memory the pool holds (every block's, used or not)
 
     @property
     def key(self) -> tuple:
@@ -156,7 +175,7 @@ class PoolSnapshot:
     def stats(self) -> dict:
         """The pool as /api/stats lists it."""
         return {"name": self.name, "kv_cache_dtype": self.kv_cache_dtype, "block_size": self.block_size,
-                "num_blocks": self.num_blocks, "used": self.used, "cached": self.cached}
+                "num_blocks": self.num_blocks, "used": self.used, "cached": self.cached, "bytes": self.nbytes}
 
 
 class KVCacheManager:
@@ -171,6 +190,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, name, enable_prefix_caching)
         self.store = KVStore(cfg, num_blocks, block_size, self.dtype)
         self.bytes_per_token = kv_bytes_per_token(cfg, self.dtype)
+        self.nbytes = num_blocks * block_size * self.bytes_per_token    # = store.nbytes() (fp8's scales aside)
         self.sequences: dict[int, Sequence] = {}
         self._ids = itertools.count()
         # prefix-cache statistics (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens)
@@ -181,9 +201,23 @@ class KVCacheManager:
     def snapshot(self) -> PoolSnapshot:
         return PoolSnapshot(self.pool.name, self.dtype.name, self.block_size, self.pool.num_blocks,
                             self.pool.num_used_blocks, len(self.pool.cached), self.bytes_per_token,
-                            self.pool.block_states())
+                            self.pool.block_states(), self.nbytes)
+
+    def release(self) -> None:
+        """Drop the K/V numbers: the pool has been freed (engine/serving/pools.py). Its memory goes back at once,
+        whoever still holds this manager (an ended generation's runner); a new sequence here raises."""
+        if self.sequences:
+            raise RuntimeError(f"KV pool '{self.name}' still holds {len(self.sequences)} sequences")
+        self.store = None
+        trim_freed_memory()
+
+    @property
+    def released(self) -> bool:
+        return self.store is None
 
     def new_sequence(self) -> Sequence:
+        if self.store is None:
+            raise RuntimeError(f"KV pool '{self.name}' ({self.dtype.name}, block size {self.block_size}) was freed")
         max_tokens = self.cfg.max_position_embeddings
         seq = Sequence(next(self._ids), max_tokens,
                        slots=np.zeros(-(-max_tokens // self.block_size) * self.block_size, np.int64))

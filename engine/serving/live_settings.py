@@ -9,8 +9,21 @@ from ..kv.dtypes import kv_bytes_per_token
 from ..kv.runner import ForwardRequest, PagedRunner
 from ..spec_decode.proposers import DraftModelProposer
 from .events import SettingsApplied
+from .pools import PoolBudgetError
 from .request_fit import unmet
 from .settings import LIVE_SETTINGS, GenerationSettings, SettingsError
+
+# the settings that choose a generation's KV pools, in the order an error over the KV memory budget names them
+POOL_SETTINGS = ("kv_cache_dtype", "block_size", "num_kv_heads", "method", "kv_cache")
+
+
+def pool_setting(asked: GenerationSettings | dict) -> str:
+    """The setting to name when the pools of `asked` do not fit: for a change, the first of POOL_SETTINGS it
+    changes; for a start, the cache dtype, block size or KV heads it sets away from their defaults, else `model`."""
+    if isinstance(asked, dict):
+        return next((name for name in POOL_SETTINGS if name in asked), next(iter(asked), "settings"))
+    default = GenerationSettings()
+    return next((name for name in POOL_SETTINGS[:3] if getattr(asked, name) != getattr(default, name)), "model")
 
 
 class LiveSettings:
@@ -28,18 +41,38 @@ class LiveSettings:
             new = GenerationSettings.parse(merged, base=self.settings)
             if (why := unmet(self.engine.registry, self.target_lm, new)) is not None:
                 raise why
+            # the new settings' pools beside those in use (a cache moves from one pool to the other): held now, made
+            # at the round boundary; over the budget, refused here and the generation runs on as it was
+            self._claim_pools(pool_setting(changes), self.settings, *filter(None, [self._applying]), new)
             self._pending = merged
         return new
+
+    def _claim_pools(self, setting: str, *settings: GenerationSettings) -> None:
+        """Hold the pools these settings use, and only those (SettingsError naming `setting` if they do not fit)."""
+        wants = {k: spec.nbytes for s in settings for k, spec in self.engine.pool_specs(self.target_lm, s).items()}
+        try:
+            self._pool_claim.set(wants)
+        except PoolBudgetError as e:
+            raise SettingsError(setting, str(e)) from None
 
     def _take_pending(self) -> GenerationSettings | None:
         """The settings changed since the last round (None if nothing changed), their KV pools made."""
         with self._pending_lock:
             changes, self._pending = self._pending, {}
-        if not changes:
-            return None
-        new = GenerationSettings.parse(changes, base=self.settings)
+            if not changes:
+                return None
+            new = self._applying = GenerationSettings.parse(changes, base=self.settings)
         self._ensure_pools(new)
         return new
+
+    def _settle_pools(self, applied: GenerationSettings | None) -> None:
+        """After a change is applied: the pools the old settings used are no longer held (idle, they may be freed)."""
+        if applied is None:
+            return
+        with self._pending_lock:
+            self._applying = None
+            pending = [GenerationSettings.parse(self._pending, base=self.settings)] if self._pending else []
+            self._claim_pools("settings", self.settings, *pending)       # fewer pools than held: never refused
 
     def _apply_pending(self, new: GenerationSettings | None):  # generator -> list[Event]
         if new is None:

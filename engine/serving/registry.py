@@ -3,30 +3,42 @@
 `ModelRegistry` loads the shipped family from models/index.json (or takes models built in memory), and
 lists the pretrained models `fetch-model` converted into the cache (engine/model/fetched.py; loaded on first use).
 `InferenceEngine` adds one KV cache manager per (model, cache dtype, block size), created on first
-use, so that sessions of the same model share blocks and the prefix cache.
+use, so that sessions of the same model share blocks and the prefix cache; together they stay within a memory
+budget, idle pools freed to make room (engine/serving/pools.py).
 
-NOTE: heads and pools are made once per key (`MadeOnce`) whichever threads ask at the same moment: a server's
-warm-up and the worker threads of concurrent starts all ask for a target's pool once its weights are in
+NOTE: heads (`MadeOnce`) and pools (`KVPools`) are made once per key whichever threads ask at the same moment: a
+server's warm-up and the worker threads of concurrent starts all ask for a target's pool once its weights are in
 memory; had each made its own (all but one thrown away after), a pool's memory (hundreds of MiB for SmolLM2)
 would have been taken once per asker at the same moment.
 """
 from __future__ import annotations
 
 import json
+import logging
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 from ..kv.cache import KVCacheManager
+from ..kv.dtypes import kv_bytes_per_token
+from ..model.config import ModelConfig
 from ..model.checkpoint import load_checkpoint
 from ..model.fetched import LazyModel, fetched_models
 from ..model.llama import Model
 from ..model.loaded_model import LoadedModel
 from ..spec_decode.heads import HEADS_DIR, available_heads, load_heads
+from .pools import KVPools, PoolBudgetError
 from .settings import GenerationSettings, excerpt
 
+logger = logging.getLogger(__name__)
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 SEQUENCE_TOKENS_BUDGET = 2048
+# The KV memory budget when none is given: twice the pools made at start-up, so that beside them in use one more
+# pool of the largest model (another cache dtype or block size, sized alike) still fits.
+DEFAULT_POOL_MEMORY_FACTOR = 2
+WARM_SETTINGS = (GenerationSettings(), GenerationSettings(method="eagle"))
 
 
 class MadeOnce:
@@ -128,63 +140,110 @@ class ModelRegistry:
         return None
 
 
-class InferenceEngine:
-    """Models plus their shared KV pools. NOTE: one lock serialises engine work (one engine thread)."""
+@dataclass(frozen=True)
+class PoolSpec:
+    """A KV pool before it is made: which, and what it will hold (every slot written at once: engine/kv/cache.py)."""
+    role: str                      # target | draft | eagle
+    name: str                      # the model's
+    cfg: ModelConfig
+    kv_cache_dtype: str
+    block_size: int
+    num_blocks: int
 
-    def __init__(self, registry: ModelRegistry, blocks_per_pool: int | None = None, max_sessions: int = 8):
+    @property
+    def key(self) -> tuple:
+        return (self.name, self.kv_cache_dtype, self.block_size)
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_blocks * self.block_size * kv_bytes_per_token(self.cfg, self.kv_cache_dtype)
+
+    def make(self) -> KVCacheManager:
+        return KVCacheManager(self.cfg, self.num_blocks, self.block_size, self.kv_cache_dtype,
+                              name=f"{self.role}:{self.name}")
+
+
+class InferenceEngine:
+    """Models plus their shared KV pools, within `kv_cache_memory` bytes (engine/serving/pools.py; None: twice
+    what the pools of every target's defaults take, `default_pool_bytes`).
+    NOTE: one lock serialises engine work (one engine thread)."""
+
+    def __init__(self, registry: ModelRegistry, blocks_per_pool: int | None = None, max_sessions: int = 8,
+                 kv_cache_memory: int | None = None):
         self.registry = registry
         self.blocks_per_pool = blocks_per_pool
         self.max_sessions = max_sessions
-        self._pools = MadeOnce()
-        self.managers: dict[tuple, KVCacheManager] = self._pools.made    # (model, dtype, block size) -> pool
+        self.default_pool_bytes = sum(spec.nbytes for spec in self.default_pool_specs().values())
+        self.pools = KVPools(DEFAULT_POOL_MEMORY_FACTOR * self.default_pool_bytes if kv_cache_memory is None
+                             else kv_cache_memory)
+        self.managers: dict[tuple, KVCacheManager] = self.pools.made    # (model, dtype, block size) -> pool
         self.lock = threading.RLock()
 
-    def manager(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> KVCacheManager:
-        """The pool of (model, cache dtype, block size), made on first use; if another thread is making it,
-        the one it makes."""
-        return self._pools.get((lm.name, kv_cache_dtype, block_size),
-                               lambda: self._new_manager(lm, kv_cache_dtype, block_size))
+    @property
+    def kv_cache_memory(self) -> int:
+        return self.pools.budget
 
-    def prepare_pool(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> None:
-        """Make a pool ahead of its first use, from any thread: its memory is written outside the engine lock
-        (for SmolLM2 hundreds of MiB, seconds during which an engine thread would serve nobody)."""
-        self.manager(lm, kv_cache_dtype, block_size)
-
-    def prepare_pools_for(self, target: LoadedModel, s: GenerationSettings) -> None:
-        """Make every pool a generation on `target` with settings `s` uses, from any thread:
-        a session's constructor and each settings change, and a server's start-up for its targets' defaults
-        (vLLM allocates its KV cache at start-up too), so that no first request pays for writing a pool."""
-        if not s.kv_cache:
-            return
-        if s.num_kv_heads is not None:
-            target = self.registry.variants(target)[s.num_kv_heads]
-        draft = self.registry.draft_for(target) if s.method == "draft_model" else None
-        for lm in (target, draft):
-            if lm is not None:
-                self.prepare_pool(lm, s.kv_cache_dtype, s.block_size)
-        heads = self.registry.heads_for(target) if s.method == "eagle" else {}
-        if "eagle" in heads:                                    # else the session refuses the method
-            self.prepare_pool(heads["eagle"], "auto", 16)
-
-    def warm_up(self, target: LoadedModel, stopped: Callable[[], bool] = lambda: False) -> None:
-        """Ahead of the first request, from any thread: what a first generation on `target` would otherwise pay
-        inside it. Its weights (a fetched model's), its heads, and the pools of the default settings and of
-        EAGLE drafting (the page's SmolLM2 demo); `stopped()` is asked between them."""
-        target = self.registry.get(target.name)
-        for s in (GenerationSettings(), GenerationSettings(method="eagle")):
-            if stopped():
-                return
-            self.prepare_pools_for(target, s)
-
-    def _new_manager(self, lm: LoadedModel, kv_cache_dtype: str, block_size: int) -> KVCacheManager:
+    def pool_spec(self, lm, kv_cache_dtype: str, block_size: int) -> PoolSpec:
+        """`lm`: a LoadedModel or a draft head (role, name, cfg)."""
         # sized for SEQUENCE_TOKENS_BUDGET tokens per session (a long-context model's full context for
         # every session would be thousands of blocks); a longer sequence gets a clear "exhausted" error
         ctx_blocks = -(-min(lm.cfg.max_position_embeddings, SEQUENCE_TOKENS_BUDGET) // block_size)
         # each session holds at most one context of its own plus a round of lookahead
         num_blocks = self.blocks_per_pool or self.max_sessions * (ctx_blocks + 2)
-        return KVCacheManager(lm.cfg, num_blocks, block_size, kv_cache_dtype, name=f"{lm.role}:{lm.name}")
+        return PoolSpec(lm.role, lm.name, lm.cfg, kv_cache_dtype, block_size, num_blocks)
+
+    def pool_specs(self, target: LoadedModel, s: GenerationSettings) -> dict[tuple, PoolSpec]:
+        """The pools a generation on `target` with settings `s` uses, by key. Loads nothing: an EAGLE head's pool
+        is known from the target's shape (one layer of it; its K/V do not depend on the head's vocabulary)."""
+        if not s.kv_cache:
+            return {}
+        if s.num_kv_heads is not None:
+            target = self.registry.variants(target)[s.num_kv_heads]
+        specs = [self.pool_spec(target, s.kv_cache_dtype, s.block_size)]
+        draft = self.registry.draft_for(target) if s.method == "draft_model" else None
+        if draft is not None:
+            specs.append(self.pool_spec(draft, s.kv_cache_dtype, s.block_size))
+        if s.method == "eagle" and "eagle" in target.meta.get("heads", ()):   # else the session refuses the method
+            head = SimpleNamespace(role="eagle", name=f"{target.name}-eagle",
+                                   cfg=target.cfg.replace(num_hidden_layers=1))
+            specs.append(self.pool_spec(head, "auto", 16))
+        return {spec.key: spec for spec in specs}
+
+    def default_pool_specs(self) -> dict[tuple, PoolSpec]:
+        """The pools a server makes at start-up (`warm_up`): every target's defaults and its EAGLE drafting."""
+        return {k: spec for target in self.registry.targets for s in WARM_SETTINGS
+                for k, spec in self.pool_specs(target, s).items()}
+
+    def manager(self, lm, kv_cache_dtype: str, block_size: int, warm: bool = False) -> KVCacheManager:
+        """The pool of (model, cache dtype, block size), made on first use; if another thread is making it, the
+        one it makes. A pool no generation has claimed is reserved here (PoolBudgetError if it cannot fit)."""
+        spec = self.pool_spec(lm, kv_cache_dtype, block_size)
+        return self.pools.get(spec.key, spec.nbytes, spec.make, warm)
+
+    def prepare_pools_for(self, target: LoadedModel, s: GenerationSettings, warm: bool = False) -> None:
+        """Make every pool a generation on `target` with settings `s` uses, from any thread:
+        a session's constructor and each settings change, and a server's start-up for its targets' defaults
+        (vLLM allocates its KV cache at start-up too), so that no first request pays for writing a pool."""
+        if s.method == "eagle" and s.kv_cache:     # its heads too, loaded here rather than inside a round
+            self.registry.heads_for(self.registry.variants(target)[s.num_kv_heads] if s.num_kv_heads else target)
+        for spec in self.pool_specs(target, s).values():
+            self.pools.get(spec.key, spec.nbytes, spec.make, warm)
+
+    def warm_up(self, target: LoadedModel, stopped: Callable[[], bool] = lambda: False) -> None:
+        """Ahead of the first request, from any thread: what a first generation on `target` would otherwise pay
+        inside it. Its weights (a fetched model's), its heads, and the pools of the default settings and of
+        EAGLE drafting (the page's SmolLM2 demo); `stopped()` is asked between them. A pool over the KV memory
+        budget is left out (logged): the requests that need it are refused with the reason."""
+        target = self.registry.get(target.name)
+        for s in WARM_SETTINGS:
+            if stopped():
+                return
+            try:
+                self.prepare_pools_for(target, s, warm=True)
+            except PoolBudgetError as e:
+                logger.warning("%s: a default pool not made at start-up: %s", target.name, e)
 
     def pool_snapshots(self) -> list:
         """Every KV pool now (engine/kv/cache.py's PoolSnapshot). Safe from any thread: one C-level copy of
-        the managers (any thread may add a pool), and each snapshot may be a step old."""
+        the managers (any thread may add or free a pool), and each snapshot may be a step old."""
         return [m.snapshot() for m in list(self.managers.values())]

@@ -22,6 +22,7 @@ import itertools
 import threading
 import time
 import uuid
+import weakref
 from typing import Iterator
 
 import numpy as np
@@ -36,7 +37,7 @@ from ..spec_decode.proposers import DraftModelProposer, NgramProposer
 from ..spec_decode.sampling import probs_from_logits, sample
 from ..spec_decode.verify import verify, verify_greedy
 from .events import Done, DraftProposed, Error, Event, Metrics, Prefill, RoundDone, Started, TokenResult
-from .live_settings import LiveSettings
+from .live_settings import LiveSettings, pool_setting
 from .metrics import SpecDecodeStats
 from .registry import InferenceEngine, LoadedModel
 from .request_fit import unmet
@@ -97,6 +98,12 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         self.features = FeatureLog(self.target_lm.cfg.hidden_size)   # the target's hidden states, for heads
         # output text, token by token: a byte-level token may end inside a character (engine/model/tokenizer.py)
         self._stream = StreamDecoder(self.tokenizer)
+        # the KV pools this session uses, held against the server's KV memory budget until it closes (or, dropped
+        # without closing, is collected); a pool that cannot fit refuses the start here (live_settings.py)
+        self._pool_claim = engine.pools.claim()
+        self._pool_finalizer = weakref.finalize(self, self._pool_claim.dropped)
+        self._applying: GenerationSettings | None = None
+        self._claim_pools(pool_setting(settings), settings)
         self._ensure_pools(settings)
 
     # --- control, callable from any thread ---------------------------------------------------------
@@ -113,6 +120,8 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
                 if r is not None:
                     r.free()
             self._drain_block_events()
+            self._pool_claim.release()
+            self._pool_finalizer.detach()
 
     # --- the generators ----------------------------------------------------------------------------
     def events(self) -> Iterator[Event]:
@@ -172,7 +181,9 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
                     break
                 new_settings = self._take_pending()         # with the pools they use made: not engine time
                 t = time.perf_counter()
-                out = (yield from self._apply_pending(new_settings)) + (yield from self._round())
+                out = yield from self._apply_pending(new_settings)
+                self._settle_pools(new_settings)
+                out += yield from self._round()
                 self.stats.add_engine_time(time.perf_counter() - t)
                 self._annotate()
                 yield from out + self._after_round()
