@@ -8,6 +8,7 @@ sequence on every call (the seed's no-cache baseline).
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -16,23 +17,39 @@ from ..model.llama import Model, forward
 from .cache import KVCacheManager
 
 
+def _blas_in_this_thread() -> bool:
+    return all(os.environ.get(v) == "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+
+
+# The clock engine time is read on (forwards here, sessions in engine/serving/clock.py, measurements): the
+# calling thread's CPU time, so that a thread waiting (for the GIL, for a core) counts nothing. With BLAS in
+# this thread only (engine/__init__.py) that is all of a forward's work; BLAS threads of their own would be
+# missed, so then it is the wall clock.
+engine_clock = time.thread_time if _blas_in_this_thread() else time.perf_counter
+
+
 class ForwardRequest:
     """A forward a session needs: `tokens` fed after what `runner` holds. A scheduler may run several
     requests of the same model as one batched computation, and a long one in chunks over several steps
     (`role`, target or draft, names it then); alone, `run()` does it. inputs_embeds: the first layer's input
     instead of the tokens' embeddings (an EAGLE head's; never batched)."""
-    __slots__ = ("runner", "tokens", "causal", "last_only", "role", "num_tokens", "inputs_embeds")
+    __slots__ = ("runner", "tokens", "causal", "last_only", "role", "num_tokens", "inputs_embeds", "seconds")
 
     def __init__(self, runner, tokens, causal: bool = True, last_only: bool = False, role: str = "target",
                  inputs_embeds=None):
         self.runner, self.tokens, self.causal, self.last_only = runner, list(tokens), causal, last_only
         self.role, self.num_tokens = role, runner.num_tokens + len(self.tokens)   # held once it is done
         self.inputs_embeds = inputs_embeds
+        self.seconds = 0.0          # its time on the engine clock once it has run (a batch's whole forward)
 
     def run(self):
-        if self.inputs_embeds is not None:
-            return self.runner.extend(self.tokens, self.causal, self.last_only, inputs_embeds=self.inputs_embeds)
-        return self.runner.extend(self.tokens, self.causal, self.last_only)
+        t = engine_clock()
+        try:
+            if self.inputs_embeds is not None:
+                return self.runner.extend(self.tokens, self.causal, self.last_only, inputs_embeds=self.inputs_embeds)
+            return self.runner.extend(self.tokens, self.causal, self.last_only)
+        finally:
+            self.seconds += engine_clock() - t
 
 
 ROUND_BOUNDARY = "round-boundary"   # what a session yields between rounds (where pacing may hold it)
@@ -64,10 +81,10 @@ class PagedRunner:
         last position only. inputs_embeds: see engine.model.forward (no prefix reuse then).
         """
         tokens, p0, kv = self.prepare(tokens)
-        t = time.perf_counter()
+        t = engine_clock()
         logits, hidden = forward(self.model, tokens, p0, kv, causal=causal, last_only=last_only, with_hidden=True,
                                  inputs_embeds=inputs_embeds)
-        self.finish(time.perf_counter() - t, hidden)
+        self.finish(engine_clock() - t, hidden)
         return logits
 
     def match_prefix(self, tokens) -> list:  # -> the tokens still to compute
@@ -144,10 +161,10 @@ class RecomputeRunner:
     def extend(self, tokens, causal: bool = True, last_only: bool = False):  # `causal`: the mask fault needs a cache
         tokens = list(tokens)
         self.token_ids.extend(tokens)
-        t = time.perf_counter()
+        t = engine_clock()
         logits, self.hidden = forward(self.model, np.asarray(self.token_ids), 0, None, last_only=last_only,
                                       with_hidden=True)
-        self.forward_s += time.perf_counter() - t
+        self.forward_s += engine_clock() - t
         self.forward_calls += 1
         return logits if last_only else logits[len(self.token_ids) - len(tokens):]
 

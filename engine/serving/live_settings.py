@@ -3,7 +3,6 @@ the next round boundary, where the session migrates what they touch (re-prefill,
 proposer) and reports it as a SettingsApplied event with its cost."""
 from __future__ import annotations
 
-import time
 
 from ..kv.dtypes import kv_bytes_per_token
 from ..kv.runner import ForwardRequest, PagedRunner
@@ -82,7 +81,7 @@ class LiveSettings:
         if not changed:
             return []
         self.settings = new
-        notes, t = [], time.perf_counter()
+        notes, t = [], self.clock.now()
         if "num_speculative_tokens" in changed:
             self.k = new.num_speculative_tokens
         if "enable_prefix_caching" in changed:
@@ -125,6 +124,6 @@ class LiveSettings:
                 self.proposer.free()
             self.proposer = self._make_proposer()
             notes.append(f"proposer: {new.method}")
-        cost_ms = (time.perf_counter() - t) * 1e3
+        cost_ms = (self.clock.now() - t) * 1e3
         return [SettingsApplied(changed, notes, cost_ms)]
 

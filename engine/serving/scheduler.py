@@ -27,12 +27,11 @@ its requests are never chunked.
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..kv.runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner
+from ..kv.runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, engine_clock
 from ..model.llama import forward_batch
 from .events import Error, PrefillProgress
 
@@ -207,13 +206,15 @@ class Scheduler:
             prepared, ok = [], []
             for e, chunk in group:
                 try:
+                    t = engine_clock()
                     prepared.append(e.request.runner.prepare(e.request.tokens[:chunk]))
+                    e.request.seconds += engine_clock() - t        # its slots: its own work
                     ok.append((e, chunk))
                 except Exception as exc:  # noqa: BLE001 - e.g. the pool is full: that session's error
                     self._resume_with(e, error=exc)
             if not ok:
                 continue
-            t = time.perf_counter()
+            t = engine_clock()
             try:
                 results = forward_batch(ok[0][0].request.runner.model, prepared,
                                         [chunk is not None or e.request.last_only for e, chunk in ok],
@@ -222,11 +223,12 @@ class Scheduler:
                 for e, _ in ok:
                     self._resume_with(e, error=exc)
                 continue
-            seconds = time.perf_counter() - t
+            seconds = engine_clock() - t
             self.batches += 1
             self.batched_requests += len(ok)
             for (e, chunk), (logits, hidden) in zip(ok, results):
                 r = e.request
+                r.seconds += seconds       # each session of a batch is charged the whole batched forward
                 r.runner.finish(seconds, hidden, chunk=chunk is not None)
                 if chunk is None:
                     self._finish_chunked(e, seconds)

@@ -10,8 +10,9 @@ NOTE (invariants between rounds):
 - The draft runner holds a prefix of `tokens` (it is rolled back after every verification).
 - Settings changed with `update_settings` are validated at once and applied at the next round
   boundary, which a SettingsApplied event reports.
-- Engine time (every figure shown) counts only this session's computation, never the time the
-  consumer of the generator spends between events (pacing, rendering, network).
+- Engine time (every figure shown) counts only this session's own work on its engine clock
+  (engine/serving/clock.py): its forwards, drafting, verification and sampling; never what its driver does
+  between its steps (other sessions, teaching jobs, pacing, rendering, network).
 
 By concern: this module holds the round loop; engine/serving/live_settings.py the settings changed while it runs,
 engine/spec_decode/inspector.py the token inspector's annotations, engine/serving/session_figures.py its metrics and summary.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 import uuid
 import weakref
 from typing import Iterator
@@ -37,6 +37,7 @@ from ..spec_decode.proposers import DraftModelProposer, NgramProposer
 from ..spec_decode.sampling import probs_from_logits, sample
 from ..spec_decode.verify import verify, verify_greedy
 from .events import Done, DraftProposed, Error, Event, Metrics, Prefill, RoundDone, Started, TokenResult
+from .clock import EngineClock
 from .live_settings import LiveSettings, pool_setting
 from .metrics import SpecDecodeStats
 from .registry import InferenceEngine, LoadedModel
@@ -85,6 +86,7 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         self.rng = np.random.default_rng(settings.seed)
         self.k = settings.num_speculative_tokens
         self.stats = SpecDecodeStats()
+        self.clock = EngineClock()
         self.round = 0
         self.finish_reason: str | None = None
         self.target = None
@@ -163,15 +165,19 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         """The session as a coroutine for a scheduler (engine/serving/scheduler.py). It yields:
         - Event: something to show;
         - ForwardRequest: a forward to run; send its logits back (several sessions' requests may run as
-          one batched computation);
+          one batched computation), having set its `seconds`;
         - ROUND_BOUNDARY: a round is complete; resume when the next round may start (pacing).
         """
+        return self.clock.timed(self._steps())
+
+    def _steps(self):
+        clock = self.clock
         try:
             yield self._started()
             self._ensure_pools(self.settings)
-            t = time.perf_counter()
+            t = clock.now()
             out = yield from self._prefill()
-            self.stats.add_engine_time(time.perf_counter() - t, first_token=True)
+            self.stats.add_engine_time(clock.now() - t, first_token=True)
             self._annotate()
             yield from out + self._after_round()
             while self.finish_reason is None:
@@ -180,11 +186,11 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
                     self.finish_reason = "cancelled"
                     break
                 new_settings = self._take_pending()         # with the pools they use made: not engine time
-                t = time.perf_counter()
+                t = clock.now()
                 out = yield from self._apply_pending(new_settings)
                 self._settle_pools(new_settings)
                 out += yield from self._round()
-                self.stats.add_engine_time(time.perf_counter() - t)
+                self.stats.add_engine_time(clock.now() - t)
                 self._annotate()
                 yield from out + self._after_round()
             yield Done(self.summary())
@@ -255,9 +261,9 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
     def _prefill(self):  # generator -> list[Event]
         self.target = self._make_runner(self.target_lm)
         self.proposer = self._make_proposer()
-        t = time.perf_counter()
+        t = self.clock.now()
         logits = (yield ForwardRequest(self.target, self.tokens, last_only=True))[-1]
-        ms = (time.perf_counter() - t) * 1e3
+        ms = (self.clock.now() - t) * 1e3
         self.features.record(self.target)
         self.stats.target_forward(ms, len(self.tokens), prefill=True)
         events: list[Event] = [Prefill("target", len(self.tokens), self.target.cached_tokens, ms)]
@@ -279,10 +285,10 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         events: list[Event] = []
         if k > 0:
             calls_before = self.proposer.forward_calls
-            t = time.perf_counter()
+            t = self.clock.now()
             drafts, q = yield from self.proposer.propose(self.tokens, k, s.temperature, s.top_p, self.rng,
                                                          s.draft_confidence_threshold)
-            draft_ms = (time.perf_counter() - t) * 1e3
+            draft_ms = (self.clock.now() - t) * 1e3
             self.stats.draft_forward(draft_ms, self.proposer.forward_calls - calls_before)
         if not drafts:
             return events + (yield from self._plain_step(draft_ms))
@@ -290,9 +296,9 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
             {"id": x, "text": self.tokenizer.token_text(x), "q": float(q[i, x])} for i, x in enumerate(drafts)],
             draft_ms))
         old_len = len(self.tokens)
-        t = time.perf_counter()
+        t = self.clock.now()
         logits = yield ForwardRequest(self.target, [self.tokens[-1]] + drafts, causal=s.fault != "no_causal_mask")
-        target_ms = (time.perf_counter() - t) * 1e3
+        target_ms = (self.clock.now() - t) * 1e3
         self.features.record(self.target)
         self.stats.target_forward(target_ms, len(drafts) + 1)
         greedy = s.temperature == 0
@@ -327,9 +333,9 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         return events
 
     def _plain_step(self, draft_ms: float):  # generator -> list[Event]
-        t = time.perf_counter()
+        t = self.clock.now()
         logits = (yield ForwardRequest(self.target, [self.tokens[-1]]))[-1]
-        target_ms = (time.perf_counter() - t) * 1e3
+        target_ms = (self.clock.now() - t) * 1e3
         self.features.record(self.target)
         self.stats.target_forward(target_ms, 1)
         tok, p = self._sample_target(logits)
