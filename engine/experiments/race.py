@@ -1,11 +1,12 @@
-"""A race: the same prompt run twice, with one setting apart, and a one-line verdict of what it changed.
+"""A race: the same prompt with one setting apart, and a one-line verdict of what it changed.
 
-    race(engine, prompt, settings, setting, (a, b)) -> both runs (engine/experiments/traces.py's `trace`), their
-                                                       figures, and the verdict on b against a
+    race(engine, prompt, settings, setting, (a, b)) -> each side's median run (engine/experiments/traces.py's
+                                                       `trace`), their figures, and the verdict on b against a
 
-Each run is whole and alone on the engine, one after the other (neither slows the other): every time is the
-session's own engine time. The figures are the engine's: KV bytes per token from the cache's formula
-(engine/kv/dtypes.py, as the run's summary reports it), ms per token from the run's engine clock.
+The sides are timed by the one comparison method (engine/experiments/compare.py: interleaved, repeated, on the
+runs' engine clocks); each lane shows the side's median run. The figures are the engine's: KV bytes per token
+from the cache's formula (engine/kv/dtypes.py, as the run's summary reports it), ms per token the median of
+the side's runs, the speed-up the comparison's median, spread and verdict.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..external.engine_race import SETTING as ENGINE_RACE
 from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
 from ..serving.settings import METHODS, GenerationSettings, SettingsError
-from .traces import trace_steps
+from .compare import MIN_REPEATS, comparison_steps
 
 # The settings a race can set apart, each with the pair it starts from.
 RACE_SETTINGS = {
@@ -101,11 +102,11 @@ def race_values(engine: InferenceEngine, settings: dict, setting: str, values) -
     return parsed
 
 
-def lane_figures(run: dict) -> dict:
-    """One side's figures: engine ms per emitted token, KV bytes per token (0 without a cache), acceptance."""
-    summary = run["summary"] or {}
-    n = run["num_output_tokens"]
-    return {"ms_per_token": run["elapsed_ms"] / n if n and run["elapsed_ms"] else None,
+def lane_figures(side: dict) -> dict:
+    """One side's figures (a side of engine/experiments/compare.py): the median engine ms per emitted token of its
+    runs, and of its median run KV bytes per token (0 without a cache) and acceptance."""
+    summary = side["run"]["summary"] or {}
+    return {"ms_per_token": side["median_ms_per_token"],
             "kv_bytes_per_token": (summary.get("kv_cache") or {}).get("bytes_per_token"),
             "acceptance_rate": summary.get("acceptance_rate"),
             "mean_acceptance_length": summary.get("mean_acceptance_length")}
@@ -118,8 +119,9 @@ def ratio_phrase(a: float | None, b: float | None, fewer: str, more: str) -> str
     return f"{a / b:.1f}× {fewer}" if b < a else f"{b / a:.1f}× {more}"
 
 
-def verdict(label_b: str, fa: dict, fb: dict) -> dict:
-    """The one-line verdict on side b against side a, and the ratios it quotes (b against a)."""
+def verdict(label_b: str, fa: dict, fb: dict, speed: dict) -> dict:
+    """The one-line verdict on side b against side a, and the ratios it quotes (b against a); `speed` is the
+    comparison's speed-up of b (engine/experiments/compare.py)."""
     parts = []
     kv_a, kv_b = fa["kv_bytes_per_token"], fb["kv_bytes_per_token"]
     if kv_b == 0 and kv_a:
@@ -128,26 +130,26 @@ def verdict(label_b: str, fa: dict, fb: dict) -> dict:
         parts.append(f"holds {kv_b:,} KV bytes/token instead of recomputing")
     else:
         parts.append(ratio_phrase(kv_a, kv_b, "fewer KV bytes/token", "more KV bytes/token"))
-    parts.append(ratio_phrase(fa["ms_per_token"], fb["ms_per_token"], "faster per token", "slower per token"))
+    parts.append(f"engine time per token {speed['text']}")
     if fa["acceptance_rate"] is not None and fb["acceptance_rate"] is not None:
         before, after = f"{fa['acceptance_rate']:.2f}", f"{fb['acceptance_rate']:.2f}"
         parts.append(f"acceptance {before} → {after}" if before != after else None)
     elif fb["mean_acceptance_length"] is not None and fa["mean_acceptance_length"] is None:
         parts.append(f"{fb['mean_acceptance_length']:.2f} tokens per target step")
     parts = [p for p in parts if p]
-    speed = fa["ms_per_token"] / fb["ms_per_token"] if fa["ms_per_token"] and fb["ms_per_token"] else None
     kv = kv_a / kv_b if kv_a and kv_b else None
-    return {"text": f"{label_b}: {', '.join(parts) if parts else 'no difference measured'}.",
-            "speedup": speed, "kv_ratio": kv}
+    return {"text": f"{label_b}: {', '.join(parts)}.", "speedup": speed["median"], "low": speed["low"],
+            "high": speed["high"], "speed_verdict": speed["verdict"], "kv_ratio": kv}
 
 
-def race(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "method", values=None) -> dict:
-    return run_to_end(race_steps(engine, prompt, settings, setting, values))
+def race(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "method", values=None,
+         repeats: int = MIN_REPEATS) -> dict:
+    return run_to_end(race_steps(engine, prompt, settings, setting, values, repeats))
 
 
 def race_steps(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "method",
-               values=None) -> Job[dict]:
-    """The prompt run with `setting` = values[0] (side a), then = values[1] (side b), all else the same.
+               values=None, repeats: int = MIN_REPEATS) -> Job[dict]:
+    """The prompt run with `setting` = values[0] (side a) and = values[1] (side b), all else the same.
 
     A race of γ needs something to propose: with method "none" it uses the draft model (or n-gram lookup).
     Greedy runs that differ only in how they compute (KV cache, speculative decoding) write the same text.
@@ -156,22 +158,24 @@ def race_steps(engine: InferenceEngine, prompt: str, settings: dict, setting: st
     if setting == "num_speculative_tokens" and s["method"] == "none":
         target = engine.registry.get(s["model"])
         s["method"] = "draft_model" if engine.registry.draft_for(target) is not None else "ngram"
-    return _race_runs(engine, prompt, s, setting, race_values(engine, s, setting, values))
+    a, b = race_values(engine, s, setting, values)
+    comparison = comparison_steps(engine, prompt, {"a": {**s, setting: a}, "b": {**s, setting: b}}, repeats)
+    return _race_runs(s, setting, (a, b), comparison)
 
 
-def _race_runs(engine: InferenceEngine, prompt: str, s: dict, setting: str, pair: tuple) -> Job[dict]:
-    a, b = pair
-    runs = []
-    for v in (a, b):
-        runs.append((yield from trace_steps(engine, prompt, {**s, setting: v})))
+def _race_runs(s: dict, setting: str, pair: tuple, comparison: Job[dict]) -> Job[dict]:
+    c = yield from comparison
+    sides = [c["sides"]["a"], c["sides"]["b"]]
+    runs = [side["run"] for side in sides]
     heads = runs[0]["summary"]["model"]["num_attention_heads"] if runs[0]["summary"] else None
     lanes = []
-    for role, value, run in zip(("a", "b"), (a, b), runs):
+    for role, value, side in zip(("a", "b"), pair, sides):
+        run = side["run"]
         if setting == "num_kv_heads" and value is None:
             value = run["summary"]["model"]["num_key_value_heads"] if run["summary"] else value
         lanes.append({"role": role, "value": value, "label": value_label(setting, value, heads),
-                      "run": run, "figures": lane_figures(run)})
-    return {"setting": setting, "settings": s, "lanes": lanes,
-            "verdict": verdict(lanes[1]["label"], lanes[0]["figures"], lanes[1]["figures"]),
+                      "run": run, "figures": lane_figures(side)})
+    return {"setting": setting, "settings": s, "lanes": lanes, "repeats": c["repeats"],
+            "verdict": verdict(lanes[1]["label"], lanes[0]["figures"], lanes[1]["figures"], sides[1]["speedup"]),
             "same_text": runs[0]["emitted_ids"] == runs[1]["emitted_ids"],
             "finish_ms": max(r["elapsed_ms"] for r in runs)}

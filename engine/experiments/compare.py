@@ -1,0 +1,140 @@
+"""One way to measure a speed-up, used by everything that shows one: the Race, the Shoot-out, the Theory view's
+"Measure against plain decoding" and the bench commands.
+
+    comparison_steps(engine, prompt, {"plain": {...}, "eagle": {...}}) -> Job[dict]   (the first side is the reference)
+    compare(engine, prompt, sides, repeats)                         -> the same, run to its end
+
+The method:
+- each side first runs once untimed, a few tokens: its weights, KV pools and code paths are warm;
+- then `repeats` rounds (at least 3), each running every side once, in order and in reverse order by turns
+  (A B, B A, A B: ABBA...), so that a drift of the machine (load coming and going) hits every side alike;
+- every timed run starts from the same prefix-cache state, an empty one: prefix caching is off in them, so each
+  computes its whole prompt, as `generate` does in a fresh process;
+- one clock: each run's engine time (engine/serving/clock.py) per output token, the prefill included, as
+  `generate` reports tokens/s;
+- a side's speed-up in a round is the reference's ms per token in that round over the side's; reported are the
+  median of the rounds' speed-ups and their spread (the lowest and the highest);
+- a verdict ("faster", "slower") only when the whole spread lies beyond 1 by more than the noise (the larger
+  of the two sides' own run-to-run spreads, half their range over their median, and MIN_NOISE); otherwise "no
+  clear difference here".
+"""
+from __future__ import annotations
+
+import os
+import statistics
+
+from ..serving.jobs import Job, run_to_end
+from ..serving.registry import InferenceEngine
+from ..serving.settings import GenerationSettings, SettingsError
+from .traces import trace_steps
+
+MIN_REPEATS = 3
+MIN_NOISE = 0.02       # the least noise a comparison assumes, however alike a side's runs came out
+WARM_UP_TOKENS = 8
+NO_CLEAR_DIFFERENCE = "no clear difference here"
+
+
+def comparison_steps(engine: InferenceEngine, prompt: str, sides: dict[str, dict], repeats: int = MIN_REPEATS,
+                     with_times: bool = False) -> Job[dict]:
+    """The sides' settings (`name -> settings`, the first the reference) compared by the method above. Bad
+    settings raise here, when the job is made. with_times: every run also keeps its forwards' times."""
+    if len(sides) < 2:
+        raise SettingsError("compare", "at least two sides")
+    if repeats < MIN_REPEATS:
+        raise SettingsError("repeats", f"at least {MIN_REPEATS}, got {repeats}")
+    timed = {}
+    for name, settings in sides.items():
+        s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
+        timed[name] = {**s, "enable_prefix_caching": False}
+    return _compare(engine, prompt, timed, repeats, with_times)
+
+
+def compare(engine: InferenceEngine, prompt: str, sides: dict[str, dict], repeats: int = MIN_REPEATS,
+            with_times: bool = False) -> dict:
+    return run_to_end(comparison_steps(engine, prompt, sides, repeats, with_times))
+
+
+def _compare(engine, prompt: str, sides: dict[str, dict], repeats: int, with_times: bool) -> Job[dict]:
+    names = list(sides)
+    load_before = os.getloadavg()
+    for name in names:                                  # warm, untimed
+        s = sides[name]
+        yield from trace_steps(engine, prompt, {**s, "max_tokens": min(WARM_UP_TOKENS, s["max_tokens"])})
+    runs: dict[str, list] = {name: [] for name in names}
+    order = []
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            order.append(name)
+            runs[name].append((yield from trace_steps(engine, prompt, sides[name], with_times)))
+    reference = names[0]
+    ref_ms = [ms_per_token(run) for run in runs[reference]]
+    noise = {name: run_noise([ms_per_token(run) for run in runs[name]]) for name in names}
+    out = {"reference": reference, "repeats": repeats, "order": order, "noise": noise,
+           "load_average": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in os.getloadavg()],
+           "cores": os.cpu_count(), "sides": {}}
+    for name in names:
+        ms = [ms_per_token(run) for run in runs[name]]
+        side = {"settings": sides[name], "runs": runs[name], "ms_per_token": ms,
+                "median_ms_per_token": statistics.median(ms) if None not in ms else None,
+                "run": runs[name][median_index(ms)], "error": next((r["error"] for r in runs[name] if r["error"]), None)}
+        if name != reference:
+            side["speedup"] = speedup([a / b if a and b else None for a, b in zip(ref_ms, ms)], repeats,
+                                      max(noise[reference], noise[name]))
+        out["sides"][name] = side
+    return out
+
+
+def ms_per_token(run: dict) -> float | None:
+    n = run["num_output_tokens"]
+    return run["elapsed_ms"] / n if n and run["elapsed_ms"] and not run["error"] else None
+
+
+def median_index(values: list) -> int:
+    """The index of a median value (the lower of the two middle ones for an even count; 0 without values)."""
+    ranked = sorted((v, i) for i, v in enumerate(values) if v is not None)
+    return ranked[(len(ranked) - 1) // 2][1] if ranked else 0
+
+
+def run_noise(ms: list) -> float:
+    """How much one setting's runs differ among themselves: half their range over their median (MIN_NOISE at
+    least; 0 runs or a failed one: MIN_NOISE)."""
+    if not ms or None in ms:
+        return MIN_NOISE
+    return max(MIN_NOISE, (max(ms) - min(ms)) / 2 / statistics.median(ms))
+
+
+def speedup(ratios: list, pairs: int, noise: float = MIN_NOISE) -> dict:
+    """Speed-ups of the rounds (None where a run failed): median, spread, verdict and a line saying them."""
+    if not ratios or None in ratios:
+        return {"values": ratios, "median": None, "low": None, "high": None, "verdict": None, "noise": noise,
+                "text": "not measured: a run failed"}
+    low, high, median = min(ratios), max(ratios), statistics.median(ratios)
+    verdict = "faster" if low > 1 + noise else "slower" if high < 1 - noise else NO_CLEAR_DIFFERENCE
+    return {"values": ratios, "median": median, "low": low, "high": high, "verdict": verdict, "noise": noise,
+            "text": speedup_text(median, low, high, verdict, pairs)}
+
+
+def speedup_text(median: float, low: float, high: float, verdict: str, pairs: int) -> str:
+    """'1.31× faster (1.27–1.36× over 3 interleaved rounds)', '1.4× slower (…)', 'no clear difference here (…)'."""
+    spread = f"{low:.2f}–{high:.2f}× over {pairs} interleaved rounds"
+    if verdict == "faster":
+        return f"{median:.2f}× faster ({spread})"
+    if verdict == "slower":
+        return f"{1 / median:.2f}× slower ({spread})"
+    return f"{NO_CLEAR_DIFFERENCE} ({median:.2f}×; {spread})"
+
+
+def against_plain_steps(engine: InferenceEngine, prompt: str, settings: dict, repeats: int = MIN_REPEATS) -> Job[dict]:
+    """The Theory view's "Measure against plain decoding": these settings against the same with method none
+    (the reference). The speed-up is the "run" side's, with its median and spread."""
+    return comparison_steps(engine, prompt, {"plain": {**settings, "method": "none"}, "run": settings}, repeats)
+
+
+def against_plain_figures(c: dict) -> dict:
+    """What the view shows of such a comparison: both sides' median ms per token, the speed-up (median, spread,
+    verdict and its line), whether both wrote the same text, the repeats and the load."""
+    plain, run = c["sides"]["plain"], c["sides"]["run"]
+    return {"plain_ms_per_token": plain["median_ms_per_token"], "run_ms_per_token": run["median_ms_per_token"],
+            **{k: run["speedup"][k] for k in ("median", "low", "high", "verdict", "text")},
+            "same_text": plain["run"]["emitted_ids"] == run["run"]["emitted_ids"], "repeats": c["repeats"],
+            "load_average": c["load_average"], "cores": c["cores"], "error": plain["error"] or run["error"]}

@@ -1,0 +1,70 @@
+"""The one comparison method (engine/experiments/compare.py): interleaved, repeated, from the same cache state, on the
+runs' engine clocks, and a verdict only when the spread keeps clear of 1."""
+import statistics
+
+import pytest
+
+from engine.experiments.compare import MIN_NOISE, MIN_REPEATS, NO_CLEAR_DIFFERENCE, compare, run_noise, speedup
+from engine.serving.settings import SettingsError
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
+
+
+def test_the_sides_run_interleaved_abba_after_a_warm_up_each_from_an_empty_prefix_cache(family):
+    engine = family()
+    settings = {"model": "t-mha", "method": "none", "max_tokens": 12}
+    c = compare(engine, PROMPT, {"a": settings, "b": {**settings, "kv_cache_dtype": "int8_per_token_head"}}, repeats=4)
+    assert c["order"] == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    for name in ("a", "b"):
+        runs = c["sides"][name]["runs"]
+        assert len(runs) == 4 and all(r["settings"]["enable_prefix_caching"] is False for r in runs)
+        assert all(r["num_output_tokens"] == 12 and r["elapsed_ms"] > 0 for r in runs)
+        assert c["sides"][name]["median_ms_per_token"] == statistics.median(c["sides"][name]["ms_per_token"])
+    s = c["sides"]["b"]["speedup"]
+    a_ms, b_ms = c["sides"]["a"]["ms_per_token"], c["sides"]["b"]["ms_per_token"]
+    assert s["values"] == pytest.approx([x / y for x, y in zip(a_ms, b_ms)])     # round by round, b against a
+    assert s["low"] <= s["median"] <= s["high"] and "speedup" not in c["sides"]["a"]
+    assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
+
+
+def test_two_identical_settings_show_no_clear_difference(family):
+    """Both sides run the same settings, so any verdict would be the method's bias (an order effect, a warmer
+    cache for one side). Tolerance: a verdict needs all 5 rounds' speed-ups beyond 1 ± the sides' own run-to-run
+    noise in the same direction; the 5 ratios of ten such comparisons (a load of 1.6-3.7 on 2 cores) stayed within
+    0.93-1.04 with every one straddling that band."""
+    engine = family()
+    settings = {"model": "t-mha", "method": "draft_model", "num_speculative_tokens": 3, "max_tokens": 60}
+    c = compare(engine, PROMPT, {"a": settings, "b": dict(settings)}, repeats=5)
+    s = c["sides"]["b"]["speedup"]
+    assert s["verdict"] == NO_CLEAR_DIFFERENCE and s["text"].startswith(NO_CLEAR_DIFFERENCE), s
+    assert s["low"] <= 1 + s["noise"] and s["high"] >= 1 - s["noise"]
+
+
+def test_a_real_difference_gets_its_verdict(family):
+    """Without a KV cache every step recomputes the whole sequence: at 80 tokens many times the work."""
+    engine = family()
+    settings = {"model": "t-mha", "method": "none", "max_tokens": 80}
+    c = compare(engine, PROMPT, {"cache": settings, "recompute": {**settings, "kv_cache": False}})
+    s = c["sides"]["recompute"]["speedup"]
+    assert s["verdict"] == "slower" and s["high"] < 1 - s["noise"] and s["text"].endswith("over 3 interleaved rounds)")
+
+
+def test_the_verdict_needs_the_whole_spread_clear_of_one():
+    assert speedup([1.2, 1.3, 1.25], 3)["verdict"] == "faster"
+    assert speedup([0.7, 0.8, 0.75], 3)["verdict"] == "slower"
+    assert speedup([1.2, 0.99, 1.3], 3)["verdict"] == NO_CLEAR_DIFFERENCE            # straddles 1
+    assert speedup([1.02, 1.025, 1.01], 3)["verdict"] == NO_CLEAR_DIFFERENCE        # within the noise of 1
+    assert speedup([1.06, 1.08, 1.07], 3, noise=0.1)["verdict"] == NO_CLEAR_DIFFERENCE    # the sides' own noise
+    assert run_noise([10.0, 11.0, 12.0]) == pytest.approx(1 / 11) and run_noise([5.0, 5.0, 5.0]) == MIN_NOISE
+    assert speedup([1.2, None, 1.3], 3)["verdict"] is None                           # a run failed: no figure
+    assert speedup([1.3, 1.2, 1.25], 3)["text"] == "1.25× faster (1.20–1.30× over 3 interleaved rounds)"
+
+
+def test_fewer_than_three_repeats_or_one_side_is_refused(family):
+    engine = family()
+    with pytest.raises(SettingsError, match="repeats"):
+        compare(engine, PROMPT, {"a": {}, "b": {}}, repeats=MIN_REPEATS - 1)
+    with pytest.raises(SettingsError, match="two sides"):
+        compare(engine, PROMPT, {"a": {}})
+    with pytest.raises(SettingsError, match="method"):
+        compare(engine, PROMPT, {"a": {}, "b": {"method": "telepathy"}})
