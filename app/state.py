@@ -17,9 +17,11 @@ import time
 from dataclasses import dataclass, field
 
 from app.config import AppConfig
+from app.curves import VerifyCurves
 from app.metrics import ServerMetrics
 from app.protocol import View
 from app.views.html import HtmlView, ViewSources
+from app.views.page import demo_defaults
 from app.views.json import JsonView
 from app.watch.rooms import Rooms
 from app.ws.admission import Admission
@@ -51,6 +53,10 @@ class Playground:
     external: dict = field(default_factory=dict)   # name -> ExternalEngine (app/ws/external.py)
     llamacpp: list = field(default_factory=list)   # the embedded llama.cpp servers that run
     vllm: VllmFleet | None = None                  # the vLLM servers (serve --vllm)
+    curves: VerifyCurves = field(default_factory=VerifyCurves)   # this machine's verify-cost curves
+    _loop: asyncio.AbstractEventLoop | None = None
+    _demo_target: str | None = None                 # the model whose curve `serve` measures at start-up
+    _curve_waiting: object = None                   # it, loaded before the engine thread started
     _loading: set = field(default_factory=set)     # models being made ready in the background
     _stopped: threading.Event = field(default_factory=threading.Event)
 
@@ -110,12 +116,23 @@ class Playground:
                 logger.exception("loading %s failed", lm.name)
             else:
                 logger.info("%s ready in %.1f s", lm.name, time.perf_counter() - t)
+                if self.config.curve_at_start and lm.name == self._demo_target:
+                    self._loop.call_soon_threadsafe(self._measure_curve_at_start, lm)
             finally:
                 self._loading.discard(lm.name)
 
+    def _measure_curve_at_start(self, lm) -> None:
+        """The demo model's verify curve, as a job that waits for an idle engine thread (app/curves.py)."""
+        if self.engine_thread is None:
+            self._curve_waiting = lm
+        elif not self._stopped.is_set():
+            self.curves.start(self, lm)
+
     async def start(self) -> None:
         request_threads(self.config.threads)     # applied when a model that streams from memory loads (logged)
+        self._loop = asyncio.get_running_loop()
         if self.registry is not None:
+            self._demo_target = demo_defaults(self)["model"] or self.registry.default_target().name
             self._loading = {m.name for m in self.registry.models.values()
                              if isinstance(m.model, LazyModel) and not m.model.loaded}
             threading.Thread(target=self._warm_up, name="warm-up", daemon=True).start()
@@ -146,6 +163,8 @@ class Playground:
             logger.info("engine thread started (BLAS threads: OPENBLAS_NUM_THREADS=%s; weight-product threads: %s)",
                         os.environ.get("OPENBLAS_NUM_THREADS"), self.config.threads or
                         "measured when a model that streams from memory loads")
+            if self._curve_waiting is not None:
+                self._measure_curve_at_start(self._curve_waiting)
 
     async def stop(self) -> None:
         self._stopped.set()

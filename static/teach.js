@@ -49,9 +49,6 @@
     tokenLinks()
     var rec = $('teach-recording')
     if (rec) rec.value = recordingKey()
-    var gamma = $('teach-gamma')                       // (α: the server takes the run's own, from the recording)
-    var g = $('f-num_speculative_tokens')
-    if (gamma && g) gamma.value = g.value
   }
 
   // --- tabs ---------------------------------------------------------------------------------------------------
@@ -282,14 +279,18 @@
   }
 
   function fmt(v, digits) { return v === null || v === undefined || !isFinite(v) ? '–' : v.toFixed(digits) }
+  function ago(seconds) {
+    return seconds < 90 ? Math.round(seconds) + ' s' : seconds < 5400 ? Math.round(seconds / 60) + ' min'
+      : Math.round(seconds / 3600) + ' h'
+  }
 
   function drawTheory() {
     theory.pending = false
     if (openName() !== 'theory') return
     var colors = theory.colors = theory.colors || readColors()
-    var s = theory.series || { tokens: [], e: [], flat: [], curve: [], measured: [], positions: [], summary: {
+    var s = theory.series || { tokens: [], e: [], flat: [], curve: [], estimated: [], positions: [], summary: {
       rounds: 0, alpha: null, acceptance_rate: null, gamma: null, c: null, t1_ms: null, verify_ratio: null,
-      e: null, flat: null, curve: null, measured: null, tokens: null } }
+      e: null, flat: null, curve: null, estimated: null, tokens: null } }
     var sum = s.summary
     var speculative = sum.alpha !== null
     // tokens per target call
@@ -303,17 +304,17 @@
     }
     g = setupCanvas($('theory-speedup'))
     if (g) {
-      var all = s.measured.concat(s.flat, s.curve).filter(function (v) { return v !== null })
+      var all = s.estimated.concat(s.flat, s.curve).filter(function (v) { return v !== null })
       var maxS = niceMax(Math.max.apply(null, all.concat([1.2])) * 1.1)
       axes(g, maxS, colors, '×')
       var plotH = g.H - g.top - g.bottom, y1 = g.top + plotH - plotH / maxS
       g.ctx.strokeStyle = colors['--muted']; g.ctx.setLineDash([2, 3]); g.ctx.beginPath()
       g.ctx.moveTo(g.left, y1); g.ctx.lineTo(g.W - g.right, y1); g.ctx.stroke(); g.ctx.setLineDash([])
       if (!speculative) emptyText(g, colors, 'needs a speculative run')
-      else if (!s.measured_curve) emptyText(g, colors, 'measuring this machine’s verify cost…')
+      else if (!s.measured_curve) emptyText(g, colors, 'the verify cost is measured once the engine is idle…')
       line(g, s.flat, maxS, colors['--theory-formula'], [6, 4])
       line(g, s.curve, maxS, colors['--theory-curve'], [2, 3])
-      line(g, s.measured, maxS, colors['--theory-measured'])
+      line(g, s.estimated, maxS, colors['--theory-measured'])
     }
     g = setupCanvas($('theory-positions'))
     if (g) {
@@ -347,20 +348,31 @@
     if (row) {
       var cols = { alpha: fmt(sum.alpha, 2), c: fmt(sum.c, 2), gamma: fmt(sum.gamma, 1), e: fmt(sum.e, 2),
         flat: sum.flat ? fmt(sum.flat, 2) + '×' : '–', curve: sum.curve ? fmt(sum.curve, 2) + '×' : '–',
-        measured: sum.measured ? fmt(sum.measured, 2) + '×' : '–' }
+        estimated: sum.estimated ? fmt(sum.estimated, 2) + '×' : '–' }
       row.querySelectorAll('[data-col]').forEach(function (td) { td.textContent = cols[td.dataset.col] })
-      var measuredCell = row.querySelector('[data-col=measured]')
-      if (measuredCell) measuredCell.classList.toggle('slower', sum.measured !== null && sum.measured < 1)
+      var estimatedCell = row.querySelector('[data-col=estimated]')
+      if (estimatedCell) estimatedCell.classList.toggle('slower', sum.estimated !== null && sum.estimated < 1)
     }
     var note = $('theory-note')
     if (note) {
       note.textContent = !sum.rounds ? 'Run a generation with a draft model or n-gram lookup (or replay one): each round adds a point.'
         : !speculative ? 'This run proposes nothing (method none, or no n-gram found): choose a draft model or n-gram lookup.'
           : sum.rounds + ' rounds. Measured tokens per call: ' + fmt(sum.tokens, 2) +
-            '; E with the measured α: ' + fmt(sum.e, 2) + '. Estimated speed-up: tokens per call × t(1) ÷ the median ' +
-            'round’s forward time, t(1) and c timed on an idle engine' + (s.model ? ' (' + s.model + ')' : '') +
-            '; a busy machine pulls it down. “Measure against plain decoding” times plain decoding of the same prompt ' +
-            'and settings on the same engine, as the Race does.'
+            '; E with the measured α: ' + fmt(sum.e, 2) + ' (predicted). Estimated speed-up: tokens per call × t(1) ÷ the median ' +
+            'round’s forward time, t(1) from the verify curve' + (s.model ? ' (' + s.model + ')' : '') +
+            ', c measured in this run. “Measure against plain decoding” runs this run’s settings and plain decoding ' +
+            'interleaved, several times each, as the Race and the Shoot-out do.'
+    }
+    var curveNote = $('theory-curve-note')
+    if (curveNote) {
+      var cn = s.curve
+      curveNote.classList.toggle('flagged', !!(cn && !cn.physical))
+      curveNote.textContent = !cn ? (sum.rounds ? 'Verify curve: measured once the engine is idle (never during a run).' : '')
+        : 'Verify curve' + (s.model ? ' of ' + s.model : '') + ': median of ' + cn.repeats + ' forwards per size (±' +
+          Math.round(100 * cn.noise) + '%), measured ' + ago(cn.age_s) + ' ago, load average ' + cn.load_average[0] +
+          ' on ' + cn.cores + ' cores.' + (cn.physical ? '' : ' NOT PHYSICAL: t(' + cn.violations.join('), t(') +
+          ') below t(1) beyond the noise (a busy machine); the predictions that need it are not shown, and it is ' +
+          'measured again when asked for a minute after.')
     }
   }
 
@@ -370,15 +382,18 @@
     var out = $('theory-measured'), note = $('theory-measured-note'), key = recordingKey()
     if (!key) { note.textContent = 'run a generation first'; return }
     out.textContent = '…'
+    note.textContent = 'running this run’s settings and plain decoding, interleaved, several times each…'
     fetch(withToken('/teach/plain.json?recording=' + encodeURIComponent(key)))
       .then(function (r) { return r.json() })
       .then(function (d) {
         if (d.error) { out.textContent = '–'; note.textContent = d.error; return }
-        out.textContent = d.measured.toFixed(2) + '×'
-        out.classList.toggle('slower', d.measured < 1)
-        note.textContent = d.run_ms_per_token.toFixed(1) + ' ms per token against plain decoding’s ' +
-          d.plain_ms_per_token.toFixed(1) + ' ms (same prompt and settings, same engine)' +
-          (d.same_text ? '; identical text' : '')
+        out.textContent = d.median.toFixed(2) + '×'
+        out.classList.toggle('slower', d.verdict === 'slower')
+        out.classList.toggle('faster', d.verdict === 'faster')
+        note.textContent = d.text + '; plain decoding ' + d.plain_ms_per_token.toFixed(2) + ' ms per token, this run’s ' +
+          'settings ' + d.run_ms_per_token.toFixed(2) + ' ms (medians of ' + d.repeats + ' runs each, interleaved; load average ' +
+          d.load_average[0] + ' on ' + d.cores + ' cores)' + (d.same_text ? '; identical text' : '') +
+          '. This run on the page: ' + d.page_ms_per_token.toFixed(2) + ' ms per token of engine time.'
       })
       .catch(function () { out.textContent = '–' })
   })

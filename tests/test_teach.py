@@ -266,6 +266,11 @@ def test_verify_cost_curve_is_measured_once_per_model(client):
     first = client.get("/teach/curve.json").json()
     assert first["model"] and first["target_ms"]["1"] > 0 and len(first["target_ms"]) == 17
     assert first["c"] > 0 and first["draft"]
+    # physical: one forward over n tokens costs at least one over 1 token, within the noise the curve states
+    t = {int(n): ms for n, ms in first["target_ms"].items()}
+    assert first["physical"] and first["violations"] == [] and 0 < first["noise"] < 0.5
+    assert all(t[n] >= t[1] * (1 - first["noise"]) for n in t)
+    assert first["repeats"] >= 11 and first["taken_at"] > 0 and len(first["load_average"]) == 3 and first["cores"] >= 1
     assert client.get("/teach/curve.json").json() == first               # cached: measured once
     assert client.get("/teach/curve.json", params={"model": "nope"}).status_code == 404
 
@@ -281,6 +286,46 @@ def test_cost_model_projects_a_memory_bound_accelerator(client):
     assert float(figure(busy, "speedup_there").rstrip("×")) < float(figure(html, "speedup_there").rstrip("×"))
     # empty or odd values fall back to defaults
     assert client.get("/teach/cost", params={"alpha": "", "gamma": "x", "batch": "-3"}).status_code == 200
+
+
+def test_the_cost_card_titled_measured_shows_measurements_and_the_formula_apart_as_predicted(client, engine):
+    """Issue 29: the "here" card held a formula under "measured on this CPU", computed with γ from the form while
+    the run drafted fewer tokens a round, and said the weights sat in the cache beside a line that streams them."""
+    view = client.app.state.playground.view("html")
+    view.form_prompt = PROMPT
+    events = run_events(engine, method="eagle", max_tokens=40, draft_confidence_threshold=0.5)
+    show_run(view, events)
+    html = client.get("/teach/cost", params={"recording": view.recording.key}).text
+    measured = html[html.index('class="cost-card here"'):html.index('class="cost-card here-predicted"')]
+    predicted = html[html.index('class="cost-card here-predicted"'):html.index('class="cost-card there"')]
+    assert '<span class="tag">measured</span>' in measured and "E /" not in measured and "E =" not in measured
+    assert "speedup_here" not in measured and "the Theory view" in measured           # no measured speed-up yet
+    assert '<span class="tag">predicted</span>' in predicted and "speedup_run_predicted" in predicted
+    rounds = [e for e in events if e.type == "round" and e.num_draft_tokens]
+    k = sum(r.num_draft_tokens for r in rounds) / len(rounds)
+    assert f"k = {k:.2f} drafted tokens per round" in predicted                   # the run's own, not γ
+    assert "sit in the CPU cache" in measured                # target-mha: small, no weights streamed
+    note = html[html.index('data-figure="curve_note"'):][:400]
+    assert re.search(r"measured \d+ s ago, load average [\d.]+ on \d+ cores", note)     # the curve's age and load
+
+
+def test_a_curve_that_is_not_physical_is_flagged_and_measured_again_a_minute_later(client):
+    import time
+
+    from engine.model.threads import threads
+
+    curves = client.app.state.playground.curves
+    good = client.get("/teach/curve.json").json()
+    key = (good["model"], threads())
+    flagged = {**curves.curves[key], "physical": False, "violations": [2], "taken_at": time.time()}
+    curves.curves[key] = flagged
+    html = client.get("/teach/cost").text
+    assert 'data-figure="curve_flag"' in html and "t(2) came out below t(1)" in html
+    assert 'data-figure="verify_ratio_here">–<' in html                     # nothing computed from it
+    assert client.get("/teach/curve.json").json()["physical"] is False       # within a minute: kept, flagged
+    curves.curves[key] = {**flagged, "taken_at": time.time() - 120}
+    again = client.get("/teach/curve.json").json()                           # a minute on: measured again
+    assert again["physical"] and again["taken_at"] > good["taken_at"]
 
 
 def test_the_cost_model_takes_a_head_s_c_from_the_page_s_run(client, engine):
@@ -328,6 +373,7 @@ def test_the_race_runs_plain_and_speculative_on_their_engine_clocks(client):
     assert all(s == sorted(s) and s[-1] == pytest.approx(float(lanes[r]), abs=0.01) for r, s in stamps.items())
     assert len(stamps["a"]) == len(stamps["b"]) == 40
     assert "exactly the same text" in html                               # greedy: speculative == plain
+    assert "over 3 interleaved rounds" in html and "Each side ran 3 times, interleaved" in html
 
 
 def test_the_shootout_runs_every_method_of_the_model_with_identical_greedy_output(client):
@@ -337,16 +383,23 @@ def test_the_shootout_runs_every_method_of_the_model_with_identical_greedy_outpu
     assert all(re.search(r'data-figure="identical">yes<', r) for r in rows.values())
     for m in ("draft_model", "medusa", "eagle"):
         assert float(re.search(r'data-figure="mal">([\d.]+)<', rows[m]).group(1)) >= 1.0
-        assert re.search(r'data-figure="measured"><strong class="\w+">[\d.]+×<', rows[m])
+        # measured: the comparison's median, its spread and verdict; predicted: the formula, labelled apart
+        assert re.search(r'data-figure="measured"><strong class="\w+" data-verdict="[\w ]+">[\d.]+×</strong> '
+                         r'<span class="hint">[\d.]+–[\d.]+', rows[m])
+        assert re.search(r'data-figure="predicted">[\d.]+×<', rows[m])
+        assert re.search(r'data-figure="verify_ratio">[\d.]+ <span class="hint">\([\d.]+\)</span>', rows[m])
     assert "3.57" in rows["eagle"] and "2.32" in rows["medusa"]                       # Spec-Bench beside ours
+    assert "ran 3 times, interleaved" in html and 'title="L ÷ (k c + verify ÷ t(1))' in html
 
 
 def test_theory_measures_a_run_against_plain_decoding_of_the_same_prompt_and_settings(recorded, client):
     rec, events, _ = recorded
     d = client.get("/teach/plain.json", params={"recording": rec.key}).json()
     run = events[-1].summary
-    assert d["run_ms_per_token"] == pytest.approx(run["elapsed_s"] * 1e3 / run["num_output_tokens"])
-    assert d["plain_ms_per_token"] > 0 and d["measured"] == pytest.approx(d["plain_ms_per_token"] / d["run_ms_per_token"])
+    assert d["page_ms_per_token"] == pytest.approx(run["elapsed_s"] * 1e3 / run["num_output_tokens"])
+    # both sides timed by the comparison (3 interleaved rounds), the page's own run only shown beside them
+    assert d["plain_ms_per_token"] > 0 and d["run_ms_per_token"] > 0 and d["repeats"] == 3
+    assert d["low"] <= d["median"] <= d["high"] and "over 3 interleaved rounds" in d["text"]
     assert client.get("/teach/plain.json", params={"recording": rec.key}).json() == d        # timed once
     assert client.get("/teach/plain.json", params={"recording": "nope"}).status_code == 404
     html = client.get("/?view=theory").text

@@ -134,6 +134,17 @@ def iec(n) -> str:
     return f"{n:.0f} B"
 
 
+def age(seconds: float) -> str:
+    """How long ago, roughly: '12 s', '3 min', '2 h', '4 days'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 36 * 3600:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
 def si_bytes(n) -> str:
     return "–" if n is None else f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from fastapi.templating import Jinja2Templates
 
 from app.paths import TEMPLATES_DIR
-from app.views.fragments import iec, num, pct, piece, prompt_parts, shown, si_bytes, text_shown
+from app.views.fragments import age, iec, num, pct, piece, prompt_parts, shown, si_bytes, text_shown
 
 templates = Jinja2Templates(directory=TEMPLATES_DIR)
 templates.env.globals.update(piece=piece, prompt_parts=prompt_parts)     # for templates/_fragments.html
-templates.env.filters.update(shown=shown, iec=iec, si_bytes=si_bytes, num=num, pct=pct, text_shown=text_shown)
+templates.env.filters.update(age=age, shown=shown, iec=iec, si_bytes=si_bytes, num=num, pct=pct, text_shown=text_shown)
 
 _macros = None
 

@@ -126,19 +126,27 @@ def run_alpha(points) -> float | None:
     return accepted / tested if tested else None
 
 
-def run_series(points, t1_ms: float | None, verify_ratio: dict | None, draft_model_c: float | None,
-               method: str) -> dict:
-    """The Theory view's figures after each round of a run, measured beside predicted: tokens per target call
-    and E with the α so far; the speed-up as E / (γc + 1) (flat verify), E / (γc + t(γ+1)/t(1)) (the measured
-    curve) and estimated (tokens per call × t(1) ÷ the median round's forward time: a round now and then is
-    slowed by the machine); acceptance per draft position beside α^i; and the summary of the whole run.
+def curve_ratios(curve: dict | None) -> tuple[float | None, dict | None]:
+    """t(1) and t(n)/t(1) of a measured verify-cost curve (engine/experiments/measure.py); (None, None) without one."""
+    if curve is None:
+        return None, None
+    t1 = curve["target_ms"][1]
+    return t1, {n: ms / t1 for n, ms in curve["target_ms"].items()}
 
-    Rounds with different γ are weighted by how many there were. c is the draft model's step measured with the
-    curve for method draft_model (`draft_model_c`), else the run's own proposal time per draft token / t(1)."""
+
+def run_series(points, t1_ms: float | None, verify_ratio: dict | None, method: str) -> dict:
+    """The Theory view's figures after each round of a run, measured beside predicted: tokens per target call
+    (measured) and E with the α so far (predicted); the speed-up predicted as E / (kc + 1) (flat verify) and
+    E / (kc + t(k+1)/t(1)) (the measured curve), with k the tokens drafted in each round (not γ: a confidence
+    threshold drafts fewer), and estimated as tokens per call × t(1) ÷ the median round's forward time (a round
+    now and then is slowed by the machine); acceptance per draft position beside α^i; the summary of the run.
+
+    Rounds with different k are weighted by how many there were. c is measured inside the run: its proposal
+    time per draft token / t(1), whatever the method (`method` names the run's drafter)."""
     counts: dict[int, int] = {}
     n = emitted = accepted = tested = drafted = draft_steps = 0
     draft_ms, round_ms = 0.0, []
-    out = {"tokens": [], "e": [], "flat": [], "curve": [], "measured": []}
+    out = {"tokens": [], "e": [], "flat": [], "curve": [], "estimated": []}
     c = 0.0
     for p in points:
         n += 1
@@ -153,12 +161,11 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, draft_mod
             draft_steps += p.drafted
         out["tokens"].append(emitted / n)
         if not tested:
-            for key in ("e", "flat", "curve", "measured"):
+            for key in ("e", "flat", "curve", "estimated"):
                 out[key].append(None)
             continue
         alpha = accepted / tested
-        c = draft_model_c if method == "draft_model" and draft_model_c else (
-            draft_ms / draft_steps / t1_ms if t1_ms and draft_steps else 0.0)
+        c = draft_ms / draft_steps / t1_ms if t1_ms and draft_steps else 0.0
         sum_e = sum(m * expected_tokens_per_round(alpha, k) for k, m in counts.items())
         flat = sum(m * (k * c + 1) for k, m in counts.items())
         ratios = [(verify_ratio or {}).get(k + 1) for k in counts]
@@ -168,7 +175,7 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, draft_mod
         out["e"].append(sum_e / n)
         out["flat"].append(sum_e / flat if t1_ms else None)
         out["curve"].append(sum_e / curve if curve else None)
-        out["measured"].append(t1_ms * (emitted / n) / median if t1_ms and median else None)
+        out["estimated"].append(t1_ms * (emitted / n) / median if t1_ms and median else None)
     alpha = accepted / tested if tested else None
     proposing = sum(m for k, m in counts.items() if k)
     gamma = drafted / proposing if proposing else None
@@ -180,7 +187,7 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, draft_mod
                           "formula": alpha ** j if alpha is not None else None})
     last = {key: values[-1] if values else None for key, values in out.items()}
     summary = {"rounds": n, "alpha": alpha, "acceptance_rate": accepted / drafted if drafted else None,
-               "gamma": gamma, "c": c if t1_ms and draft_steps else None, "t1_ms": t1_ms,
+               "gamma": gamma, "c": c if t1_ms and draft_steps else None, "t1_ms": t1_ms, "method": method,
                "verify_ratio": (verify_ratio or {}).get(round(gamma) + 1) if gamma is not None else None,
-               **{key: last[key] for key in ("tokens", "e", "flat", "curve", "measured")}}
+               **{key: last[key] for key in ("tokens", "e", "flat", "curve", "estimated")}}
     return {**out, "positions": positions, "summary": summary}

@@ -96,7 +96,7 @@ def test_a_runs_series_puts_its_measured_rounds_beside_the_formulas():
 
     # γ = 3: all accepted (3 + bonus), one rejected at position 2 (1 accepted), one plain round without drafts
     points = [RoundPoint(2.0, 0.3, 4, 3, 3), RoundPoint(2.0, 0.3, 2, 3, 1), RoundPoint(1.0, 0.0, 1, 0, 0)]
-    r = run_series(points, t1_ms=1.0, verify_ratio={1: 1.0, 4: 2.0}, draft_model_c=0.1, method="draft_model")
+    r = run_series(points, t1_ms=1.0, verify_ratio={1: 1.0, 4: 2.0}, method="draft_model")
     alpha = (3 + 1) / (3 + 2)                                   # 4 accepted of 5 judged
     assert run_alpha(points) == pytest.approx(alpha) == pytest.approx(r["summary"]["alpha"])
     assert r["tokens"] == pytest.approx([4.0, 3.0, 7 / 3])
@@ -104,12 +104,35 @@ def test_a_runs_series_puts_its_measured_rounds_beside_the_formulas():
     assert r["summary"]["e"] == pytest.approx(e)
     assert r["summary"]["flat"] == pytest.approx(3 * e / (2 * (3 * 0.1 + 1) + 1))
     assert r["summary"]["curve"] == pytest.approx(3 * e / (2 * (3 * 0.1 + 2.0) + 1))
-    assert r["summary"]["measured"] == pytest.approx(1.0 * (7 / 3) / 2.3)   # t(1) x tokens per call / median round
+    assert r["summary"]["estimated"] == pytest.approx(1.0 * (7 / 3) / 2.3)  # t(1) x tokens per call / median round
     assert r["e"][0] == pytest.approx(expected_tokens_per_round(1.0, 3)) and r["e"][0] == 4
     assert speedup_flat_verify(alpha, 3, 0.1) == pytest.approx(expected_tokens_per_round(alpha, 3) / 1.3)
     assert [p["rate"] for p in r["positions"]] == [1.0, 0.5, 0.5]
     assert [p["formula"] for p in r["positions"]] == pytest.approx([alpha, alpha ** 2, alpha ** 3])
-    assert r["summary"]["gamma"] == 3 and r["summary"]["verify_ratio"] == 2.0 and r["summary"]["c"] == 0.1
+    # c measured inside the run: 0.6 ms of drafting over 6 draft tokens, over t(1)
+    assert r["summary"]["gamma"] == 3 and r["summary"]["verify_ratio"] == 2.0 and r["summary"]["c"] == pytest.approx(0.1)
     # nothing proposed: no α, no predictions
-    plain = run_series(points[2:], 1.0, {1: 1.0}, None, "none")
+    plain = run_series(points[2:], 1.0, {1: 1.0}, "none")
     assert plain["summary"]["alpha"] is None and plain["e"] == [None] and plain["positions"] == []
+
+
+def test_a_verify_curve_below_t1_beyond_its_noise_is_not_physical():
+    from engine.experiments.measure import physical_check, relative_noise
+
+    assert physical_check({1: 10.0, 2: 9.0, 3: 12.0}, noise=0.02) == [2]        # t(2)/t(1) = 0.9: impossible
+    assert physical_check({1: 10.0, 2: 9.9, 3: 12.0}, noise=0.02) == []         # within the noise
+    assert physical_check({1: 10.0, 2: 9.0, 5: 8.0}, noise=0.15) == [5]
+    assert relative_noise([9.0, 10.0, 10.0, 11.0, 10.0]) == pytest.approx(0.05, abs=0.03)
+
+
+def test_the_verify_curve_is_physical_with_its_noise_age_and_load(family):
+    from engine.experiments.measure import verify_cost_steps
+    from engine.serving.jobs import run_to_end
+
+    engine = family()
+    lm = engine.registry.get("t-mha")
+    curve = run_to_end(verify_cost_steps(engine.registry, lm))
+    t = curve["target_ms"]
+    assert curve["physical"] and curve["violations"] == [] and curve["attempts"] in (1, 2)
+    assert all(t[n] >= t[1] * (1 - curve["noise"]) for n in t)
+    assert curve["repeats"] >= 11 and len(curve["load_average"]) == 3 and curve["taken_at"] > 0

@@ -47,7 +47,6 @@ class OneAtATime:
 
 
 RUNS = OneAtATime()        # faults, race, shoot-out, the Theory view's plain run
-CURVES = OneAtATime()
 
 
 async def teaching_run(request: Request, playground, max_tokens: int, run) -> HTMLResponse:

@@ -1,33 +1,31 @@
-"""The Theory view's figures, all computed here (static/teach.js only draws them):
+"""The Theory view's figures, all computed in engine/ (static/teach.js only draws them):
 
 - `GET /teach/curve.json`: this machine's measured verify-cost curve t(n) of a model and its draft's step
-  (engine/experiments/measure.py), measured once per model as an engine job; the Cost view uses it too;
+  (engine/experiments/measure.py), measured once per model as an engine job (app/curves.py); the Cost view
+  uses it too;
 - `GET /teach/theory.json?recording=KEY&rounds=N`: a run's first N rounds against the formulas
-  (engine/experiments/theory.py's `run_series`), with that curve's t(1), t(n)/t(1) and c."""
+  (engine/experiments/theory.py's `run_series`), with that curve's t(1) and t(n)/t(1) once it is measured (the
+  view asks again until then: it never waits for one, nor makes a run wait); a curve that is not physical is
+  not used."""
 from __future__ import annotations
+
+import time
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from app.deps import PlaygroundDep
-from app.routers.teach.common import CURVES, BusyError, model_of, run_job
+from app.routers.teach.common import model_of
 from app.views.recording import RECORDINGS
-from engine.experiments.measure import verify_cost_steps
-from engine.experiments.theory import RoundPoint, run_series
-from engine.model.threads import threads
+from engine.experiments.theory import RoundPoint, curve_ratios, run_series
 
 router = APIRouter()
-_curves: dict[tuple[str, int], dict] = {}     # (model, weight-product threads): the curve follows the thread count
 MAX_ROUNDS = 4096            # the charts show at most the last this many rounds
 
 
 async def verify_cost(playground, model_name: str | None) -> dict:
-    """The curve of a model (KeyError: no such model; BusyError: another curve is being measured)."""
-    lm = playground.engine.registry.get(model_name)
-    key = (lm.name, threads())
-    if key not in _curves:
-        _curves[key] = await run_job(playground, verify_cost_steps(playground.engine.registry, lm), CURVES)
-    return _curves[key]
+    """The curve of a model, waiting for its measurement (KeyError: no such model)."""
+    return await playground.curves.get(playground, playground.engine.registry.get(model_name))
 
 
 @router.get("/curve.json")
@@ -38,9 +36,6 @@ async def curve_json(playground: PlaygroundDep, model: str | None = None, record
         return JSONResponse(await verify_cost(playground, model_of(recording, model)))
     except KeyError as e:
         return JSONResponse({"error": str(e.args[0])}, status_code=404)
-    except BusyError:
-        return JSONResponse({"error": "busy: another curve is being measured; try again in a moment"},
-                            status_code=503)
 
 
 def recorded_rounds(rec, rounds: int | None) -> tuple[list[RoundPoint], str]:
@@ -65,10 +60,20 @@ async def theory_json(playground: PlaygroundDep, recording: str = "", rounds: in
     curve = None
     if playground.engine is not None:
         try:
-            curve = await verify_cost(playground, model_of(recording, None))
-        except (KeyError, BusyError):     # a model no longer served; a curve being measured: figures without it
+            curve = playground.curves.peek(playground, playground.engine.registry.get(model_of(recording, None)))
+        except KeyError:                  # a model no longer served: figures without its curve
             curve = None
-    t1 = curve["target_ms"][1] if curve else None
-    ratios = {n: ms / t1 for n, ms in curve["target_ms"].items()} if curve else None
-    series = run_series(points, t1, ratios, curve["c"] if curve else None, method)
-    return JSONResponse({**series, "model": curve["model"] if curve else None, "measured_curve": curve is not None})
+    usable = curve if curve is not None and curve["physical"] else None
+    t1, ratios = curve_ratios(usable)
+    series = run_series(points, t1, ratios, method)
+    return JSONResponse({**series, "model": curve["model"] if curve else None, "measured_curve": curve is not None,
+                         "curve": curve_note(curve)})
+
+
+def curve_note(curve: dict | None) -> dict | None:
+    """What the view says beside a curve: its age, the load it was measured under, whether it is physical."""
+    if curve is None:
+        return None
+    return {"age_s": max(0.0, time.time() - curve["taken_at"]), "load_average": curve["load_average"],
+            "cores": curve["cores"], "physical": curve["physical"], "violations": curve["violations"],
+            "noise": curve["noise"], "repeats": curve["repeats"]}
