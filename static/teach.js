@@ -382,12 +382,14 @@
     var out = $('theory-measured'), note = $('theory-measured-note'), key = recordingKey()
     if (!key) { note.textContent = 'run a generation first'; return }
     out.textContent = '…'
+    delete out.dataset.verdict
     note.textContent = 'running this run’s settings and plain decoding, interleaved, several times each…'
     fetch(withToken('/teach/plain.json?recording=' + encodeURIComponent(key)))
       .then(function (r) { return r.json() })
       .then(function (d) {
-        if (d.error) { out.textContent = '–'; note.textContent = d.error; return }
+        if (d.error) { out.textContent = '–'; note.textContent = d.error; out.dataset.verdict = 'error'; return }
         out.textContent = d.median.toFixed(2) + '×'
+        ;['median', 'low', 'high', 'verdict', 'page_ms_per_token'].forEach(function (k) { out.dataset[k] = d[k] })
         out.classList.toggle('slower', d.verdict === 'slower')
         out.classList.toggle('faster', d.verdict === 'faster')
         note.textContent = d.text + '; plain decoding ' + d.plain_ms_per_token.toFixed(2) + ' ms per token, this run’s ' +
@@ -395,7 +397,7 @@
           d.load_average[0] + ' on ' + d.cores + ' cores)' + (d.same_text ? '; identical text' : '') +
           '. This run on the page: ' + d.page_ms_per_token.toFixed(2) + ' ms per token of engine time.'
       })
-      .catch(function () { out.textContent = '–' })
+      .catch(function () { out.textContent = '–'; out.dataset.verdict = 'error' })
   })
 
   // --- replay: a recorded run's messages, swapped in at any speed (app/views/replay.py), no engine ----------------------

@@ -20,8 +20,9 @@ from engine.serving.session import GenerationSession
 PROMPT = "def add(a, b):\n    return a"
 SETTINGS = {"max_tokens": 120, "method": "none"}
 # The engine clock is the engine thread's CPU time: a run's time per token varies little from run to run even
-# on a shared machine (±5% seen under a load of 3-5 on 2 cores). The job below costs ~3 decode steps per step,
-# run between every two of the session's rounds: counted, it would add ~300%.
+# on a shared machine (±5% seen under a load of 3-5 on 2 cores). The job below costs about a decode step per
+# step, run between every two of the session's rounds: counted, it would add ~100% (the code before issue 29
+# showed +83% under a load of 11 on 2 cores).
 TOLERANCE = 0.25
 
 
@@ -31,8 +32,11 @@ def engine(models_dir):
 
 
 def busy_job(lm, steps: list):
-    """A teaching job's kind of work: one forward of the same model (64 tokens, no cache) per step."""
-    tokens = np.arange(2, 66) % lm.cfg.vocab_size
+    """A teaching job's kind of work: one forward of the same model per step (4 tokens without a cache: the
+    weights the run reads, little else, so that what is measured is the clock, not the CPU caches; a job's
+    forwards of another model between a small model's rounds do slow them, which is why the engine thread
+    runs jobs when the sessions leave it idle)."""
+    tokens = np.arange(2, 6) % lm.cfg.vocab_size
     while True:
         yield
         forward_no_cache(lm.model, tokens)
@@ -77,7 +81,7 @@ def test_a_run_s_engine_time_leaves_out_a_job_run_between_its_rounds(engine):
     per_token_busy = statistics.median(b[0] for b in busy)
     for _, wall, job_steps, tokens in busy:            # the job did run while the session generated
         assert job_steps >= tokens // 2
-    assert statistics.median(b[1] for b in busy) > 1.5 * statistics.median(a[1] for a in alone)
+    assert statistics.median(b[1] for b in busy) > 1.3 * statistics.median(a[1] for a in alone)
     assert abs(per_token_busy / per_token_alone - 1) <= TOLERANCE, (per_token_alone, per_token_busy)
 
 

@@ -8,10 +8,10 @@
 
 The thread runs the engine's `Scheduler` (engine/serving/scheduler.py): every admitted session advances to its
 next forward, and the forwards of the same model run as one batched computation. Between steps it runs
-the calls the event loop queued (add, remove), one step of every submitted job (the teaching views'
-experiments: a fault comparison, a race, a distribution check, a verify-cost curve) when no session could
-move (or when a job has waited `job_max_wait_s` for such a moment), and sends everything the step produced
-to the event loop in one `loop.call_soon_threadsafe`.
+the calls the event loop queued (add, remove), one step of the oldest submitted job (the teaching views'
+experiments: a fault comparison, a race, a distribution check, a verify-cost curve; one job at a time) when
+no session could move (or when the job has waited `job_max_wait_s` for such a moment), and sends everything
+the step produced to the event loop in one `loop.call_soon_threadsafe`.
 
 NOTE (invariants):
 - Only this thread touches the scheduler, the sessions' generators and the KV pools (under
@@ -284,23 +284,23 @@ class EngineThread:
                 self._wake.wait(timeout)
 
     def _step_jobs(self) -> bool:
-        """One step of every submitted job; True if any ran."""
-        for entry in list(self._jobs):
-            job, future = entry
-            done, ok, result = future.done(), True, None
-            if not done:
-                try:
-                    with self.engine.lock:
-                        next(job)
-                except StopIteration as stop:
-                    done, result = True, stop.value
-                except BaseException as e:  # noqa: BLE001 - handed to the caller
-                    done, ok, result = True, False, e
-                if done:
-                    self._post(_settle, future, ok, result)
-            if done:
-                job.close()
+        """One step of the oldest submitted job (one at a time: a job's forwards between another's timed ones
+        would slow them as they slow a run); jobs whose caller went away are dropped. True if any is left."""
+        for entry in [e for e in self._jobs if e[1].done()]:
+            entry[0].close()
+            self._jobs.remove(entry)
+        if self._jobs:
+            job, future = entry = self._jobs[0]
+            try:
+                with self.engine.lock:
+                    next(job)
+            except StopIteration as stop:
+                self._post(_settle, future, True, stop.value)
                 self._jobs.remove(entry)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                self._post(_settle, future, False, e)
+                self._jobs.remove(entry)
+                job.close()
         return bool(self._jobs)
 
     def _run_calls(self) -> None:

@@ -61,11 +61,9 @@ def _compare(engine, prompt: str, sides: dict[str, dict], repeats: int, with_tim
         s = sides[name]
         yield from trace_steps(engine, prompt, {**s, "max_tokens": min(WARM_UP_TOKENS, s["max_tokens"])})
     runs: dict[str, list] = {name: [] for name in names}
-    order = []
-    for r in range(repeats):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            order.append(name)
-            runs[name].append((yield from trace_steps(engine, prompt, sides[name], with_times)))
+    order = abba_order(names, repeats)
+    for name in order:
+        runs[name].append((yield from trace_steps(engine, prompt, sides[name], with_times)))
     reference = names[0]
     ref_ms = [ms_per_token(run) for run in runs[reference]]
     noise = {name: run_noise([ms_per_token(run) for run in runs[name]]) for name in names}
@@ -82,6 +80,11 @@ def _compare(engine, prompt: str, sides: dict[str, dict], repeats: int, with_tim
                                       max(noise[reference], noise[name]))
         out["sides"][name] = side
     return out
+
+
+def abba_order(names: list, repeats: int) -> list:
+    """Every name once per round, in order and in reverse order by turns: A B, B A, A B, ..."""
+    return [name for r in range(repeats) for name in (names if r % 2 == 0 else names[::-1])]
 
 
 def ms_per_token(run: dict) -> float | None:
