@@ -70,6 +70,8 @@ def add_bench_parsers(sub) -> None:
     bench_engines.add_parser(bsub)
     from cli.bench import faults as bench_faults
     bench_faults.add_parser(bsub)
+    from cli.bench import views as bench_views
+    bench_views.add_parser(bsub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -373,7 +373,7 @@ def test_the_race_runs_plain_and_speculative_on_their_engine_clocks(client):
     assert all(s == sorted(s) and s[-1] == pytest.approx(float(lanes[r]), abs=0.01) for r, s in stamps.items())
     assert len(stamps["a"]) == len(stamps["b"]) == 40
     assert "exactly the same text" in html                               # greedy: speculative == plain
-    assert "over 3 interleaved rounds" in html and "Each side ran 3 times, interleaved" in html
+    assert re.search(r"over (\d+) interleaved rounds.*Each side ran \1 times, interleaved", html, re.S)
 
 
 def test_the_shootout_runs_every_method_of_the_model_with_identical_greedy_output(client):
@@ -384,12 +384,12 @@ def test_the_shootout_runs_every_method_of_the_model_with_identical_greedy_outpu
     for m in ("draft_model", "medusa", "eagle"):
         assert float(re.search(r'data-figure="mal">([\d.]+)<', rows[m]).group(1)) >= 1.0
         # measured: the comparison's median, its spread and verdict; predicted: the formula, labelled apart
-        assert re.search(r'data-figure="measured"><strong class="\w+" data-verdict="[\w ]+">[\d.]+×</strong> '
+        assert re.search(r'data-figure="measured" data-median="[\d.]+" data-low="[\d.]+" data-high="[\d.]+"><strong class="\w+" data-verdict="[\w ]+">[\d.]+×</strong> '
                          r'<span class="hint">[\d.]+–[\d.]+', rows[m])
         assert re.search(r'data-figure="predicted">[\d.]+×<', rows[m])
         assert re.search(r'data-figure="verify_ratio">[\d.]+ <span class="hint">\([\d.]+\)</span>', rows[m])
     assert "3.57" in rows["eagle"] and "2.32" in rows["medusa"]                       # Spec-Bench beside ours
-    assert "ran 3 times, interleaved" in html and 'title="L ÷ (k c + verify ÷ t(1))' in html
+    assert re.search(r"ran \d+ times, interleaved", html) and 'title="L ÷ (k c + verify ÷ t(1))' in html
 
 
 def test_theory_measures_a_run_against_plain_decoding_of_the_same_prompt_and_settings(recorded, client):
@@ -397,9 +397,9 @@ def test_theory_measures_a_run_against_plain_decoding_of_the_same_prompt_and_set
     d = client.get("/teach/plain.json", params={"recording": rec.key}).json()
     run = events[-1].summary
     assert d["page_ms_per_token"] == pytest.approx(run["elapsed_s"] * 1e3 / run["num_output_tokens"])
-    # both sides timed by the comparison (3 interleaved rounds), the page's own run only shown beside them
-    assert d["plain_ms_per_token"] > 0 and d["run_ms_per_token"] > 0 and d["repeats"] == 3
-    assert d["low"] <= d["median"] <= d["high"] and "over 3 interleaved rounds" in d["text"]
+    # both sides timed by the comparison (interleaved rounds), the page's own run only shown beside them
+    assert d["plain_ms_per_token"] > 0 and d["run_ms_per_token"] > 0 and d["repeats"] >= 3
+    assert d["low"] <= d["median"] <= d["high"] and f"over {d['repeats']} interleaved rounds" in d["text"]
     assert client.get("/teach/plain.json", params={"recording": rec.key}).json() == d        # timed once
     assert client.get("/teach/plain.json", params={"recording": "nope"}).status_code == 404
     html = client.get("/?view=theory").text

@@ -373,7 +373,8 @@ class HtmlView:
         s = e.summary
         self.status.update(state="done", finish=s.get("finish_reason"), tokens=s["num_output_tokens"])
         title, text = summary_text(s, self.external)
-        frame.replace["summary"] = macros().summary({"title": title, "text": text})
+        frame.replace["summary"] = macros().summary({"title": title, "text": text, "elapsed_s": s.get("elapsed_s"),
+                                                     "tokens": s["num_output_tokens"]})
         self._render_server_gauges(s.get("server_metrics"), frame)      # an external engine's own /metrics
         if s.get("server_metrics_moved"):      # and how far its counters moved during this run
             moved = ", ".join(f"{k} +{v:g}" for k, v in s["server_metrics_moved"].items() if v)

@@ -6,8 +6,11 @@
 
 The method:
 - each side first runs once untimed, a few tokens: its weights, KV pools and code paths are warm;
-- then `repeats` rounds (at least 3), each running every side once, in order and in reverse order by turns
-  (A B, B A, A B: ABBA...), so that a drift of the machine (load coming and going) hits every side alike;
+- then rounds, each running every side once, in order and in reverse order by turns (A B, B A, A B: ABBA...),
+  so that a drift of the machine (load coming and going) hits every side alike: `repeats` of them, or by
+  default at least 3 and more while the rounds so far took less than ROUNDS_BUDGET_S of engine time (at most
+  MAX_REPEATS): a small model's runs take milliseconds and differ by ±20% from one to the next on a shared
+  machine, a large model's take seconds and differ by a few percent;
 - every timed run starts from the same prefix-cache state, an empty one: prefix caching is off in them, so each
   computes its whole prompt, as `generate` does in a fresh process;
 - one clock: each run's engine time (engine/serving/clock.py) per output token, the prefill included, as
@@ -29,18 +32,21 @@ from ..serving.settings import GenerationSettings, SettingsError
 from .traces import trace_steps
 
 MIN_REPEATS = 3
+MAX_REPEATS = 15
+ROUNDS_BUDGET_S = 3.0   # engine time of the timed rounds past which no round beyond MIN_REPEATS is added
 MIN_NOISE = 0.02       # the least noise a comparison assumes, however alike a side's runs came out
 WARM_UP_TOKENS = 8
 NO_CLEAR_DIFFERENCE = "no clear difference here"
 
 
-def comparison_steps(engine: InferenceEngine, prompt: str, sides: dict[str, dict], repeats: int = MIN_REPEATS,
+def comparison_steps(engine: InferenceEngine, prompt: str, sides: dict[str, dict], repeats: int | None = None,
                      with_times: bool = False) -> Job[dict]:
-    """The sides' settings (`name -> settings`, the first the reference) compared by the method above. Bad
-    settings raise here, when the job is made. with_times: every run also keeps its forwards' times."""
+    """The sides' settings (`name -> settings`, the first the reference) compared by the method above (`repeats`
+    rounds; None: by the budget). Bad settings raise here, when the job is made. with_times: every run also keeps
+    its forwards' times."""
     if len(sides) < 2:
         raise SettingsError("compare", "at least two sides")
-    if repeats < MIN_REPEATS:
+    if repeats is not None and repeats < MIN_REPEATS:
         raise SettingsError("repeats", f"at least {MIN_REPEATS}, got {repeats}")
     timed = {}
     for name, settings in sides.items():
@@ -49,21 +55,27 @@ def comparison_steps(engine: InferenceEngine, prompt: str, sides: dict[str, dict
     return _compare(engine, prompt, timed, repeats, with_times)
 
 
-def compare(engine: InferenceEngine, prompt: str, sides: dict[str, dict], repeats: int = MIN_REPEATS,
+def compare(engine: InferenceEngine, prompt: str, sides: dict[str, dict], repeats: int | None = None,
             with_times: bool = False) -> dict:
     return run_to_end(comparison_steps(engine, prompt, sides, repeats, with_times))
 
 
-def _compare(engine, prompt: str, sides: dict[str, dict], repeats: int, with_times: bool) -> Job[dict]:
+def _compare(engine, prompt: str, sides: dict[str, dict], repeats: int | None, with_times: bool) -> Job[dict]:
     names = list(sides)
     load_before = os.getloadavg()
     for name in names:                                  # warm, untimed
         s = sides[name]
         yield from trace_steps(engine, prompt, {**s, "max_tokens": min(WARM_UP_TOKENS, s["max_tokens"])})
     runs: dict[str, list] = {name: [] for name in names}
-    order = abba_order(names, repeats)
-    for name in order:
-        runs[name].append((yield from trace_steps(engine, prompt, sides[name], with_times)))
+    order, spent_ms, rounds = [], 0.0, 0
+    while more_rounds(rounds, spent_ms, repeats):
+        for name in (names if rounds % 2 == 0 else names[::-1]):
+            order.append(name)
+            run = yield from trace_steps(engine, prompt, sides[name], with_times)
+            runs[name].append(run)
+            spent_ms += run["elapsed_ms"]
+        rounds += 1
+    repeats = rounds
     reference = names[0]
     ref_ms = [ms_per_token(run) for run in runs[reference]]
     noise = {name: run_noise([ms_per_token(run) for run in runs[name]]) for name in names}
@@ -80,6 +92,13 @@ def _compare(engine, prompt: str, sides: dict[str, dict], repeats: int, with_tim
                                       max(noise[reference], noise[name]))
         out["sides"][name] = side
     return out
+
+
+def more_rounds(rounds: int, spent_ms: float, repeats: int | None) -> bool:
+    """Whether a comparison runs another round: `repeats` of them, or by the budget (see the module's note)."""
+    if repeats is not None:
+        return rounds < repeats
+    return rounds < MIN_REPEATS or (rounds < MAX_REPEATS and spent_ms < ROUNDS_BUDGET_S * 1e3)
 
 
 def abba_order(names: list, repeats: int) -> list:
@@ -127,7 +146,7 @@ def speedup_text(median: float, low: float, high: float, verdict: str, pairs: in
     return f"{NO_CLEAR_DIFFERENCE} ({median:.2f}×; {spread})"
 
 
-def against_plain_steps(engine: InferenceEngine, prompt: str, settings: dict, repeats: int = MIN_REPEATS) -> Job[dict]:
+def against_plain_steps(engine: InferenceEngine, prompt: str, settings: dict, repeats: int | None = None) -> Job[dict]:
     """The Theory view's "Measure against plain decoding": these settings against the same with method none
     (the reference). The speed-up is the "run" side's, with its median and spread."""
     return comparison_steps(engine, prompt, {"plain": {**settings, "method": "none"}, "run": settings}, repeats)

@@ -14,7 +14,7 @@ from ..external.engine_race import SETTING as ENGINE_RACE
 from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
 from ..serving.settings import METHODS, GenerationSettings, SettingsError
-from .compare import MIN_REPEATS, comparison_steps
+from .compare import comparison_steps
 
 # The settings a race can set apart, each with the pair it starts from.
 RACE_SETTINGS = {
@@ -143,12 +143,12 @@ def verdict(label_b: str, fa: dict, fb: dict, speed: dict) -> dict:
 
 
 def race(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "method", values=None,
-         repeats: int = MIN_REPEATS) -> dict:
+         repeats: int | None = None) -> dict:
     return run_to_end(race_steps(engine, prompt, settings, setting, values, repeats))
 
 
 def race_steps(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "method",
-               values=None, repeats: int = MIN_REPEATS) -> Job[dict]:
+               values=None, repeats: int | None = None) -> Job[dict]:
     """The prompt run with `setting` = values[0] (side a) and = values[1] (side b), all else the same.
 
     A race of γ needs something to propose: with method "none" it uses the draft model (or n-gram lookup).

@@ -18,7 +18,7 @@ import statistics
 from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
 from ..serving.settings import GenerationSettings
-from .compare import MIN_REPEATS, comparison_steps
+from .compare import comparison_steps
 from .theory import ACCELERATORS, projected_costs
 
 # Spec-Bench (Xia et al. 2024), Vicuna-7B, greedy, A100: mean accepted tokens per round (prompt lookup = ngram)
@@ -50,11 +50,11 @@ def h100_speedup(engine: InferenceEngine, target, method: str, acceptance_length
     return acceptance_length / (passes * p["c"] + p["verify_ratio"])
 
 
-def shootout(engine: InferenceEngine, prompt: str, settings: dict, repeats: int = MIN_REPEATS) -> dict:
+def shootout(engine: InferenceEngine, prompt: str, settings: dict, repeats: int | None = None) -> dict:
     return run_to_end(shootout_steps(engine, prompt, settings, repeats))
 
 
-def shootout_steps(engine: InferenceEngine, prompt: str, settings: dict, repeats: int = MIN_REPEATS) -> Job[dict]:
+def shootout_steps(engine: InferenceEngine, prompt: str, settings: dict, repeats: int | None = None) -> Job[dict]:
     s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
     target = engine.registry.get(s["model"])
     sides = {"none": {**s, "method": "none"}, **{m: {**s, "method": m} for m in methods_for(engine, target)}}

@@ -46,7 +46,16 @@ def test_a_real_difference_gets_its_verdict(family):
     settings = {"model": "t-mha", "method": "none", "max_tokens": 80}
     c = compare(engine, PROMPT, {"cache": settings, "recompute": {**settings, "kv_cache": False}})
     s = c["sides"]["recompute"]["speedup"]
-    assert s["verdict"] == "slower" and s["high"] < 1 - s["noise"] and s["text"].endswith("over 3 interleaved rounds)")
+    assert s["verdict"] == "slower" and s["high"] < 1 - s["noise"]
+    assert s["text"].endswith(f"over {c['repeats']} interleaved rounds)")
+
+
+def test_by_default_short_runs_get_more_rounds_within_the_budget():
+    from engine.experiments.compare import MAX_REPEATS, ROUNDS_BUDGET_S, more_rounds
+
+    assert more_rounds(2, 1e9, None) and not more_rounds(3, ROUNDS_BUDGET_S * 1e3, None)    # at least 3
+    assert more_rounds(3, 100.0, None) and not more_rounds(MAX_REPEATS, 100.0, None)        # cheap: up to 15
+    assert more_rounds(4, 0.0, 5) and not more_rounds(5, 0.0, 5)                            # asked for: exactly
 
 
 def test_the_verdict_needs_the_whole_spread_clear_of_one():

@@ -19,9 +19,9 @@ def test_plain_against_speculative_greedy_writes_the_same_text_both_ways(family)
     assert a["run"]["num_output_tokens"] == b["run"]["num_output_tokens"] == 40
     assert a["run"]["rounds"] == 39 and b["run"]["rounds"] < 39    # the twin draft is always accepted
     assert {t["status"] for t in a["run"]["tokens"]} == {"target"}
-    # the speed-up is the comparison's (engine/experiments/compare.py): the median of 3 interleaved rounds
-    assert r["repeats"] == 3 and r["verdict"]["low"] <= r["verdict"]["speedup"] <= r["verdict"]["high"]
-    assert "over 3 interleaved rounds" in r["verdict"]["text"]
+    # the speed-up is the comparison's (engine/experiments/compare.py): the median of its interleaved rounds
+    assert r["repeats"] >= 3 and r["verdict"]["low"] <= r["verdict"]["speedup"] <= r["verdict"]["high"]
+    assert f"over {r['repeats']} interleaved rounds" in r["verdict"]["text"]
     assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
 
 

@@ -1,0 +1,252 @@
+"""`decoding-playground bench views`: every speed-up the page shows, through a real server and a real browser,
+beside `generate`'s for the same settings (issue 29).
+
+Per case (SmolLM2 + EAGLE as the page's demo, target-mha + its draft model, SmolLM2 + n-gram lookup on a
+summary; every view with the same prompt and settings, 64 tokens):
+- **generate**: `decoding-playground generate --json` as fresh processes, plain decoding and the case's method
+  interleaved (ABBA, `--repeats` rounds, after one untimed run); the speed-up is the median of the rounds'
+  ratios of engine time per token, with the spread and verdict of engine/experiments/compare.py; beside it the
+  method's engine tokens/s;
+- **the page**: `decoding-playground serve` in its own process and headless Chromium (Playwright,
+  /usr/bin/chromium) loading the page with the case's settings in its address, one tab reloaded per run:
+  - the Theory view open from the start of a run (on a server that has not yet measured this model's verify
+    curve, the view asks for it during the run), then "Measure against plain decoding";
+  - runs with the views closed, the Theory view open and the Cost view open, interleaved (`--repeats`
+    rounds): each run's engine time per token (the summary line), each open view against the closed run of
+    its round;
+  - the Theory view opened after a run, its measurement, then the Cost card (its measured speed-up, and its
+    predicted one for the run);
+  - the Race (plain decoding against the method) and the Shoot-out (the method's row).
+
+Goals (issue 29, on a quiet machine): every measured on-screen speed-up within 15% of generate's median and no
+verdict the other way; a run's engine time with a view open within 10% of the same run with the views closed;
+the page's engine tokens/s within 15% of generate's. Results go to docs/benchmarks.md (section `bench views`).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from cli.bench.page import CHROMIUM, busy_processes, new_tab, wait_until_quiet
+from cli.bench.served import Server
+from cli.bench.smollm2 import SUMMARY_PROMPT
+from engine.experiments.compare import abba_order, run_noise, speedup
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_TOKENS = 64                  # the Shoot-out's cap: every view runs the same settings
+DEMO_MODEL, DEMO_PROMPT = "smollm2-135m", "Explain how a rainbow forms, in a short paragraph."  # app/views/page.py
+CHARACTER_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+CASES = [  # (label, settings, prompt): the non-demo model first, so that its curve is asked for during a run
+    ("target-mha + draft model", {"model": "target-mha", "method": "draft_model", "num_speculative_tokens": 4},
+     CHARACTER_PROMPT),
+    ("SmolLM2 + EAGLE (the demo)", {"model": DEMO_MODEL, "chat": "true", "method": "eagle",
+                                    "num_speculative_tokens": 5, "draft_confidence_threshold": 0.5}, DEMO_PROMPT),
+    ("SmolLM2 + n-gram, a summary", {"model": DEMO_MODEL, "chat": "true", "method": "ngram",
+                                     "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+     SUMMARY_PROMPT),
+]
+GOAL_SPEEDUP, GOAL_VIEWS, GOAL_TOKENS = 0.15, 0.10, 0.15
+TIMEOUT_MS = 900_000
+
+
+def add_parser(bench_subparsers) -> None:
+    bp = bench_subparsers.add_parser("views", help="every on-screen speed-up (Race, Shoot-out, Theory, Cost) in a real "
+                                                   "browser beside generate's; engine time with views open")
+    bp.add_argument("--repeats", type=int, default=5, help="interleaved rounds of generate and of the page's runs "
+                                                           "(default 5, at least 3; the views' comparisons run 3 each)")
+    bp.add_argument("--case", action="append", choices=[str(i) for i in range(len(CASES))],
+                    help="only these cases (0: target-mha, 1: SmolLM2 + EAGLE, 2: n-gram on a summary)")
+    bp.add_argument("--models-dir", default=None)
+    bp.add_argument("--json", action="store_true", help="print the results as JSON")
+    bp.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    bp.set_defaults(func=run)
+
+
+# --- generate ---------------------------------------------------------------------------------------------------
+def generate_run(prompt: str, settings: dict, models_dir) -> dict:
+    """One `decoding-playground generate --json` process; its engine time per token."""
+    cmd = [sys.executable, "-m", "cli.main", "generate", "--json", "--prompt", prompt, "--max-tokens", str(MAX_TOKENS)]
+    cmd += [x for k, v in settings.items() for x in ("--" + k.replace("_", "-"), str(v))]
+    if models_dir:
+        cmd += ["--models-dir", str(models_dir)]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900,
+                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    if out.returncode:
+        raise RuntimeError(f"generate failed: {out.stderr[-400:]}")
+    s = json.loads(out.stdout)
+    return {"ms_per_token": s["elapsed_s"] * 1e3 / s["num_output_tokens"], "tokens_per_s": s["tokens_per_s"],
+            "tokens": s["num_output_tokens"], "text": s["text"]}
+
+
+def generate_comparison(prompt: str, settings: dict, repeats: int, models_dir) -> dict:
+    sides = {"plain": {**settings, "method": "none"}, "method": settings}
+    generate_run(prompt, settings, models_dir)                 # untimed: the weights in the OS's page cache
+    runs = {name: [] for name in sides}
+    for name in abba_order(list(sides), repeats):
+        runs[name].append(generate_run(prompt, sides[name], models_dir))
+    ms = {name: [r["ms_per_token"] for r in v] for name, v in runs.items()}
+    s = speedup([a / b for a, b in zip(ms["plain"], ms["method"])], repeats, max(map(run_noise, ms.values())))
+    return {"speedup": s, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["method"]),
+            "plain_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["plain"]),
+            "same_text": runs["plain"][0]["text"] == runs["method"][0]["text"], "runs": runs}
+
+
+def curve(base: str, model: str) -> dict:
+    """The server's verify curve of a model, waiting for its measurement."""
+    with urllib.request.urlopen(f"{base}/teach/curve.json?model={model}", timeout=TIMEOUT_MS / 1e3) as r:
+        return json.loads(r.read())
+
+
+# --- the page ---------------------------------------------------------------------------------------------------
+def page_url(base: str, prompt: str, settings: dict, **extra) -> str:
+    query = {"speed": "max", "prompt": prompt, "max_tokens": MAX_TOKENS, **settings, **extra}
+    return f"{base}/?{urllib.parse.urlencode({k: str(v) for k, v in query.items()})}"
+
+
+def page_run(page, url: str) -> dict:
+    """The page loaded with autoplay: its run's engine tokens/s from the summary line."""
+    page.goto("about:blank")
+    wait_until_quiet()
+    with page.expect_console_message(lambda m: m.text == "bench:done", timeout=TIMEOUT_MS):
+        page.goto(url)
+    elapsed_s, tokens = page.get_attribute("#summary", "data-elapsed-s"), page.get_attribute("#summary", "data-tokens")
+    if not elapsed_s or not tokens:
+        raise RuntimeError(f"no engine time in the page's summary: {page.inner_text('#summary')[:200]!r}")
+    ms = float(elapsed_s) * 1e3 / int(tokens)            # the summary line's figures, unrounded
+    return {"tokens_per_s": 1e3 / ms, "ms_per_token": ms, "text": page.inner_text("#summary")}
+
+
+def figures(page, selector: str) -> dict:
+    """An on-screen speed-up's median, spread and verdict (the data attributes beside its text)."""
+    el = page.locator(selector).first
+    value = {k: el.get_attribute(f"data-{k}") for k in ("median", "speedup", "low", "high", "verdict", "speed-verdict")}
+    median = value["median"] or value["speedup"]
+    return {"median": float(median) if median not in (None, "", "None") else None,
+            "low": float(value["low"]) if value["low"] not in (None, "", "None") else None,
+            "high": float(value["high"]) if value["high"] not in (None, "", "None") else None,
+            "verdict": value["verdict"] or value["speed-verdict"], "text": el.inner_text()}
+
+
+def theory_measure(page) -> dict:
+    page.click("#theory-measure")
+    page.wait_for_selector("#theory-measured[data-verdict]", state="attached", timeout=TIMEOUT_MS)
+    out = figures(page, "#theory-measured")
+    out["note"] = page.inner_text("#theory-measured-note")
+    return out
+
+
+def views_case(page, base: str, label: str, settings: dict, prompt: str, repeats: int) -> dict:
+    method = settings["method"]
+    r = {}
+    # the Theory view open from the start (this model's curve, unless measured already, is asked for meanwhile)
+    r["theory_first_run"] = page_run(page, page_url(base, prompt, settings, autoplay=1, view="theory"))
+    r["theory_from_start"] = theory_measure(page)
+    curve(base, settings["model"])                                         # measured by now (or now)
+    page_run(page, page_url(base, prompt, settings, autoplay=1))           # warm
+    runs = {"closed": [], "theory": [], "cost": []}
+    for _ in range(repeats):
+        for view in runs:
+            extra = {"view": view} if view != "closed" else {}
+            runs[view].append(page_run(page, page_url(base, prompt, settings, autoplay=1, **extra)))
+    r["page_runs"] = runs
+    r["views_open"] = {view: statistics.median(o["ms_per_token"] / c["ms_per_token"] for o, c in zip(runs[view],
+                                                                                                   runs["closed"]))
+                       for view in ("theory", "cost")}
+    r["page_tokens_per_s"] = statistics.median(x["tokens_per_s"] for x in runs["closed"])
+    r["first_run_vs_closed"] = r["theory_first_run"]["ms_per_token"] / statistics.median(
+        x["ms_per_token"] for x in runs["closed"])
+    # the Theory view opened after a run with the views closed, then the Cost card
+    page_run(page, page_url(base, prompt, settings, autoplay=1))
+    page.click("#tab-theory")
+    r["theory_after"] = theory_measure(page)
+    page.click("#tab-cost")
+    page.wait_for_selector("#cost-body [data-figure=speedup_measured]", state="attached", timeout=TIMEOUT_MS)
+    r["cost_measured"] = figures(page, "#cost-body [data-figure=speedup_measured]")
+    predicted = page.get_attribute("#cost-body [data-figure=speedup_run_predicted]", "data-value")
+    r["cost_predicted"] = float(predicted) if predicted else None
+    # the Race and the Shoot-out
+    page.goto(page_url(base, prompt, settings, view="race", race="method", race_a="none", race_b=method))
+    page.click("#race-start")
+    page.wait_for_selector("#race-result [data-speed-verdict]", state="attached", timeout=TIMEOUT_MS)
+    r["race"] = figures(page, "#race-result [data-speed-verdict]")
+    page.goto(page_url(base, prompt, settings, view="shootout"))
+    page.click("#shootout-start")
+    row = f"#shootout-result tr[data-method='{method}'] td[data-figure=measured]"
+    page.wait_for_selector(row, state="attached", timeout=TIMEOUT_MS)
+    r["shootout"] = figures(page, row)
+    r["shootout"]["verdict"] = page.get_attribute(f"{row} strong", "data-verdict") if r["shootout"]["median"] else None
+    return r
+
+
+def run_views(models_dir, repeats: int, cases: list) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    from cli.bench.engine import machine
+
+    if not CHROMIUM.exists():
+        raise SystemExit(f"bench views needs Chromium at {CHROMIUM} (make browser)")
+    load_before, busy_before = os.getloadavg(), busy_processes()
+    out = []
+    for label, settings, prompt in cases:
+        out.append({"case": label, "settings": settings, "prompt": prompt,
+                    "generate": generate_comparison(prompt, settings, repeats, models_dir)})
+    with Server("--max-sessions", "4", models_dir=models_dir, start_timeout_s=120) as srv, sync_playwright() as pw:
+        if any(settings["model"] == DEMO_MODEL for _, settings, _ in cases):
+            curve(srv.base, DEMO_MODEL)                # the start-up measurement (the demo's) is done first
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                     args=["--disable-gpu", "--no-sandbox", "--disable-background-networking"])
+        try:
+            page = new_tab(browser)
+            for case in out:
+                case.update(views_case(page, srv.base, case["case"], case["settings"], case["prompt"], repeats))
+        finally:
+            browser.close()
+    for case in out:
+        case["checks"] = checks(case)
+    return {"command": f"decoding-playground bench views --repeats {repeats}", "repeats": repeats,
+            "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": machine(), "cases": out,
+            "load_average": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "busy_processes": busy_before, "ok": all(all(c["checks"].values()) for c in out)}
+
+
+SHOWN = (("race", "Race"), ("shootout", "Shoot-out"), ("theory_from_start", "Theory, open from the start"),
+         ("theory_after", "Theory, opened after"), ("cost_measured", "Cost card (measured)"))
+
+
+def checks(case: dict) -> dict:
+    """The goals, per case: each measured speed-up on screen against generate's median (within the goal, and no
+    verdict on the other side of 1 from it), views open against closed, the page's engine tokens/s against
+    generate's."""
+    g = case["generate"]["speedup"]["median"]
+    out = {}
+    for key, _ in SHOWN:
+        shown = case[key]
+        out[f"{key} within {GOAL_SPEEDUP:.0%}"] = shown["median"] is not None and abs(shown["median"] / g - 1) <= GOAL_SPEEDUP
+        out[f"{key} verdict not the other way"] = not ((shown["verdict"] == "faster" and g < 1)
+                                                       or (shown["verdict"] == "slower" and g > 1))
+    for view, ratio in case["views_open"].items():
+        out[f"{view} view open within {GOAL_VIEWS:.0%}"] = abs(ratio - 1) <= GOAL_VIEWS
+    out[f"page tokens/s within {GOAL_TOKENS:.0%}"] = abs(case["page_tokens_per_s"] / case["generate"]["tokens_per_s"]
+                                                         - 1) <= GOAL_TOKENS
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from cli.bench.views_report import markdown
+
+    cases = [CASES[int(i)] for i in args.case] if args.case else CASES
+    r = run_views(args.models_dir, max(3, args.repeats), cases)
+    print(json.dumps(r, indent=2) if args.json else markdown(r))
+    if not args.no_write:
+        from cli.bench.engine import DOCS, write_section
+        write_section("views", markdown(r))
+        print(f"\n(written to {DOCS})")
+    return 0 if r["ok"] else 1
