@@ -365,7 +365,7 @@
     }
     var curveNote = $('theory-curve-note')
     if (curveNote) {
-      var cn = s.curve
+      var cn = s.curve_note
       curveNote.classList.toggle('flagged', !!(cn && !cn.physical))
       curveNote.textContent = !cn ? (sum.rounds ? 'Verify curve: measured once the engine is idle (never during a run).' : '')
         : 'Verify curve' + (s.model ? ' of ' + s.model : '') + ': median of ' + cn.repeats + ' forwards per size (±' +

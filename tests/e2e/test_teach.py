@@ -90,6 +90,13 @@ def test_theory_view_follows_the_run(live_server, page, artifacts_dir):
         assert series["summary"]["e"] <= expected_tokens_per_round(series["summary"]["alpha"], 3) + 1e-9
     alpha = float(page.inner_text("#theory-figures [data-figure=alpha]"))
     assert 0 < alpha < 1 and float(page.inner_text("#theory-run-row [data-col=e]")) > 1
+    # the verify curve's age and load beside it; the measured speed-up by the comparison method
+    assert re.search(r"measured \d+ s ago, load average [\d.]+ on \d+ cores", page.inner_text("#theory-curve-note"))
+    page.click("#theory-measure")
+    page.wait_for_selector("#theory-measured[data-verdict]", state="attached", timeout=120_000)
+    assert page.get_attribute("#theory-measured", "data-verdict") in ("faster", "slower", "no clear difference here")
+    assert re.search(r"over \d+ interleaved rounds.*This run on the page: [\d.]+ ms per token of engine time",
+                     page.inner_text("#theory-measured-note"))
     page.screenshot(path=str(artifacts_dir / "teach-theory-dark.png"))
     assert page.recorder.errors == []
 

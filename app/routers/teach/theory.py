@@ -67,7 +67,7 @@ async def theory_json(playground: PlaygroundDep, recording: str = "", rounds: in
     t1, ratios = curve_ratios(usable)
     series = run_series(points, t1, ratios, method)
     return JSONResponse({**series, "model": curve["model"] if curve else None, "measured_curve": curve is not None,
-                         "curve": curve_note(curve)})
+                         "curve_note": curve_note(curve)})
 
 
 def curve_note(curve: dict | None) -> dict | None:
