@@ -21,7 +21,7 @@ from app.curves import VerifyCurves
 from app.metrics import ServerMetrics
 from app.protocol import View
 from app.views.html import HtmlView, ViewSources
-from app.views.page import demo_defaults
+from app.views.page import home_target
 from app.views.json import JsonView
 from app.watch.rooms import Rooms
 from app.ws.admission import Admission
@@ -132,7 +132,7 @@ class Playground:
         request_threads(self.config.threads)     # applied when a model that streams from memory loads (logged)
         self._loop = asyncio.get_running_loop()
         if self.registry is not None:
-            self._demo_target = demo_defaults(self)["model"] or self.registry.default_target().name
+            self._demo_target = home_target(self).name
             self._loading = {m.name for m in self.registry.models.values()
                              if isinstance(m.model, LazyModel) and not m.model.loaded}
             threading.Thread(target=self._warm_up, name="warm-up", daemon=True).start()

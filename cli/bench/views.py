@@ -8,7 +8,8 @@ summary; every view with the same prompt and settings, 64 tokens):
   ratios of engine time per token, with the spread and verdict of engine/experiments/compare.py; beside it the
   method's engine tokens/s;
 - **the page**: `decoding-playground serve` in its own process and headless Chromium (Playwright,
-  /usr/bin/chromium) loading the page with the case's settings in its address, one tab reloaded per run:
+  /usr/bin/chromium) loading the page with the case's settings in its address (the prefix cache off: every
+  run computes its prompt, as `generate` does), one tab reloaded per run:
   - the Theory view open from the start of a run (on a server that has not yet measured this model's verify
     curve, the view asks for it during the run), then "Measure against plain decoding";
   - runs with the views closed, the Theory view open and the Cost view open, interleaved (`--repeats`
@@ -107,7 +108,10 @@ def curve(base: str, model: str) -> dict:
 
 # --- the page ---------------------------------------------------------------------------------------------------
 def page_url(base: str, prompt: str, settings: dict, **extra) -> str:
-    query = {"speed": "max", "prompt": prompt, "max_tokens": MAX_TOKENS, **settings, **extra}
+    """The page with the case's settings; the prefix cache off, so that each run computes its prompt, as
+    `generate` in a fresh process does (and as every run of the views' comparisons does)."""
+    query = {"speed": "max", "prompt": prompt, "max_tokens": MAX_TOKENS, **settings, "enable_prefix_caching": "false",
+             **extra}
     return f"{base}/?{urllib.parse.urlencode({k: str(v) for k, v in query.items()})}"
 
 
