@@ -62,7 +62,7 @@ def add_parser(bench_subparsers) -> None:
     bp = bench_subparsers.add_parser("views", help="every on-screen speed-up (Race, Shoot-out, Theory, Cost) in a real "
                                                    "browser beside generate's; engine time with views open")
     bp.add_argument("--repeats", type=int, default=5, help="interleaved rounds of generate and of the page's runs "
-                                                           "(default 5, at least 3; the views' comparisons run 3 each)")
+                                                           "(default 5, at least 3; the views' comparisons run 3 to 15 each)")
     bp.add_argument("--case", action="append", choices=[str(i) for i in range(len(CASES))],
                     help="only these cases (0: target-mha, 1: SmolLM2 + EAGLE, 2: n-gram on a summary)")
     bp.add_argument("--models-dir", default=None)

@@ -19,8 +19,8 @@ def markdown(r: dict) -> str:
              f"{r['load_average_after']}; other busy processes: {', '.join(r['busy_processes']) or 'none'}.", "",
              f"Every side {MAX_TOKENS} tokens, greedy. Speed-ups are plain decoding's engine time per token over the "
              "method's: generate's from fresh `generate --json` processes, plain and the method interleaved "
-             f"(ABBA, {r['repeats']} rounds), the median with the lowest–highest and the verdict of "
-             "engine/experiments/compare.py; each view's as it shows it (its own comparison: 3 interleaved rounds "
+             f"(ABBA, {r['repeats']} rounds), the median with its spread and the verdict of "
+             "engine/experiments/compare.py; each view's as it shows it (its own comparison: 3 to 15 interleaved rounds "
              "on the server's engine thread). The Cost card's predicted speed-up is a formula (labelled so on the "
              "page) and not held to the goal.", "",
              "| case | generate | " + " | ".join(label for _, label in SHOWN) + " | Cost card (predicted) | "

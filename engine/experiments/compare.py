@@ -16,13 +16,16 @@ The method:
 - one clock: each run's engine time (engine/serving/clock.py) per output token, the prefill included, as
   `generate` reports tokens/s;
 - a side's speed-up in a round is the reference's ms per token in that round over the side's; reported are the
-  median of the rounds' speed-ups and their spread (the lowest and the highest);
+  median of the rounds' speed-ups and their spread: the range of the rounds' values that holds the median with
+  at least 75% confidence (`median_band`: the lowest and highest of 3 rounds, the 5th to the 11th of 15, so that
+  one run slowed by the machine does not decide);
 - a verdict ("faster", "slower") only when the whole spread lies beyond 1 by more than the noise (the larger
-  of the two sides' own run-to-run spreads, half their range over their median, and MIN_NOISE); otherwise "no
-  clear difference here".
+  of the two sides' own run-to-run spreads, the same band of their ms per token over its median, and
+  MIN_NOISE); otherwise "no clear difference here".
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 
@@ -117,12 +120,22 @@ def median_index(values: list) -> int:
     return ranked[(len(ranked) - 1) // 2][1] if ranked else 0
 
 
+def median_band(values: list) -> tuple[float, float]:
+    """The k-th lowest and k-th highest of n values, k as large as keeps the median between them with at least
+    75% confidence (a distribution-free interval: P(median outside) = 2 P(Binomial(n, 1/2) < k))."""
+    ranked, n, k = sorted(values), len(values), 1
+    while k + 1 <= n // 2 and 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n <= 0.25:
+        k += 1
+    return ranked[k - 1], ranked[n - k]
+
+
 def run_noise(ms: list) -> float:
-    """How much one setting's runs differ among themselves: half their range over their median (MIN_NOISE at
-    least; 0 runs or a failed one: MIN_NOISE)."""
+    """How much one setting's runs differ among themselves: half their `median_band` over their median
+    (MIN_NOISE at least; no runs or a failed one: MIN_NOISE)."""
     if not ms or None in ms:
         return MIN_NOISE
-    return max(MIN_NOISE, (max(ms) - min(ms)) / 2 / statistics.median(ms))
+    low, high = median_band(ms)
+    return max(MIN_NOISE, (high - low) / 2 / statistics.median(ms))
 
 
 def speedup(ratios: list, pairs: int, noise: float = MIN_NOISE) -> dict:
@@ -130,7 +143,7 @@ def speedup(ratios: list, pairs: int, noise: float = MIN_NOISE) -> dict:
     if not ratios or None in ratios:
         return {"values": ratios, "median": None, "low": None, "high": None, "verdict": None, "noise": noise,
                 "text": "not measured: a run failed"}
-    low, high, median = min(ratios), max(ratios), statistics.median(ratios)
+    (low, high), median = median_band(ratios), statistics.median(ratios)
     verdict = "faster" if low > 1 + noise else "slower" if high < 1 - noise else NO_CLEAR_DIFFERENCE
     return {"values": ratios, "median": median, "low": low, "high": high, "verdict": verdict, "noise": noise,
             "text": speedup_text(median, low, high, verdict, pairs)}

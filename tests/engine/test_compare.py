@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from engine.experiments.compare import MIN_NOISE, MIN_REPEATS, NO_CLEAR_DIFFERENCE, compare, run_noise, speedup
+from engine.experiments.compare import MIN_NOISE, MIN_REPEATS, NO_CLEAR_DIFFERENCE, compare, median_band, run_noise, speedup
 from engine.serving.settings import SettingsError
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
@@ -67,6 +67,10 @@ def test_the_verdict_needs_the_whole_spread_clear_of_one():
     assert run_noise([10.0, 11.0, 12.0]) == pytest.approx(1 / 11) and run_noise([5.0, 5.0, 5.0]) == MIN_NOISE
     assert speedup([1.2, None, 1.3], 3)["verdict"] is None                           # a run failed: no figure
     assert speedup([1.3, 1.2, 1.25], 3)["text"] == "1.25× faster (1.20–1.30× over 3 interleaved rounds)"
+    # the spread holds the median with >= 75% confidence: of 3 rounds all of them, of 15 the 5th to the 11th, so
+    # that one run the machine slowed does not decide
+    assert median_band([1.3, 1.2, 1.25]) == (1.2, 1.3)
+    assert speedup([1.3] * 7 + [1.25] * 7 + [0.6], 15)["verdict"] == "faster"
 
 
 def test_fewer_than_three_repeats_or_one_side_is_refused(family):
