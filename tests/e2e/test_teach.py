@@ -91,7 +91,7 @@ def test_theory_view_follows_the_run(live_server, page, artifacts_dir):
     alpha = float(page.inner_text("#theory-figures [data-figure=alpha]"))
     assert 0 < alpha < 1 and float(page.inner_text("#theory-run-row [data-col=e]")) > 1
     # the verify curve's age and load beside it; the measured speed-up by the comparison method
-    assert re.search(r"measured \d+ s ago, load average [\d.]+ on \d+ cores", page.inner_text("#theory-curve-note"))
+    assert re.search(r"measured \d+ (s|min|h) ago, load average [\d.]+ on \d+ cores", page.inner_text("#theory-curve-note"))
     page.click("#theory-measure")
     page.wait_for_selector("#theory-measured[data-verdict]", state="attached", timeout=120_000)
     assert page.get_attribute("#theory-measured", "data-verdict") in ("faster", "slower", "no clear difference here")
