@@ -94,3 +94,20 @@ def test_a_forward_request_carries_its_own_time_and_the_session_counts_it_once(e
     wall = time.perf_counter() - t
     forwards = summary["target_time_s"] + summary["draft_time_s"]
     assert forwards <= summary["elapsed_s"] <= wall
+
+
+def test_the_clock_is_the_thread_s_cpu_time_unless_helper_threads_share_the_work(engine):
+    """A model whose weight products run on helper threads (engine/model/threads.py) is timed on the wall
+    clock: the caller's CPU time would miss the helpers' part (and waiting for them is the step's time)."""
+    import copy
+
+    from engine.kv.runner import clock_for
+    from engine.model.layout import use_layout
+    from engine.model.threads import using_threads
+
+    arrays = engine.registry.default_target().model
+    streamed = use_layout(copy.deepcopy(arrays), "out_in")
+    assert clock_for(arrays) is time.thread_time and clock_for(streamed) is time.thread_time
+    with using_threads(2):
+        assert clock_for(arrays) is time.thread_time                 # its products never use the helpers
+        assert clock_for(streamed) is time.perf_counter

@@ -7,8 +7,9 @@
                                               the step measured
     distribution_steps(engine, prompt, …)  -> the first seed's distribution check (TVD against p)
 
-Each job yields between timed pieces, never inside one, and times them on the engine clock (the engine thread's
-CPU time, engine/kv/runner.py): what the engine thread runs between two steps does not count, nor waiting.
+Each job yields between timed pieces, never inside one, and times them on the engine clock (engine/kv/runner.py's
+`clock_for`: the engine thread's CPU time, unless helper threads share the work): what the engine thread runs
+between two steps does not count, nor waiting.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import time
 import numpy as np
 
 from ..kv.cache import KVCacheManager
-from ..kv.runner import engine_clock
+from ..kv.runner import clock_for
 from ..model.layout import WeightStream, weight_bytes
 from ..model.llama import forward, forward_no_cache
 from ..model.thread_choice import available_cores, candidate_threads
@@ -59,10 +60,11 @@ def verify_curve_samples(lm, context: int = CURVE_CONTEXT, ns=(1, 2, 3, 4, 5, 7,
         for n in ns:
             new = tokens[context:context + n]
             yield
-            t = engine_clock()
+            clock = clock_for(lm.model)
+            t = clock()
             forward(lm.model, new, context, mgr.append_slots(seq, new))
             mgr.truncate(seq, context)
-            times[n].append((engine_clock() - t) * 1e3)
+            times[n].append((clock() - t) * 1e3)
     return times
 
 
@@ -201,7 +203,7 @@ def distribution_steps(engine: InferenceEngine, prompt: str, samples: int, tempe
     for i in range(samples):
         if i % DISTRIBUTION_SLICE == 0:
             yield
-            t = engine_clock()
+            t = time.thread_time()
         x = sample(q, rng)
         verdicts, _ = verify([x], q[None], p2, rng)
         first = verdicts[0] if verdicts[0].status == "accepted" else verdicts[1]
@@ -210,12 +212,12 @@ def distribution_steps(engine: InferenceEngine, prompt: str, samples: int, tempe
         if progress and ((i + 1) % every == 0 or i + 1 == samples):
             progress(i + 1, samples)
         if (i + 1) % DISTRIBUTION_SLICE == 0 or i + 1 == samples:
-            seconds += engine_clock() - t
+            seconds += time.thread_time() - t
     yield
-    t = engine_clock()
+    t = time.thread_time()
     direct = np.bincount(rng.choice(V, size=samples, p=p), minlength=V).astype(float)
     draft_only = np.bincount(rng.choice(V, size=samples, p=q), minlength=V).astype(float)
-    seconds += engine_clock() - t
+    seconds += time.thread_time() - t
     top = np.argsort(-p)[:8]
     tok = target.tokenizer
     return {"prompt": prompt, "samples": samples, "temperature": temperature, "seed": seed,

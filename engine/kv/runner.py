@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 import numpy as np
 
 from ..model.llama import Model, forward
+from ..model.threads import threads
 from .cache import KVCacheManager
 
 
@@ -21,11 +23,14 @@ def _blas_in_this_thread() -> bool:
     return all(os.environ.get(v) == "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"))
 
 
-# The clock engine time is read on (forwards here, sessions in engine/serving/clock.py, measurements): the
-# calling thread's CPU time, so that a thread waiting (for the GIL, for a core) counts nothing. With BLAS in
-# this thread only (engine/__init__.py) that is all of a forward's work; BLAS threads of their own would be
-# missed, so then it is the wall clock.
-engine_clock = time.thread_time if _blas_in_this_thread() else time.perf_counter
+def clock_for(model) -> Callable[[], float]:
+    """The clock a stretch of `model`'s engine work is timed on (its start and its end on the same one): the
+    calling thread's CPU time when all of the work runs in that thread, so that waiting (for the GIL, for a
+    core) counts nothing; the wall clock when helper threads do part of it (a model whose weight products run on
+    several threads, engine/model/threads.py, or BLAS threads of its own), whose work the caller's CPU time
+    would miss."""
+    helpers = threads() > 1 and getattr(model, "layout", "arrays") != "arrays"
+    return time.perf_counter if helpers or not _blas_in_this_thread() else time.thread_time
 
 
 class ForwardRequest:
@@ -43,13 +48,14 @@ class ForwardRequest:
         self.seconds = 0.0          # its time on the engine clock once it has run (a batch's whole forward)
 
     def run(self):
-        t = engine_clock()
+        clock = clock_for(self.runner.model)
+        t = clock()
         try:
             if self.inputs_embeds is not None:
                 return self.runner.extend(self.tokens, self.causal, self.last_only, inputs_embeds=self.inputs_embeds)
             return self.runner.extend(self.tokens, self.causal, self.last_only)
         finally:
-            self.seconds += engine_clock() - t
+            self.seconds += clock() - t
 
 
 ROUND_BOUNDARY = "round-boundary"   # what a session yields between rounds (where pacing may hold it)
@@ -81,10 +87,11 @@ class PagedRunner:
         last position only. inputs_embeds: see engine.model.forward (no prefix reuse then).
         """
         tokens, p0, kv = self.prepare(tokens)
-        t = engine_clock()
+        clock = clock_for(self.model)
+        t = clock()
         logits, hidden = forward(self.model, tokens, p0, kv, causal=causal, last_only=last_only, with_hidden=True,
                                  inputs_embeds=inputs_embeds)
-        self.finish(engine_clock() - t, hidden)
+        self.finish(clock() - t, hidden)
         return logits
 
     def match_prefix(self, tokens) -> list:  # -> the tokens still to compute
@@ -161,10 +168,11 @@ class RecomputeRunner:
     def extend(self, tokens, causal: bool = True, last_only: bool = False):  # `causal`: the mask fault needs a cache
         tokens = list(tokens)
         self.token_ids.extend(tokens)
-        t = engine_clock()
+        clock = clock_for(self.model)
+        t = clock()
         logits, self.hidden = forward(self.model, np.asarray(self.token_ids), 0, None, last_only=last_only,
                                       with_hidden=True)
-        self.forward_s += engine_clock() - t
+        self.forward_s += clock() - t
         self.forward_calls += 1
         return logits if last_only else logits[len(self.token_ids) - len(tokens):]
 

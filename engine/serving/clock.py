@@ -1,6 +1,6 @@
 """A session's engine clock: the time of the session's own work, whatever runs between its steps.
 
-    clock = EngineClock()
+    clock = EngineClock(clock_for(target.model))
     steps = clock.timed(session_steps)      # the session's coroutine, its own segments timed
     t = clock.now(); ...; clock.now() - t   # inside the session: its engine time over a stretch of its code
 
@@ -11,23 +11,27 @@ posts events (app/ws/engine_thread.py), a consumer renders. None of that is this
 runs only while the session's own code runs, and adds each forward's time as whoever ran it measured it
 (`ForwardRequest.seconds`: the whole batched forward when the session shared one).
 
-Every figure is read on `engine_clock` (engine/kv/runner.py), the engine thread's CPU time: time the thread
-waits is not counted, whether for the GIL (the server's event loop renders the page in another thread), for a
-core (another process) or for anything else.
+The clock (engine/kv/runner.py's `clock_for`) is the engine thread's CPU time: time the thread waits is not
+counted, whether for the GIL (the server's event loop renders the page in another thread), for a core (another
+process) or for anything else. A model whose weight products also run on helper threads (`--threads N`,
+engine/model/threads.py) is timed on the wall clock instead, the caller's CPU time missing the helpers' part.
 """
 from __future__ import annotations
 
-from ..kv.runner import ForwardRequest, engine_clock
+from typing import Callable
+
+from ..kv.runner import ForwardRequest
 
 
 class EngineClock:
-    def __init__(self):
+    def __init__(self, timer: Callable[[], float]):
+        self.timer = timer
         self.total = 0.0               # seconds of own work so far
         self._since: float | None = None
 
     def now(self) -> float:
         """The session's engine time so far (read from inside the session: includes the running segment)."""
-        return self.total + (engine_clock() - self._since if self._since is not None else 0.0)
+        return self.total + (self.timer() - self._since if self._since is not None else 0.0)
 
     def timed(self, inner):
         """`inner` (a session's coroutine) with its own segments on this clock; sends, throws and close pass
@@ -35,13 +39,13 @@ class EngineClock:
         value, error = None, None
         try:
             while True:
-                self._since = engine_clock()
+                self._since = self.timer()
                 try:
                     item = inner.send(value) if error is None else inner.throw(error)
                 except StopIteration as stop:
                     return stop.value
                 finally:
-                    self.total += engine_clock() - self._since
+                    self.total += self.timer() - self._since
                     self._since = None
                 value = error = None
                 try:

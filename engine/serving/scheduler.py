@@ -31,7 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..kv.runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, engine_clock
+from ..kv.runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, clock_for
 from ..model.llama import forward_batch
 from .events import Error, PrefillProgress
 
@@ -204,17 +204,18 @@ class Scheduler:
                 self._run_alone(group[0][0])
                 continue
             prepared, ok = [], []
+            clock = clock_for(group[0][0].request.runner.model)
             for e, chunk in group:
                 try:
-                    t = engine_clock()
+                    t = clock()
                     prepared.append(e.request.runner.prepare(e.request.tokens[:chunk]))
-                    e.request.seconds += engine_clock() - t        # its slots: its own work
+                    e.request.seconds += clock() - t        # its slots: its own work
                     ok.append((e, chunk))
                 except Exception as exc:  # noqa: BLE001 - e.g. the pool is full: that session's error
                     self._resume_with(e, error=exc)
             if not ok:
                 continue
-            t = engine_clock()
+            t = clock()
             try:
                 results = forward_batch(ok[0][0].request.runner.model, prepared,
                                         [chunk is not None or e.request.last_only for e, chunk in ok],
@@ -223,7 +224,7 @@ class Scheduler:
                 for e, _ in ok:
                     self._resume_with(e, error=exc)
                 continue
-            seconds = engine_clock() - t
+            seconds = clock() - t
             self.batches += 1
             self.batched_requests += len(ok)
             for (e, chunk), (logits, hidden) in zip(ok, results):

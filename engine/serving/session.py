@@ -28,7 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from ..kv.block_pool import KVCacheFullError
-from ..kv.runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, RecomputeRunner
+from ..kv.runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, RecomputeRunner, clock_for
 from ..model.llama import ContextLengthError
 from ..model.tokenizer import StreamDecoder
 from ..spec_decode.heads import EagleProposer, FeatureLog, MedusaProposer
@@ -86,7 +86,7 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         self.rng = np.random.default_rng(settings.seed)
         self.k = settings.num_speculative_tokens
         self.stats = SpecDecodeStats()
-        self.clock = EngineClock()
+        self.clock = EngineClock(clock_for(self.target_lm.model))
         self.round = 0
         self.finish_reason: str | None = None
         self.target = None
