@@ -14,7 +14,7 @@ built by `decoding-playground serve` from its options:
 | DECODING_PLAYGROUND_MAX_CONNECTIONS | `--max-connections` | 1000 websockets (watchers included) |
 | DECODING_PLAYGROUND_IDLE_TIMEOUT | `--idle-timeout` | 600 s without progress or a message |
 | DECODING_PLAYGROUND_TOKEN | `--token` | none (workshop mode off) |
-| DECODING_PLAYGROUND_MAX_NUM_BATCHED_TOKENS | `--max-num-batched-tokens` | the engine's (engine/serving/scheduler.py); 0: no chunked prefill |
+| DECODING_PLAYGROUND_MAX_NUM_BATCHED_TOKENS | `--max-num-batched-tokens` | none: chunks of about 100 ms by each model's measured speed (engine/serving/scheduler.py); 0: no chunked prefill |
 | DECODING_PLAYGROUND_FRAME_ANCESTORS | `--frame-ancestors` | `*` (who may frame `/embed`) |
 | DECODING_PLAYGROUND_THREADS | `--threads` | measured when SmolLM2 loads (engine/model/threads.py) |
 | DECODING_PLAYGROUND_DEMO | – | `auto`: the page opens on SmolLM2 + chat + EAGLE when fetched; `character`: our models |
@@ -165,7 +165,7 @@ class AppConfig:
     max_connections: int = 1000           # websockets at once, watchers included; beyond: close 1013
     idle_timeout_s: float = 600.0         # a generation without progress or a client message is stopped
     token: str | None = None              # workshop mode: the shared secret of page, API and websockets
-    max_num_batched_tokens: int | None = None   # tokens an engine step computes (chunked prefill); 0: off
+    max_num_batched_tokens: int | None = None   # tokens an engine step computes; None: chunks sized in time; 0: off
     messages_per_s: float = 100.0         # per-connection message rate (token bucket) ...
     message_burst: int = 200              # ... and burst
     demo: str = "auto"                    # what the page opens on (app/views/page.py's demo_defaults)

@@ -35,7 +35,7 @@ from engine.model.fetched import LazyModel
 from engine.model.thread_choice import request_threads
 from engine.serving.pools import human_bytes
 from engine.serving.registry import InferenceEngine, ModelRegistry
-from engine.serving.scheduler import MAX_NUM_BATCHED_TOKENS
+from engine.serving.scheduler import CHUNK_SECONDS
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class Playground:
         if self.engine is not None and self.engine_thread is None:
             budget = self.config.max_num_batched_tokens
             self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics,
-                                              MAX_NUM_BATCHED_TOKENS if budget is None else budget or None)
+                                              budget or None, None if budget == 0 else CHUNK_SECONDS)
             self.engine_thread.start()
             logger.info("engine thread started (BLAS threads: OPENBLAS_NUM_THREADS=%s; weight-product threads: %s)",
                         os.environ.get("OPENBLAS_NUM_THREADS"), self.config.threads or
@@ -206,7 +206,9 @@ class Playground:
                            "batches": thread.scheduler.batches if thread else 0,
                            "batched_requests": thread.scheduler.batched_requests if thread else 0,
                            "prefill_chunks": thread.scheduler.chunks if thread else 0,
-                           "max_num_batched_tokens": thread.scheduler.max_num_batched_tokens if thread else None}}
+                           "max_num_batched_tokens": thread.scheduler.max_num_batched_tokens if thread else None,
+                           "prefill_chunk_ms": (thread.scheduler.chunk_seconds * 1e3
+                                                if thread and thread.scheduler.chunk_seconds else None)}}
 
     def models(self) -> list[dict]:
         out, loading = [], self.loading()

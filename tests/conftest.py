@@ -49,12 +49,14 @@ def pytest_terminal_summary(terminalreporter, config):
 
 @pytest.fixture(scope="session")
 def live_server(models_dir):
-    """Base URL (http://127.0.0.1:PORT) of a real uvicorn server running the app with the models."""
+    """Base URL (http://127.0.0.1:PORT) of a real uvicorn server running the app with the models, a step budget
+    of 8 tokens: our small models' prompts prefill in chunks, which the status line and the page must show (by
+    default, chunks sized in time, they would run whole once the engine has measured them)."""
     from app.config import AppConfig
     from app.main import create_app
     from live_server import serve
 
-    with serve(create_app(AppConfig(models_dir=models_dir, demo="character"))) as base_url:
+    with serve(create_app(AppConfig(models_dir=models_dir, demo="character", max_num_batched_tokens=8))) as base_url:
         yield base_url
 
 

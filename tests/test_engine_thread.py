@@ -61,7 +61,7 @@ def test_sessions_run_together_batched_with_the_same_output_as_alone(registry):
     alone = [list(GenerationSession(engine, p, settings).events())[-1].summary["text"] for p in PROMPTS]
 
     async def scenario():
-        thread = EngineThread(engine, asyncio.get_running_loop(), ServerMetrics(), max_num_batched_tokens=None)
+        thread = EngineThread(engine, asyncio.get_running_loop(), ServerMetrics(), chunk_seconds=None)
         thread.start()
         sessions = [GenerationSession(engine, p, settings) for p in PROMPTS]
         collectors = [Collector() for _ in sessions]
@@ -118,7 +118,7 @@ def test_a_client_that_does_not_take_its_rounds_holds_its_session_only(registry)
     engine = InferenceEngine(registry, max_sessions=4)
 
     async def scenario():
-        thread = EngineThread(engine, asyncio.get_running_loop(), max_num_batched_tokens=None)   # rounds only
+        thread = EngineThread(engine, asyncio.get_running_loop(), chunk_seconds=None)   # rounds only
         thread.start()
         slow = GenerationSession(engine, PROMPTS[0], {"max_tokens": 200, "method": "none"})
         fast = GenerationSession(engine, PROMPTS[1], {"max_tokens": 60})
@@ -199,7 +199,7 @@ def test_a_delivery_delay_posts_rounds_to_the_loop_together_and_loses_none(regis
 
     async def scenario(delay: float):
         # whole prefills: the second run's prompt comes from the prefix cache, and would have no chunks
-        thread = EngineThread(engine, asyncio.get_running_loop(), max_num_batched_tokens=None)
+        thread = EngineThread(engine, asyncio.get_running_loop(), chunk_seconds=None)
         thread.start()
         s = GenerationSession(engine, PROMPTS[0], {"max_tokens": 80, "method": "none"})
         c = Collector()
@@ -223,7 +223,7 @@ def test_rounds_waiting_to_be_posted_go_once_half_the_gates_limit_wait(registry)
 
     async def scenario():
         # whole prefills: a chunked one posts what comes before its chunks at once (one post more)
-        thread = EngineThread(engine, asyncio.get_running_loop(), max_num_batched_tokens=None)
+        thread = EngineThread(engine, asyncio.get_running_loop(), chunk_seconds=None)
         thread.start()
         s = GenerationSession(engine, PROMPTS[0], {"max_tokens": 200, "method": "none"})
         c = Collector()                     # takes nothing: the gate holds the session after 32 rounds
@@ -332,7 +332,7 @@ def test_a_teaching_job_runs_between_the_sessions_steps_and_they_keep_generating
     alone = run_to_end(fault_comparison_steps(engine, PROMPTS[0], settings, "no_truncate"))
 
     async def scenario():
-        thread = EngineThread(engine, asyncio.get_running_loop(), ServerMetrics(), max_num_batched_tokens=None)
+        thread = EngineThread(engine, asyncio.get_running_loop(), ServerMetrics(), chunk_seconds=None)
         thread.start()
         job = thread.submit(fault_comparison_steps(engine, PROMPTS[0], settings, "no_truncate"))
         session = GenerationSession(engine, PROMPTS[1], {**settings, "max_tokens": 60})

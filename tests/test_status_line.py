@@ -1,7 +1,7 @@
 """The status line after a chunked prefill (issue 32): prefill progress while the prompt (or the draft model's
 catch-up) prefills, then rounds, tokens and γ — for the presenter's page, its watchers and a replay of the run.
 
-A real server with the default step budget (8 tokens), so a prompt of more than 8 tokens prefills in chunks and
+A real server with a step budget of 8 tokens, so a prompt of more than 8 tokens prefills in chunks and
 the draft model catches up in chunks in round 1 (what kept "prefill 56 of 63 tokens" up for the whole run).
 """
 from __future__ import annotations

@@ -42,7 +42,7 @@ import time
 from collections import deque
 from typing import Callable, Protocol
 
-from engine.serving.scheduler import MAX_NUM_BATCHED_TOKENS, Scheduler, ServedSession
+from engine.serving.scheduler import CHUNK_SECONDS, Scheduler, ServedSession
 
 logger = logging.getLogger(__name__)
 
@@ -140,12 +140,13 @@ class SessionLink:
 
 class EngineThread:
     def __init__(self, engine, loop: asyncio.AbstractEventLoop, metrics=None,
-                 max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS, job_max_wait_s: float = JOB_MAX_WAIT_S):
+                 max_num_batched_tokens: int | None = None, chunk_seconds: float | None = CHUNK_SECONDS,
+                 job_max_wait_s: float = JOB_MAX_WAIT_S):
         self.engine, self.metrics = engine, metrics
         self.job_max_wait_s = job_max_wait_s
         self._job_step_at = 0.0          # when jobs last took a step
         # a step's first tokens go out before its prefill chunks are computed
-        self.scheduler = Scheduler(max_num_batched_tokens, before_chunks=lambda: self._flush(at_once=True))
+        self.scheduler = Scheduler(max_num_batched_tokens, chunk_seconds, before_chunks=lambda: self._flush(at_once=True))
         self.links: dict[str, SessionLink] = {}
         self.steps = 0                   # scheduler steps that moved something
         self.busy_s = 0.0                # time spent in them

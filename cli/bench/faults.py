@@ -13,8 +13,9 @@ and drives it over real sockets:
   context when SmolLM2 is not fetched) starts; once the engine has taken it, a bystander starts a short
   generation on our own target. Reported: the bystander's TTFT (start sent -> first token received) and
   the long prompt's own `started` and first token, per chunked-prefill budget (`--budgets`: a server each
-  with that `--max-num-batched-tokens`, 0 being whole prefills), the runs interleaved. This is the
-  measurement the default budget (engine/serving/scheduler.py) is chosen by.
+  with that `--max-num-batched-tokens`, 0 being whole prefills, `time` the default: chunks of about
+  CHUNK_SECONDS each by the model's measured speed), the runs interleaved. This is the measurement the
+  default (engine/serving/scheduler.py) is chosen by.
 - **fuzz**: mutated playground forms on `/ws` while generations run, each followed by a probe (an
   unknown action, always answered): messages answered, errors, runs checked (every token of a run shown,
   counted against its summary's `num_output_tokens`) and rounds lost.
@@ -35,7 +36,7 @@ import time
 import urllib.request
 
 from cli.bench.served import Server, common_arguments, get_json
-from engine.serving.scheduler import MAX_NUM_BATCHED_TOKENS
+from engine.serving.scheduler import CHUNK_SECONDS
 
 PROMPT = "def main(argv):\n    "
 LONG_TEXT = ("Explain, step by step, what this function does, which inputs break it, and how to test it.\n\n"
@@ -51,8 +52,9 @@ def add_parser(bench_subparsers) -> None:
                                                     "forms: what they cost a real server")
     bp.add_argument("--repeats", type=int, default=3, help="long-prefill runs per server (default 3)")
     bp.add_argument("--forms", type=int, default=600, help="fuzzed /ws forms (default 600)")
-    bp.add_argument("--budgets", default=f"0,16,{MAX_NUM_BATCHED_TOKENS},64,256",
-                    help="prefill budgets compared, --max-num-batched-tokens of a server each (0: whole prefills)")
+    bp.add_argument("--budgets", default="0,time,8,64,256",
+                    help="prefill budgets compared, --max-num-batched-tokens of a server each (0: whole prefills; "
+                         "time: the default, chunks sized in time)")
     bp.add_argument("--parts", default="stuck,prefill,fuzz", help="which parts to run (default all)")
     common_arguments(bp)
     bp.set_defaults(func=run)
@@ -222,15 +224,17 @@ async def beside_a_long_prefill(srv: Server, settings: dict, prompt: str) -> dic
             "prompt_tokens": times["prompt_tokens"]}
 
 
-async def long_prefill(repeats: int, budgets: list[int], models_dir: str | None = None) -> dict:
-    """Per budget (`--max-num-batched-tokens`, 0: whole prefills) a server; the runs interleaved."""
-    servers = {b: Server("--max-num-batched-tokens", str(b), models_dir=models_dir) for b in budgets}
+async def long_prefill(repeats: int, budgets: list[str], models_dir: str | None = None) -> dict:
+    """Per budget (`--max-num-batched-tokens`, 0: whole prefills, time: the default) a server; the runs
+    interleaved."""
+    servers = {b: Server(*(() if b == "time" else ("--max-num-batched-tokens", b)), models_dir=models_dir)
+               for b in budgets}
     try:
         for srv in servers.values():      # SmolLM2's weights load in the background at start-up
             await poll(lambda: not any(m.get("loading") for m in get_json(srv.base + "/api/models")["models"]),
                        120, every=0.2)
         settings, prompt = long_prompt(get_json(servers[budgets[0]].base + "/api/models")["models"])
-        runs: dict[int, list] = {b: [] for b in budgets}
+        runs: dict[str, list] = {b: [] for b in budgets}
         for i in range(repeats):
             for b in budgets[i % len(budgets):] + budgets[:i % len(budgets)]:
                 runs[b].append(await beside_a_long_prefill(servers[b], settings, prompt))
@@ -239,7 +243,7 @@ async def long_prefill(repeats: int, budgets: list[int], models_dir: str | None 
             srv.stop()
     med = statistics.median
     out = {"model": settings["model"], "prompt_tokens": runs[budgets[0]][0]["prompt_tokens"], "repeats": repeats,
-           "default_budget": MAX_NUM_BATCHED_TOKENS, "budgets": {}}
+           "chunk_ms": CHUNK_SECONDS * 1e3, "budgets": {}}
     for b, rs in runs.items():
         out["budgets"][b] = {k: med([r[k] for r in rs])
                              for k in ("bystander_ttft_s", "long_started_s", "long_first_token_s")}
@@ -346,15 +350,16 @@ def markdown(r: dict) -> str:
                   f"{_s(st['shutdown_s'])} |"]
     if "prefill" in r:
         lp = r["prefill"]
-        whole = lp["budgets"].get(0)
+        whole = lp["budgets"].get("0")
         lines += ["", f"Long prefill: {lp['prompt_tokens']:,} prompt tokens on {lp['model']} beside a bystander on "
-                  f"our own target; {lp['repeats']} runs per budget, interleaved (medians; the default budget is "
-                  f"{lp['default_budget']}):", "",
+                  f"our own target; {lp['repeats']} runs per budget, interleaved (medians; the default: chunks of about "
+                  f"{lp['chunk_ms']:.0f} ms):", "",
                   "| `--max-num-batched-tokens` | bystander TTFT | (max) | long prompt's `started` | long prompt's "
                   "first token | vs whole |", "|---|---|---|---|---|---|"]
         for b, x in lp["budgets"].items():
             vs = f"{x['long_first_token_s'] / whole['long_first_token_s']:.2f}×" if whole else "–"
-            lines.append(f"| {b or '0 (whole prefills)'} | {_s(x['bystander_ttft_s'] * 1e3, ' ms', '{:.0f}')} | "
+            label = {"0": "0 (whole prefills)", "time": f"none (the default: {lp['chunk_ms']:.0f} ms chunks)"}.get(b, b)
+            lines.append(f"| {label} | {_s(x['bystander_ttft_s'] * 1e3, ' ms', '{:.0f}')} | "
                          f"{_s(x['bystander_ttft_max_s'] * 1e3, ' ms', '{:.0f}')} | "
                          f"{_s(x['long_started_s'] * 1e3, ' ms', '{:.0f}')} | {_s(x['long_first_token_s'])} | {vs} |")
     if "fuzz" in r:
@@ -376,7 +381,9 @@ def run(args) -> int:
     if "stuck" in parts:
         r["stuck"] = asyncio.run(stuck_client(args.models_dir))
     if "prefill" in parts:
-        budgets = [int(b) for b in args.budgets.split(",")]
+        budgets = [b.strip() for b in args.budgets.split(",")]
+        if any(b != "time" and not b.isdigit() for b in budgets):
+            raise SystemExit(f"--budgets: token counts or 'time', got {args.budgets!r}")
         r["prefill"] = asyncio.run(long_prefill(args.repeats, budgets, args.models_dir))
     if "fuzz" in parts:
         with Server(models_dir=args.models_dir) as srv:

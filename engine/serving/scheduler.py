@@ -12,7 +12,10 @@ NOTE (invariants):
   slow motion) holds a session without holding the others.
 - A forward that raises (e.g. the pool is full) is thrown back into its own session only.
 
-Chunked prefill (vLLM's `max_num_batched_tokens`): a step computes about `max_num_batched_tokens` tokens.
+Chunked prefill: a step computes about `max_num_batched_tokens` tokens (vLLM's budget) or, without one, about
+`chunk_seconds` of work by each model's own measured prefill speed. A budget in tokens suits one model; one engine
+thread serves models 1,000x apart in cost per token, so by default a chunk is sized in time: a tiny model's prompt
+runs whole, SmolLM2's in chunks of some tens of tokens, and a bystander waits at most about one chunk.
 Decode steps, verifications and requests that fit run whole first; a longer prefill (a request of more
 tokens that needs only its last logits) gets the rest of the budget, at least `MIN_CHUNK` tokens, and
 goes on in the next steps, its session waiting meanwhile with a `PrefillProgress` event after each chunk
@@ -27,6 +30,7 @@ its requests are never chunked.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -79,16 +83,20 @@ class _Entry:
     chunked: bool = False           # its pending request has run in chunks: its end is reported too
 
 
-# Tokens a step computes (vLLM's max_num_batched_tokens); chosen by measurement, docs/benchmarks.md.
-MAX_NUM_BATCHED_TOKENS = 8
+# A prefill chunk's time when no token budget is set: a bystander's first token waits about one (docs/benchmarks.md)
+CHUNK_SECONDS = 0.1
 MIN_CHUNK = 8                 # a long prefill advances at least this much per step, however busy the others
+CHUNK_GROWTH = 4              # a chunk at most this many times the last one: cost per token grows along a prompt
 
 
 class Scheduler:
-    def __init__(self, max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+    def __init__(self, max_num_batched_tokens: int | None = None, chunk_seconds: float | None = None,
                  before_chunks: Callable[[], None] = lambda: None):
         self.entries: dict[str, _Entry] = {}
-        self.max_num_batched_tokens = max_num_batched_tokens     # None: every prefill whole
+        self.max_num_batched_tokens = max_num_batched_tokens     # a step's tokens; None: by time
+        self.chunk_seconds = None if max_num_batched_tokens is not None else chunk_seconds   # both None: whole
+        self._row_seconds: dict[int, float] = {}   # id(model) -> wall seconds per row of its last prefill forward
+        self._last_chunk: dict[int, int] = {}      # id(model) -> rows of its last chunk
         self.before_chunks = before_chunks     # called between a step's whole requests and its chunks
         self.batches = 0              # batched computations run
         self.batched_requests = 0     # requests they served
@@ -151,9 +159,25 @@ class Scheduler:
                 continue
             entry.sink(item)
 
+    def _budget(self, r: ForwardRequest) -> int | None:
+        """The tokens a step computes beside this request's model: the token budget, or about `chunk_seconds` of
+        the model's prefill as last measured (MIN_CHUNK before it has been, and at most CHUNK_GROWTH times its last
+        chunk); None: prefills run whole."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        if self.chunk_seconds is None:
+            return None
+        key = id(r.runner.model)
+        if key not in self._row_seconds:
+            return MIN_CHUNK
+        by_time = int(self.chunk_seconds / self._row_seconds[key])
+        return max(MIN_CHUNK, min(by_time, CHUNK_GROWTH * self._last_chunk.get(key, by_time)))
+
     def _chunkable(self, r: ForwardRequest) -> bool:
-        return (self.max_num_batched_tokens is not None and r.last_only and r.causal and r.inputs_embeds is None
-                and isinstance(r.runner, PagedRunner) and len(r.tokens) > self.max_num_batched_tokens)
+        if not (r.last_only and r.causal and r.inputs_embeds is None and isinstance(r.runner, PagedRunner)):
+            return False
+        budget = self._budget(r)
+        return budget is not None and len(r.tokens) > budget
 
     def _plan(self, pending: list[_Entry]) -> list[tuple[_Entry, int | None]]:
         """What each pending request computes this step: (entry, None) whole, (entry, n) its next n tokens
@@ -163,16 +187,17 @@ class Scheduler:
                 e.request.tokens = e.request.runner.match_prefix(e.request.tokens)
         whole = [e for e in pending if not self._chunkable(e.request)]     # after the cache: it may be short now
         plan: list[tuple[_Entry, int | None]] = [(e, None) for e in whole]
-        room = (self.max_num_batched_tokens or 0) - sum(len(e.request.tokens) for e in whole)
+        used = sum(len(e.request.tokens) for e in whole)
         # the shortest first: a short prompt is not kept waiting behind a long one (which goes on meanwhile
         # whenever there is room, and as the first of them at least MIN_CHUNK tokens a step)
         chunkable = sorted((e for e in pending if self._chunkable(e.request)), key=lambda e: len(e.request.tokens))
         for i, e in enumerate(chunkable):
+            room = self._budget(e.request) - used
             if i and room < MIN_CHUNK:
                 break
             n = max(room, MIN_CHUNK)
             plan.append((e, n if n < len(e.request.tokens) else None))
-            room -= n
+            used += n
         return plan
 
     def _run(self, pending: list[_Entry]) -> None:
@@ -215,7 +240,7 @@ class Scheduler:
                     self._resume_with(e, error=exc)
             if not ok:
                 continue
-            t = clock()
+            t, wall = clock(), time.perf_counter()
             try:
                 results = forward_batch(ok[0][0].request.runner.model, prepared,
                                         [chunk is not None or e.request.last_only for e, chunk in ok],
@@ -225,6 +250,7 @@ class Scheduler:
                     self._resume_with(e, error=exc)
                 continue
             seconds = clock() - t
+            self._note_prefill_speed(ok, prepared, time.perf_counter() - wall)
             self.batches += 1
             self.batched_requests += len(ok)
             for (e, chunk), (logits, hidden) in zip(ok, results):
@@ -239,6 +265,15 @@ class Scheduler:
                     e.chunked = True
                     r.tokens = r.tokens[chunk:]
                     e.sink(PrefillProgress(r.role, r.num_tokens - len(r.tokens), r.num_tokens, seconds * 1e3))
+
+    def _note_prefill_speed(self, ok: list[tuple[_Entry, int | None]], prepared: list, wall_s: float) -> None:
+        """A model's prefill speed from a forward that held a chunk or a prompt of at least MIN_CHUNK rows (decode
+        steps of one row say little of it): what the next chunk of it is sized by."""
+        rows = sum(len(p[0]) for p in prepared)
+        if any(len(p[0]) >= MIN_CHUNK for p in prepared):
+            key = id(ok[0][0].request.runner.model)
+            self._row_seconds[key] = wall_s / rows
+            self._last_chunk[key] = max(chunk or 0 for _, chunk in ok) or rows
 
     def _run_alone(self, e: _Entry) -> None:
         before = e.request.seconds
