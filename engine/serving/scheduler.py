@@ -84,9 +84,8 @@ class _Entry:
 
 
 # A prefill chunk's time when no token budget is set: a bystander's first token waits about one (docs/benchmarks.md)
-CHUNK_SECONDS = 0.1
+CHUNK_SECONDS = 0.25
 MIN_CHUNK = 8                 # a long prefill advances at least this much per step, however busy the others
-CHUNK_GROWTH = 4              # a chunk at most this many times the last one: cost per token grows along a prompt
 
 
 class Scheduler:
@@ -95,8 +94,7 @@ class Scheduler:
         self.entries: dict[str, _Entry] = {}
         self.max_num_batched_tokens = max_num_batched_tokens     # a step's tokens; None: by time
         self.chunk_seconds = None if max_num_batched_tokens is not None else chunk_seconds   # both None: whole
-        self._row_seconds: dict[int, float] = {}   # id(model) -> wall seconds per row of its last prefill forward
-        self._last_chunk: dict[int, int] = {}      # id(model) -> rows of its last chunk
+        self._largest: dict[int, tuple[int, float]] = {}   # id(model) -> (rows, wall s) of its largest prefill forward
         self.before_chunks = before_chunks     # called between a step's whole requests and its chunks
         self.batches = 0              # batched computations run
         self.batched_requests = 0     # requests they served
@@ -161,17 +159,18 @@ class Scheduler:
 
     def _budget(self, r: ForwardRequest) -> int | None:
         """The tokens a step computes beside this request's model: the token budget, or about `chunk_seconds` of
-        the model's prefill as last measured (MIN_CHUNK before it has been, and at most CHUNK_GROWTH times its last
-        chunk); None: prefills run whole."""
+        the model's prefill (MIN_CHUNK before it has been measured); None: prefills run whole.
+
+        A forward's time grows less than in proportion to its rows (each call streams every weight, and on some
+        CPUs packs it, whatever the rows), so the rows scaled from the model's largest prefill forward cost at
+        most about `chunk_seconds` when they are more than that forward's: the chunks grow to the size that
+        fills the time, and a tiny model's prompts soon run whole."""
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         if self.chunk_seconds is None:
             return None
-        key = id(r.runner.model)
-        if key not in self._row_seconds:
-            return MIN_CHUNK
-        by_time = int(self.chunk_seconds / self._row_seconds[key])
-        return max(MIN_CHUNK, min(by_time, CHUNK_GROWTH * self._last_chunk.get(key, by_time)))
+        rows, seconds = self._largest.get(id(r.runner.model), (0, 0.0))
+        return max(MIN_CHUNK, int(rows * self.chunk_seconds / seconds)) if seconds > 0 else MIN_CHUNK
 
     def _chunkable(self, r: ForwardRequest) -> bool:
         if not (r.last_only and r.causal and r.inputs_embeds is None and isinstance(r.runner, PagedRunner)):
@@ -267,13 +266,12 @@ class Scheduler:
                     e.sink(PrefillProgress(r.role, r.num_tokens - len(r.tokens), r.num_tokens, seconds * 1e3))
 
     def _note_prefill_speed(self, ok: list[tuple[_Entry, int | None]], prepared: list, wall_s: float) -> None:
-        """A model's prefill speed from a forward that held a chunk or a prompt of at least MIN_CHUNK rows (decode
-        steps of one row say little of it): what the next chunk of it is sized by."""
+        """The model's largest prefill forward (one that held a chunk or a prompt of at least MIN_CHUNK rows),
+        kept until one as large or larger replaces it (as the machine's load changes): what chunks are sized by."""
         rows = sum(len(p[0]) for p in prepared)
-        if any(len(p[0]) >= MIN_CHUNK for p in prepared):
-            key = id(ok[0][0].request.runner.model)
-            self._row_seconds[key] = wall_s / rows
-            self._last_chunk[key] = max(chunk or 0 for _, chunk in ok) or rows
+        key = id(ok[0][0].request.runner.model)
+        if any(len(p[0]) >= MIN_CHUNK for p in prepared) and rows >= self._largest.get(key, (0, 0.0))[0]:
+            self._largest[key] = (rows, wall_s)
 
     def _run_alone(self, e: _Entry) -> None:
         before = e.request.seconds

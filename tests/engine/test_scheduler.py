@@ -158,11 +158,11 @@ def test_a_prompt_the_prefix_cache_makes_short_runs_in_the_step_it_arrives(famil
 
 
 def test_chunks_sized_in_time_grow_from_the_smallest_by_the_models_measured_speed(family):
-    """Without a token budget a chunk is about `chunk_seconds` of the model's prefill as last measured: the first
-    MIN_CHUNK tokens (nothing measured yet), each next at most CHUNK_GROWTH times the last; a chunk time far
-    beyond a tiny model's whole prefill lets its next prompt run whole, and a chunk time below any forward keeps
-    every chunk at MIN_CHUNK. The output is the whole prefill's."""
-    from engine.serving.scheduler import CHUNK_GROWTH, MIN_CHUNK
+    """Without a token budget a chunk is about `chunk_seconds` of the model's prefill as measured: the first
+    MIN_CHUNK tokens (nothing measured yet), the next ones larger while a chunk takes less than that; a chunk
+    time far beyond a tiny model's whole prefill lets its next prompt run whole, and a chunk time below any
+    forward keeps every chunk at MIN_CHUNK. The output is the whole prefill's."""
+    from engine.serving.scheduler import MIN_CHUNK
 
     long_prompt = "def parse(line):\n    return line.split(),\n" * 6
     settings = {"method": "none", "enable_prefix_caching": False, "max_tokens": 8}
@@ -180,7 +180,7 @@ def test_chunks_sized_in_time_grow_from_the_smallest_by_the_models_measured_spee
     assert slow[:-1] == [MIN_CHUNK] * (len(slow) - 1) and len(slow) > 10
     patient = Scheduler(chunk_seconds=10.0)
     first = chunks(patient, engine)
-    assert first[0] == MIN_CHUNK and all(b <= CHUNK_GROWTH * a for a, b in zip(first, first[1:])), first
+    assert first[0] == MIN_CHUNK and len(first) >= 2 and first[1] > MIN_CHUNK, first
     assert chunks(patient, engine) == []                  # measured: the whole prompt fits one chunk's time
     assert chunks(Scheduler(), engine) == []               # neither budget: every prefill whole
     assert all(m.pool.num_used_blocks == 0 for m in engine.managers.values())
