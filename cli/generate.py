@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from cli.options import add_threads_argument
 from engine.experiments.measure import check_distribution
 from engine.model.thread_choice import current_choice, request_threads
 from engine.serving.registry import MODELS_DIR, InferenceEngine, ModelRegistry
@@ -106,7 +107,6 @@ def add_parsers(sub) -> None:
     g.add_argument("--prompt", required=True)
     g.add_argument("--json", action="store_true", help="print the JSON summary (docs/protocol.md)")
     g.add_argument("--models-dir", default=None)
-    from cli.main import add_threads_argument
     add_threads_argument(g)
     add_settings_arguments(g)
     g.set_defaults(func=cmd_generate)

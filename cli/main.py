@@ -36,19 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_threads_argument(p) -> None:
-    p.add_argument("-t", "--threads", type=threads_count, default=None, metavar="N",
-                   help="threads for the weight products of models that stream from memory (SmolLM2); our small "
-                        "models stay on one (default: measured when SmolLM2 loads, logged with why)")
-
-
-def threads_count(value: str) -> int:
-    n = int(value)
-    if not 1 <= n <= 256:
-        raise argparse.ArgumentTypeError(f"between 1 and 256, got {n}")
-    return n
-
-
 def add_bench_parsers(sub) -> None:
     b = sub.add_parser("bench", help="measure the engine (results also go to docs/benchmarks.md)")
     bsub = b.add_subparsers(dest="bench_command", required=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from cli.bench.heads_runs import generate, summarize
 from engine.model.threads import using_threads
 
 CONFIDENCE_SWEEP = [(3, 0.0), (3, 0.5), (5, 0.5), (7, 0.5), (5, 0.3)]       # (γ or its cap, threshold)
@@ -31,8 +32,6 @@ def sweep(quick: bool) -> list[tuple[str, dict]]:
 
 def compare(engine, prompts, max_tokens: int, repeats: int, counts, quick: bool = False) -> dict:
     """{count: bench heads' figures (`summarize`) for the sweep at that many threads}, the counts interleaved."""
-    from cli.bench.heads import generate, summarize
-
     cfgs = sweep(quick)
     runs = {t: ([], {name: [] for name, _ in cfgs}) for t in counts}
     for _ in range(repeats):

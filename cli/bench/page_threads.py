@@ -53,8 +53,8 @@ def outside_playwright(coro):
 def run_page_threads(args) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from cli.bench.page import CHROMIUM, browser_run, new_tab, wait_until_quiet
-    from cli.bench.serve import client
+    from cli.bench.browser import CHROMIUM, browser_run, new_tab, wait_until_quiet
+    from cli.bench.serve_clients import client
     from cli.bench.serve_threads import wait_until_loaded
     from cli.bench.served import Server
 

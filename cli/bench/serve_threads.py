@@ -15,6 +15,7 @@ import asyncio
 import time
 from contextlib import ExitStack
 
+from cli.bench.serve_clients import machine, many, merge
 from cli.bench.serve_report import _f, ms
 from cli.bench.served import Server, get_json
 
@@ -24,7 +25,6 @@ MAX_TOKENS = 64
 
 
 def run_room(args) -> dict:
-    from cli.bench.serve import machine, many, merge
 
     counts = list(range(1, max(1, args.threads) + 1))
     settings = {"model": args.model, "method": "none", "chat": True, "max_tokens": args.max_tokens or MAX_TOKENS}

@@ -17,7 +17,8 @@ import time
 
 import httpx
 
-from cli.bench.serve import PROMPTS, many, merge, ms, pcts
+from cli.bench.serve_clients import PROMPTS, many, merge, pcts
+from cli.bench.serve_report import ms
 from cli.bench.served import Server, get_json
 from engine.external.vllm_server import SERVED_NAME, free_port
 from engine.external.vllm_server import VARIANTS

@@ -1,0 +1,124 @@
+"""The page in headless Chromium for the benches: one tab reloaded per run, Chromium's own CPU time, waiting until
+the previous page has gone quiet, and what else keeps the shared machine busy."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import urllib.parse
+from pathlib import Path
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+
+
+INIT_SCRIPT = """
+    document.addEventListener('htmx:wsBeforeSend', function () {
+      if (!window.__benchStart) window.__benchStart = performance.now()
+    }, true)
+    document.addEventListener('htmx:wsAfterMessage', function () {
+      setTimeout(function () {      // after the page's own handler has noted the time
+        var s = window.playgroundStats
+        if (s && s.doneAt !== null && !window.__benchDone) {
+          window.__benchDone = true
+          console.info('bench:done')
+        }
+      }, 0)
+    })"""
+
+
+def new_tab(browser):
+    """The one tab every browser run loads the page into, as a user reloads it.
+
+    NOTE: a new tab is a new headless window, and Chromium (156) builds each window's omnibox popup, a WebUI
+    renderer, for about a second after it opens (~0.6 s of CPU, measured with /proc and a trace). A run in a
+    fresh tab competes with it for the 2 cores (it cost 20-40 points of the ratio); reloading one tab does
+    not."""
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    # the page says when it is done through the console: waiting costs the page nothing (polling from
+    # here would, and wait_for_function evaluates strings in the page, which its CSP forbids)
+    page.add_init_script(INIT_SCRIPT)
+    return page
+
+
+def chromium_pids() -> list[int]:
+    """This process's Chromium (the browser Playwright launched and its children), from /proc; [] elsewhere."""
+    parent: dict[int, int] = {}
+    try:
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    pass
+    except OSError:
+        return []
+    mine, pids = {os.getpid()}, []
+    for _ in range(8):                       # this process > Playwright's driver > Chromium > its children
+        mine |= {pid for pid, ppid in parent.items() if ppid in mine}
+    for pid in mine:
+        try:
+            if "chromium" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace"):
+                pids.append(pid)
+        except OSError:
+            pass
+    return pids
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def wait_until_quiet(max_cpu: float = 0.05, window_s: float = 0.25, timeout_s: float = 5.0) -> float:
+    """Wait until Chromium's processes use less than `max_cpu` of a core over `window_s` (what the previous
+    page left behind: its unload, its last frames), at most `timeout_s`. Returns the seconds waited."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        pids = chromium_pids()
+        before = cpu_seconds(pids)
+        time.sleep(window_s)
+        if not pids or cpu_seconds(pids) - before <= max_cpu * window_s:
+            break
+    return time.monotonic() - start
+
+
+def browser_run(page, base_url: str, settings: dict, timeout_s: float = 120, quiet=None) -> dict:
+    query = urllib.parse.urlencode({"autoplay": "1", "speed": "max", "prompt": PROMPT,
+                                    **{k: str(v) for k, v in settings.items()}})
+    page.goto("about:blank")
+    if quiet is not None:
+        quiet()
+    pids = chromium_pids()
+    cpu_before = cpu_seconds(pids)
+    with page.expect_console_message(lambda m: m.text == "bench:done", timeout=timeout_s * 1000):
+        page.goto(f"{base_url}/?{query}")
+    cpu_s = cpu_seconds(pids + [p for p in chromium_pids() if p not in pids]) - cpu_before
+    s = page.evaluate("""() => Object.assign({}, window.playgroundStats, {start: window.__benchStart,
+                           statusText: document.getElementById('run-status').textContent})""")
+    wall = (s["doneAt"] - s["start"]) / 1e3
+    streaming = [t for t in s["longTasks"] if s["start"] <= t["start"] <= s["doneAt"]]
+    return {"tokens": s["tokens"], "wall_s": wall, "tokens_per_s": s["tokens"] / wall, "messages": s["messages"],
+            "first_token_ms": s["firstTokenAt"] - s["start"], "chromium_cpu_s": cpu_s,
+            "long_tasks": len(streaming), "max_long_task_ms": max((t["duration"] for t in streaming), default=0.0)}
+
+
+def busy_processes() -> list[str]:
+    """Other processes using a lot of CPU right now (the machine is shared), as `name pid %cpu`."""
+    try:
+        out = subprocess.run(["ps", "-eo", "pid,pcpu,comm", "--sort=-pcpu"], capture_output=True, text=True,
+                             timeout=5).stdout.splitlines()[1:]
+    except (OSError, subprocess.SubprocessError):
+        return []
+    me = os.getpid()
+    return [f"{cmd} {pid} {cpu}%" for pid, cpu, cmd in (line.split(None, 2) for line in out)
+            if float(cpu) >= 20 and int(pid) != me]
