@@ -13,8 +13,10 @@ ways (docs/benchmarks.md, `bench smollm2`):
   SkylakeX kernels it runs within 5-15% of the streaming read; without that small kernel OpenBLAS packs
   every panel and it runs 1.5-2.4x the GEMV's time.
 
-`use_fastest_layout(model)` times one row through both layouts of the model's LM head (113 MB, larger than
-every cache) and stores all matrices in the faster one: one copy of the weights.
+`use_fastest_layout(model)` times one row and a verification's 6 rows through both layouts of the model's LM
+head (113 MB, larger than every cache) and stores all matrices in the faster one: one copy of the weights. A
+layout can win one row and lose six: on an Intel Xeon host, out_in's one row took 0.91x the panels' time and its
+six rows 1.43x (SmolLM2's matrices), which would make every verification dearer than the decode step it saves.
 
 A forward over a few rows (speculative verification) must read every weight once for all rows, not once
 per row. OpenBLAS's GEMM on a whole large matrix packs all of it first, so each layout multiplies few rows
@@ -38,6 +40,7 @@ from .threads import chunk_edges, rows_product, vec_product
 PANEL_COLUMNS = 64
 BLOCK_ROWS = 256
 FEW_ROWS = 9
+VERIFY_ROWS = 6          # a round's verification at the page's γ of 5: what a layout is also chosen by
 
 
 class PanelWeight:
@@ -165,18 +168,21 @@ MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")      # the matrices of an eng
 weight_rows, weight_vec = rows_product, vec_product
 
 
-def one_row_ms(w, repeats: int = 5) -> dict[str, float]:
-    """Fastest ms of one row through each layout of the [C, D] weight w, the layouts taking turns (on a
+def step_ms(w, repeats: int = 5) -> dict[str, float]:
+    """Per layout of the [C, D] weight w, the fastest ms of one row plus the fastest of VERIFY_ROWS rows: a
+    decode step's product and a verification's, the two a speed-up compares. The layouts take turns (on a
     shared machine interference only adds time)."""
     weights = {name: layout(w) for name, layout in LAYOUTS.items()}
-    x = np.random.default_rng(0).standard_normal(w.shape[0]).astype(w.dtype)
-    times = {name: [] for name in weights}
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((n, w.shape[0])).astype(w.dtype) for n in (1, VERIFY_ROWS)]
+    times = {(name, i): [] for name in weights for i in range(len(xs))}
     for _ in range(repeats):
         for name, lw in weights.items():
-            t = time.perf_counter()
-            lw.vec(x)
-            times[name].append((time.perf_counter() - t) * 1e3)
-    return {name: min(v) for name, v in times.items()}
+            for i, x in enumerate(xs):
+                t = time.perf_counter()
+                lw.rows(x)
+                times[name, i].append((time.perf_counter() - t) * 1e3)
+    return {name: sum(min(times[name, i]) for i in range(len(xs))) for name in weights}
 
 
 def weights_of(model) -> list:
@@ -271,9 +277,9 @@ def pad_rows(model, repeats: int = 5) -> dict[int, int]:
 
 
 def use_fastest_layout(model):
-    """`use_layout` with the layout whose one-row product over the LM head is faster here, and the row counts
-    that run faster padded (`pad_rows`)."""
-    ms = one_row_ms(model.lm_head)
+    """`use_layout` with the layout whose products over the LM head, one row and a verification's rows
+    (`step_ms`), are faster here, and the row counts that run faster padded (`pad_rows`)."""
+    ms = step_ms(model.lm_head)
     use_layout(model, min(ms, key=ms.get))
     model.layout_ms = ms
     pad_rows(model)
