@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import anyio
 from starlette.websockets import WebSocket
@@ -48,9 +47,6 @@ from engine.serving.request_fit import fit_request
 from engine.serving.session import GenerationSession
 from engine.serving.settings import SettingsError, excerpt
 
-if TYPE_CHECKING:
-    from app.state import Playground
-
 logger = logging.getLogger(__name__)
 
 # For a page at full speed the engine thread posts its rounds to the event loop together, at most this late:
@@ -62,9 +58,10 @@ MAX_ERROR_CHARS = 300           # an error message, whatever it quotes of the in
 
 
 class Connection(PacedSender, Socket):
-    """A presenter's connection: one generation at a time, followed by any number of watchers."""
+    """A presenter's connection: one generation at a time, followed by any number of watchers. `playground` is
+    the app's Playground (app/state.py, which makes connections: it is not imported here)."""
 
-    def __init__(self, websocket: WebSocket, playground: Playground, view: View, speed: float | None = None,
+    def __init__(self, websocket: WebSocket, playground, view: View, speed: float | None = None,
                  key: str | None = None):
         super().__init__(websocket, playground.config)
         self.playground = playground
