@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..model.llama import Model, forward
-from ..model.threads import threads
+from ..model.threads import shared_clock, threads
 from .cache import KVCacheManager
 
 
@@ -25,12 +25,12 @@ def _blas_in_this_thread() -> bool:
 
 def clock_for(model) -> Callable[[], float]:
     """The clock a stretch of `model`'s engine work is timed on (its start and its end on the same one): the
-    calling thread's CPU time when all of the work runs in that thread, so that waiting (for the GIL, for a
-    core) counts nothing; the wall clock when helper threads do part of it (a model whose weight products run on
-    several threads, engine/model/threads.py, or BLAS threads of its own), whose work the caller's CPU time
-    would miss."""
-    helpers = threads() > 1 and getattr(model, "layout", "arrays") != "arrays"
-    return time.perf_counter if helpers or not _blas_in_this_thread() else time.thread_time
+    calling thread's CPU time, so that waiting (for the GIL, for a core) counts nothing, plus the time it waited
+    for the chunks of its products that helper threads ran (a model whose weight products are shared,
+    engine/model/threads.py); the wall clock when BLAS runs threads of its own, whose work neither shows."""
+    if not _blas_in_this_thread():
+        return time.perf_counter
+    return shared_clock if threads() > 1 and getattr(model, "layout", "arrays") != "arrays" else time.thread_time
 
 
 class ForwardRequest:

@@ -119,10 +119,12 @@ class ProductPool:
             try:
                 mine = _drain(job, caller=True)
                 if next(job[2]) <= n:        # a helper is still in a chunk: it releases `done` at the last one
-                    per_chunk = (time.perf_counter() - t) / max(mine, 1)
+                    waiting = time.perf_counter()
+                    per_chunk = (waiting - t) / max(mine, 1)
                     deadline = max(job[5]) + max(self.MIN_PATIENCE_S, self.PATIENCE * per_chunk)
-                    if not done.acquire(timeout=max(0.0, deadline - time.perf_counter())):
+                    if not done.acquire(timeout=max(0.0, deadline - waiting)):
                         self.late += 1
+                    _waited.seconds = getattr(_waited, "seconds", 0.0) + time.perf_counter() - waiting
             finally:
                 self._job = None
             results = job[4]
@@ -168,6 +170,16 @@ def _drain(job, caller: bool = False) -> int:
         if next(finished) == n + 1:
             done.release()
     return ran
+
+
+_waited = threading.local()      # per calling thread: seconds it waited for helpers' chunks (`shared_clock`)
+
+
+def shared_clock() -> float:
+    """The calling thread's CPU time plus the time it waited for the helpers' chunks of its products: the time
+    of its products shared as they would take undisturbed, without its waits for anything else (the GIL, a core).
+    What engine time is measured on for a model whose products are shared (engine/kv/runner.py's `clock_for`)."""
+    return time.thread_time() + getattr(_waited, "seconds", 0.0)
 
 
 _POOLS = {1: ProductPool(1)}      # one pool per thread count used so far: idle helpers block and cost nothing
