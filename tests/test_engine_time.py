@@ -98,8 +98,8 @@ def test_a_forward_request_carries_its_own_time_and_the_session_counts_it_once(e
 
 def test_the_clock_is_the_thread_s_cpu_time_and_its_waits_for_helper_threads(engine):
     """A model whose weight products run on helper threads (engine/model/threads.py) is timed on the caller's
-    CPU time plus its waits for the helpers' chunks (`shared_clock`): the caller's CPU time alone would miss
-    the helpers' part."""
+    CPU time plus the helpers' CPU time beyond it (`shared_clock`): the caller's CPU time alone would miss the
+    helpers' part."""
     import copy
 
     from engine.kv.runner import clock_for

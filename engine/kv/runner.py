@@ -25,9 +25,10 @@ def _blas_in_this_thread() -> bool:
 
 def clock_for(model) -> Callable[[], float]:
     """The clock a stretch of `model`'s engine work is timed on (its start and its end on the same one): the
-    calling thread's CPU time, so that waiting (for the GIL, for a core) counts nothing, plus the time it waited
-    for the chunks of its products that helper threads ran (a model whose weight products are shared,
-    engine/model/threads.py); the wall clock when BLAS runs threads of its own, whose work neither shows."""
+    calling thread's CPU time, so that waiting (for the GIL, for a core) counts nothing, plus the helpers' CPU
+    time beyond its own in the products they shared (a model whose weight products are shared,
+    engine/model/threads.py: `shared_clock`); the wall clock when BLAS runs threads of its own, which neither
+    shows."""
     if not _blas_in_this_thread():
         return time.perf_counter
     return shared_clock if threads() > 1 and getattr(model, "layout", "arrays") != "arrays" else time.thread_time

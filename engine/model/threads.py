@@ -111,20 +111,21 @@ class ProductPool:
             n = len(tasks)
             done = _thread.allocate_lock()
             done.acquire()
-            job = self._job = [tasks, itertools.count(), itertools.count(1), done, [None] * n, [0.0] * n]
+            job = self._job = [tasks, itertools.count(), itertools.count(1), done, [None] * n, [0.0] * n, [0.0] * n]
             for wake in self._wakes:
                 if wake.locked():
                     wake.release()
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.thread_time()
             try:
                 mine = _drain(job, caller=True)
                 if next(job[2]) <= n:        # a helper is still in a chunk: it releases `done` at the last one
-                    waiting = time.perf_counter()
-                    per_chunk = (waiting - t) / max(mine, 1)
+                    per_chunk = (time.perf_counter() - t) / max(mine, 1)
                     deadline = max(job[5]) + max(self.MIN_PATIENCE_S, self.PATIENCE * per_chunk)
-                    if not done.acquire(timeout=max(0.0, deadline - waiting)):
+                    if not done.acquire(timeout=max(0.0, deadline - time.perf_counter())):
                         self.late += 1
-                    _waited.seconds = getattr(_waited, "seconds", 0.0) + time.perf_counter() - waiting
+                # the helpers' CPU time beyond the caller's: what the product took on top of the caller's part
+                helpers = sum(job[6]) / len(self._wakes) - (time.thread_time() - cpu)
+                _beyond.seconds = getattr(_beyond, "seconds", 0.0) + max(0.0, helpers)
             finally:
                 self._job = None
             results = job[4]
@@ -157,29 +158,33 @@ def _drain(job, caller: bool = False) -> int:
     `next()` of an itertools.count is atomic under the GIL: every chunk is taken once and every finish counted
     once. The caller counts one more finish of its own after draining (`ProductPool.run`), so whoever counts
     n + 1 is last: a helper that is releases `done`."""
-    tasks, taken, finished, done, results, started = job
+    tasks, taken, finished, done, results, started, helper_cpu = job
     n, ran = len(tasks), 0
     while (i := next(taken)) < n:
         started[i] = time.perf_counter()
+        cpu = time.thread_time()
         try:
             results[i] = tasks[i]()
         except Exception:             # noqa: BLE001  (a helper's: left unset, the caller runs it again and raises)
             if caller:
                 raise
+        if not caller:
+            helper_cpu[i] = time.thread_time() - cpu
         ran += 1
         if next(finished) == n + 1:
             done.release()
     return ran
 
 
-_waited = threading.local()      # per calling thread: seconds it waited for helpers' chunks (`shared_clock`)
+_beyond = threading.local()      # per calling thread: helpers' CPU seconds beyond its own, summed (`shared_clock`)
 
 
 def shared_clock() -> float:
-    """The calling thread's CPU time plus the time it waited for the helpers' chunks of its products: the time
-    of its products shared as they would take undisturbed, without its waits for anything else (the GIL, a core).
-    What engine time is measured on for a model whose products are shared (engine/kv/runner.py's `clock_for`)."""
-    return time.thread_time() + getattr(_waited, "seconds", 0.0)
+    """The calling thread's CPU time plus, for each product it shared, the helpers' CPU time on their chunks
+    beyond its own: a shared product takes as long as its busiest thread, and CPU time leaves out every thread's
+    waits (for the GIL, for a core). What engine time is measured on for a model whose products are shared
+    (engine/kv/runner.py's `clock_for`)."""
+    return time.thread_time() + getattr(_beyond, "seconds", 0.0)
 
 
 _POOLS = {1: ProductPool(1)}      # one pool per thread count used so far: idle helpers block and cost nothing
