@@ -32,7 +32,8 @@ from app.views.fragments import (
 )
 from app.views.kv_map import KvMap
 from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_note,
-                            model_options, race_state, races_of, server_set, target_of)
+                            model_options, server_set, target_of)
+from app.views.race_pick import race_state, races_of
 from app.views.recording import RECORDINGS
 from app.views.templating import macros
 from engine.external.server_metrics import server_gauges
