@@ -20,7 +20,8 @@ from app.config import AppConfig
 from app.curves import VerifyCurves
 from app.metrics import ServerMetrics
 from app.protocol import View
-from app.views.html import HtmlView, ViewSources
+from app.views.frame import ViewSources
+from app.views.html import HtmlView
 from app.views.page import home_target
 from app.views.json import JsonView
 from app.watch.rooms import Rooms

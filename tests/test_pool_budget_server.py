@@ -130,7 +130,7 @@ def test_a_change_over_the_budget_is_an_error_and_runs_once_the_pool_in_use_is_i
 
 
 def test_the_kv_map_says_a_freed_pool_is_gone_instead_of_drawing_it():
-    from app.views.html import Frame
+    from app.views.frame import Frame
     from app.views.kv_map import KvMap
     from engine.kv.cache import KVCacheManager
     from engine.model.config import ModelConfig

@@ -14,9 +14,6 @@ app/views/kv_map.py) and sends only what changed. It renders from data only: the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Collection
-
 from app.protocol import Batch, Command, CommandError, Notice, RenderContext, json_object, parse_speed
 from app.views.fragments import (
     fmt_metric,
@@ -30,6 +27,7 @@ from app.views.fragments import (
     vllm_lane,
     vllm_rounds_text,
 )
+from app.views.frame import Frame, ViewSources
 from app.views.kv_map import KvMap
 from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_note,
                             model_options, server_set, target_of)
@@ -37,36 +35,10 @@ from app.views.race_pick import race_state, races_of
 from app.views.recording import RECORDINGS
 from app.views.templating import macros
 from engine.external.server_metrics import server_gauges
-from engine.kv.cache import PoolSnapshot
-from engine.serving.registry import ModelRegistry
 from engine.serving.settings import LIVE_SETTINGS, excerpt, excerpt_name
 
 METRICS = tuple(name for name, _, _ in GAUGES)
 ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")
-
-
-@dataclass
-class ViewSources:
-    """What the page's view reads besides the events: the models (for the form's choices) and the KV pools
-    as they are now (drawn after a run has freed its blocks)."""
-    registry: ModelRegistry | None = None
-    external: Collection[str] = ()                     # names of the external engines
-    pools: Callable[[], list[PoolSnapshot]] = list
-
-
-@dataclass
-class Frame:
-    """What one outgoing message will hold."""
-    replace: dict = field(default_factory=dict)          # element id -> html (the latest wins)
-    appends: dict = field(default_factory=dict)          # target id -> [html] in order
-    kv_events: list = field(default_factory=list)
-    kv_snapshot: bool = False
-    metrics: dict | None = None
-    chart: list = field(default_factory=list)            # packed latency-chart points of this message
-    lane: dict | None = None                             # the draft lane to draw (once, after the last round)
-
-    def append(self, target: str, html: str) -> None:
-        self.appends.setdefault(target, []).append(html)
 
 
 class HtmlView:
