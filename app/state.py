@@ -158,7 +158,7 @@ class Playground:
                 self.vllm.start()
         if self.engine is not None and self.engine_thread is None:
             budget = self.config.max_num_batched_tokens
-            self.engine_thread = EngineThread(self.engine, asyncio.get_running_loop(), self.metrics,
+            self.engine_thread = EngineThread(self.engine, self._loop, self.metrics,
                                               budget or None, None if budget == 0 else CHUNK_SECONDS)
             self.engine_thread.start()
             logger.info("engine thread started (BLAS threads: OPENBLAS_NUM_THREADS=%s; weight-product threads: %s)",

@@ -84,7 +84,7 @@ def add_parser(sub) -> None:
     s.add_argument("--max-num-batched-tokens", type=_integer(0, what=" (0: no chunked prefill)"), default=None,
                    metavar="N", help="tokens an engine step computes: a longer prefill runs in chunks between the "
                                      "other sessions' steps (chunked prefill, as vLLM; 0: off; default: chunks of "
-                                     "about 100 ms by each model's measured prefill speed)")
+                                     "about 250 ms by each model's measured prefill speed)")
     s.add_argument("--token", default=None,
                    help="workshop mode: a shared secret required by page, API and websockets (?token=...); "
                         "DECODING_PLAYGROUND_TOKEN does the same without showing it in the process list")
