@@ -1,10 +1,10 @@
 """`generate`, `check-distribution` and `models`: the engine from the command line."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
-from cli.options import add_threads_argument
 from engine.experiments.measure import check_distribution
 from engine.model.thread_choice import current_choice, request_threads
 from engine.serving.registry import MODELS_DIR, InferenceEngine, ModelRegistry
@@ -100,6 +100,19 @@ def cmd_models(args) -> int:
               f"{r['hidden_size']}, {r['num_attention_heads']}q/{r['num_key_value_heads']}kv heads, "
               f"{r['parameters']:,} params, val loss {loss if loss is None else f'{loss:.3f}'}  {r['path']}")
     return 0
+
+
+def add_threads_argument(p) -> None:
+    p.add_argument("-t", "--threads", type=threads_count, default=None, metavar="N",
+                   help="threads for the weight products of models that stream from memory (SmolLM2); our small "
+                        "models stay on one (default: measured when SmolLM2 loads, logged with why)")
+
+
+def threads_count(value: str) -> int:
+    n = int(value)
+    if not 1 <= n <= 256:
+        raise argparse.ArgumentTypeError(f"between 1 and 256, got {n}")
+    return n
 
 
 def add_parsers(sub) -> None:
