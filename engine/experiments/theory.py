@@ -191,3 +191,16 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, method: s
                "verify_ratio": (verify_ratio or {}).get(round(gamma) + 1) if gamma is not None else None,
                **{key: last[key] for key in ("tokens", "e", "flat", "curve", "estimated")}}
     return {**out, "positions": positions, "summary": summary}
+
+
+def cost_card_here(run: dict | None, curve: dict, method: str | None, alpha: float, gamma: int) -> dict:
+    """The Cost card's "here" inputs: c measured inside the page's run (its proposals' time per draft token, `run`:
+    `run_series`' summary), else the draft model's step measured with the `curve`; what that c is; and the
+    speed-up the measured curve gives for the form's α and γ with it (None without a c or a physical curve)."""
+    if run is not None and run["gamma"] is not None and run["c"] is not None:
+        c, of = run["c"], f"{method}, measured in the page's run"
+    else:
+        c, of = curve["c"], (f"draft model {curve['draft']}'s step, measured with the curve" if curve["draft"] else None)
+    _, ratios = curve_ratios(curve)
+    what_if = speedup_from_curve(alpha, gamma, c, ratios[gamma + 1]) if c is not None and curve["physical"] else None
+    return {"c": c, "of": of, "what_if": what_if}

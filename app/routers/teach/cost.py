@@ -1,6 +1,6 @@
 """`GET /teach/cost`: the verify cost measured here beside a roofline projection for an accelerator
-(engine/experiments/theory.py); every figure is computed in engine/, this only reads the form and picks the
-chart's axis."""
+(engine/experiments/theory.py); every figure, and which measurement feeds it, is chosen in engine/: this only
+reads the form and picks the chart's axis."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -15,10 +15,10 @@ from engine.experiments.measure import CURVE_NS
 from engine.experiments.theory import (
     ACCELERATORS,
     accelerator_projections,
+    cost_card_here,
     curve_ratios,
     expected_tokens_per_round,
     run_series,
-    speedup_from_curve,
 )
 from engine.kv.memory import PUBLIC_CONFIGS
 
@@ -52,20 +52,15 @@ async def cost(request: Request, playground: PlaygroundDep, model: str = "", rec
     context = number(context, 512, int, 1, 131072)
     accelerator = accelerator if accelerator in ACCELERATORS else "H100-SXM"
     target = target if target in PUBLIC_CONFIGS and target != PROJECTION_DRAFT else "Llama-3.1-8B"
-    # c is measured: inside the page's run (its proposals' time per draft token), else the draft model's step
-    # measured with the curve
-    c_here, c_of = (run["c"], f"{method}, measured in the page's run") if drafting and run["c"] is not None else (
-        here["c"], f"draft model {here['draft']}'s step, measured with the curve" if here["draft"] else None)
+    card = cost_card_here(run, here, method, alpha, gamma)
     tcfg, dcfg = PUBLIC_CONFIGS[target], PUBLIC_CONFIGS[PROJECTION_DRAFT]
     projections = accelerator_projections(alpha, gamma, tcfg.parameters, tcfg.bytes_per_token(2, context),
                                           dcfg.parameters, dcfg.bytes_per_token(2, context), context, CURVE_NS,
                                           batch, BATCHES)
     chosen = next(p for p in projections if p["key"] == accelerator)
-    what_if = (speedup_from_curve(alpha, gamma, c_here, ratio_here[gamma + 1])
-               if c_here is not None and here["physical"] else None)
     return fragment(request, "cost", here=here, ratio_here=ratio_here, e=expected_tokens_per_round(alpha, gamma),
-                    alpha=alpha, gamma=gamma, batch=batch, context=context, c_here=c_here, c_of=c_of, run=run,
-                    what_if=what_if, measured=measured_against_plain(recording), curve=curve_note(here),
+                    alpha=alpha, gamma=gamma, batch=batch, context=context, c_here=card["c"], c_of=card["of"], run=run,
+                    what_if=card["what_if"], measured=measured_against_plain(recording), curve=curve_note(here),
                     projections=projections, chosen=chosen, accelerator=accelerator, accelerators=ACCELERATORS,
                     target=target, targets=[n for n in PUBLIC_CONFIGS if n != PROJECTION_DRAFT],
                     draft_name=PROJECTION_DRAFT, batches=BATCHES, ns=CURVE_NS,
