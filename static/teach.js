@@ -148,7 +148,11 @@
   // --- theory: every round the page receives (the latency chart's feed), against the formulas --------------------
   // The figures are the server's (/teach/theory.json: engine/experiments/theory.py over the run's recorded rounds); this
   // counts the rounds the page has received and draws what the server computed for that many.
-  var theory = { reset: null, rounds: 0, series: null, asked: -1, loading: false, pending: false, colors: null }
+  var theory = { reset: null, rounds: 0, series: null, asked: -1, loading: false, pending: false, colors: null,
+    askedAt: 0, deferred: null }
+  // The chart asks at most this often during a run: each answer is server work beside the run, on the same
+  // cores and caches, which a small model's engine time feels (docs/benchmarks.md, `bench views`)
+  var THEORY_REFRESH_MS = 250
 
   function onRounds(reset, packed) {
     if (reset !== null && reset !== theory.reset) {
@@ -193,8 +197,14 @@
   function fetchSeries() {
     var key = recordingKey()
     if (theory.loading || !key || (theory.asked === theory.rounds && theory.series)) { scheduleTheory(); return }
+    var wait = theory.askedAt + THEORY_REFRESH_MS - Date.now()
+    if (wait > 0) {
+      if (!theory.deferred) theory.deferred = setTimeout(function () { theory.deferred = null; fetchSeries() }, wait)
+      return
+    }
     var rounds = theory.rounds, reset = theory.reset
     theory.loading = true
+    theory.askedAt = Date.now()
     fetch(withToken('/teach/theory.json?recording=' + encodeURIComponent(key) + '&rounds=' + rounds))
       .then(function (r) { return r.ok ? r.json() : null })
       .then(function (data) {
