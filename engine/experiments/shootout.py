@@ -159,7 +159,7 @@ async def vllm_row(r: dict, prompt: str, started: bool, reason: str | None, serv
         return row
     fig = acceptance_figures(*counts)
     row.update(mean_acceptance_length=fig["mean_acceptance_length"], per_position=fig["acceptance_per_position"],
-               steps=fig["steps"], text=summary["text"])
+               steps=fig["steps"])
     eos = r["eos_token_id"]
     if s["temperature"] > 0 or not s["chat"]:
         row["identical"] = None
