@@ -134,6 +134,10 @@ class VllmFleet:
         for server in self.servers:
             await asyncio.get_running_loop().run_in_executor(None, server.stop)
 
+    def server(self, key: str) -> VllmServer | None:
+        """The server of a variant (plain, ngram, eagle), if it is offered."""
+        return next((s for s in self.servers if s.variant.key == key), None)
+
     def state_of(self, name: str) -> str | None:
         """'starting', 'failed: ...' or None (ready, or not one of ours) for the selector and a start."""
         server = next((s for s in self.servers if s.engine.name == name), None)

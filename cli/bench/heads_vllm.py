@@ -19,16 +19,12 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from engine.external.openai_stream import stream_chat
+from engine.external.vllm_rounds import acceptance_figures, own_counts
 from engine.external.vllm_server import EAGLE_GAMMA, VARIANTS, VllmServer, default_venv, unavailable_reason
 from engine.model.fetched import cache_dir, model_dir
 from engine.serving.session import GenerationSession
 from engine.spec_decode.heads import HEADS_DIR, load_heads
 from engine.training.vllm_export import export_eagle_for_vllm
-
-
-def figures(steps: int, accepted_by_position: list[int]) -> dict:
-    return {"steps": steps, "mean_acceptance_length": 1 + sum(accepted_by_position) / steps if steps else None,
-            "acceptance_per_position": [a / steps if steps else 0.0 for a in accepted_by_position]}
 
 
 def ours(engine, name: str, prompts, max_tokens: int, gamma: int) -> dict:
@@ -40,7 +36,7 @@ def ours(engine, name: str, prompts, max_tokens: int, gamma: int) -> dict:
         summary = [e for e in s.events()][-1].summary
         steps += summary["num_drafts"]
         per_pos = [a + b for a, b in zip(per_pos, summary["accepted_per_position"] + [0] * gamma)]
-    return figures(steps, per_pos)
+    return acceptance_figures(steps, per_pos)
 
 
 def full_vocabulary_head(registry, lm):
@@ -74,10 +70,12 @@ def theirs(prompts, max_tokens: int, name: str) -> dict:
             done = asyncio.run(one(prompt))[-1]
             if done.type != "done":
                 return {"skipped": done.message}
-            spec = done.summary["engine_metrics"]["speculative_decoding"]
-            steps += spec["num_spec_steps"]
-            per_pos = [p + sum(1 for a in spec.get("per_step_accepted", []) if a > j) for j, p in enumerate(per_pos)]
-        return figures(steps, per_pos)
+            counts = own_counts(done.summary["engine_metrics"], EAGLE_GAMMA)
+            if counts is None:
+                return {"skipped": "vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)"}
+            steps += counts[0]
+            per_pos = [p + a for p, a in zip(per_pos, counts[1])]
+        return acceptance_figures(steps, per_pos)
     finally:
         server.stop()
 

@@ -9,15 +9,25 @@ method's c and verify cost divide by. Per method:
   median of plain engine time per token / the method's, its spread and its verdict;
 - whether it wrote exactly the plain text; Spec-Bench's published figure beside it; for draft heads, the
   same acceptance projected on an H100 with the Cost model's roofline (engine/experiments/theory.py).
+
+For the model vLLM serves (`serve --vllm`), one more row after the comparison: our EAGLE head in vLLM (its
+eagle server, engine/external/vllm_server.py), the same prompt through its chat endpoint, greedy, the same
+max_tokens, with vLLM's own per-request acceptance figures, and whether it wrote our plain text. Its time is
+not comparable (another process, on another clock) and is not measured; where vLLM cannot answer, the row says
+why, and the rest of the table stands.
 """
 from __future__ import annotations
 
 import math
 import statistics
+import time
 
+from ..external.engine_race import external_trace
+from ..external.vllm_rounds import acceptance_figures, own_counts
+from ..external.vllm_server import SERVED_NAME, VllmServer
 from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
-from ..serving.settings import GenerationSettings
+from ..serving.settings import GenerationSettings, SettingsError
 from .compare import comparison_steps
 from .theory import ACCELERATORS, projected_costs
 
@@ -98,4 +108,64 @@ def _shootout(engine: InferenceEngine, target, s: dict, comparison: Job[dict]) -
         rows.append(row)
     return {"settings": s, "model": target.name, "gamma": gamma, "t1_ms": t1, "rows": rows, "repeats": c["repeats"],
             "load_average": c["load_average"], "cores": c["cores"],
-            "text": plain["run"]["summary"]["text"] if plain["run"]["summary"] else ""}
+            "text": plain["run"]["summary"]["text"] if plain["run"]["summary"] else "",
+            "plain_ids": plain["run"]["emitted_ids"], "eos_token_id": target.tokenizer.eos_token_id}
+
+
+VLLM_LABEL = "EAGLE (our head) in vLLM"
+VLLM_TIME = "not measured: another process, on another clock"
+
+
+def vllm_unavailable(started: bool, reason: str | None, server: VllmServer | None) -> str | None:
+    """Why vLLM with our head cannot answer now, in one line (None: its server is ready). `started`: the app
+    runs vLLM (serve --vllm); `reason`: why vLLM is not offered at all; `server`: its eagle server, if any."""
+    if not started:
+        return "vLLM not started: serve --vllm"
+    if reason:
+        return f"vLLM not offered: {reason}"
+    if server is None:
+        return "vLLM's EAGLE server not offered (--vllm-variants leaves it out, or our head could not be exported)"
+    if server.state == "starting":
+        return (f"starting ({time.monotonic() - server.started_at:.0f} s so far): run the shoot-out again once "
+                "it is ready")
+    if server.state == "failed":
+        return f"failed: {server.error}"
+    return None if server.state == "ready" else server.state
+
+
+async def vllm_row(r: dict, prompt: str, started: bool, reason: str | None, server: VllmServer | None) -> dict | None:
+    """The row of our EAGLE head in vLLM for a shoot-out `r` on `prompt` (None: r's model is not the one vLLM
+    serves). Its figures are vLLM's own per-request ones; `identical`: its output ids equal our plain decoding's
+    (the end-of-sequence token aside), where both are greedy and chat (None otherwise, with a note)."""
+    if r["model"] != SERVED_NAME:
+        return None
+    gamma = (server.variant.speculative or {}).get("num_speculative_tokens") if server else None
+    row = {"method": "vllm_eagle", "label": VLLM_LABEL, "gamma": gamma, "time": VLLM_TIME, "notes": [],
+           "unavailable": vllm_unavailable(started, reason, server), "error": None}
+    if row["unavailable"]:
+        return row
+    if gamma != r["gamma"]:
+        row["notes"].append(f"vLLM's server is fixed at γ = {gamma}, this shoot-out ran γ = {r['gamma']}")
+    s = r["settings"]
+    try:
+        run = await external_trace(server.engine, prompt, {"max_tokens": s["max_tokens"], "temperature": 0})
+    except SettingsError as e:
+        row["error"] = str(e)
+        return row
+    summary = run["summary"]
+    counts = own_counts(summary["engine_metrics"], gamma) if summary else None
+    if run["error"] or counts is None:
+        row["error"] = run["error"] or "vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)"
+        return row
+    fig = acceptance_figures(*counts)
+    row.update(mean_acceptance_length=fig["mean_acceptance_length"], per_position=fig["acceptance_per_position"],
+               steps=fig["steps"])
+    eos = r["eos_token_id"]
+    if s["temperature"] > 0 or not s["chat"]:
+        row["identical"] = None
+        row["notes"].append("output not compared: vLLM's row is greedy with the chat template, this shoot-out "
+                            + ("sampled" if s["temperature"] > 0 else "ran without the chat template"))
+    else:
+        row["identical"] = ([t["id"] for t in summary["tokens"] if t["id"] != eos]
+                            == [i for i in r["plain_ids"] if i != eos])
+    return row

@@ -80,6 +80,23 @@ def figures(drafted: list[int], accepted: list[int]) -> dict:
             "mean_acceptance_length": 1 + num_accepted / steps if steps else None}
 
 
+def acceptance_figures(steps: int, accepted_by_position: list[int]) -> dict:
+    """Mean acceptance length (tokens per step with a draft) and acceptance per draft position, of `steps` steps
+    with a draft and how many of them accepted the draft at each position (summed over runs to pool them)."""
+    return {"steps": steps, "mean_acceptance_length": 1 + sum(accepted_by_position) / steps if steps else None,
+            "acceptance_per_position": [a / steps if steps else 0.0 for a in accepted_by_position]}
+
+
+def own_counts(metrics: dict | None, gamma: int) -> tuple[int, list[int]] | None:
+    """vLLM's own per-request counts (`metrics.speculative_decoding`, --per-request-spec-decode-metrics
+    detailed): its steps with a draft, and how many accepted the draft at each position (None: not sent)."""
+    spec = (metrics or {}).get("speculative_decoding") or {}
+    steps, accepted = spec.get("num_spec_steps"), spec.get("per_step_accepted")
+    if not isinstance(steps, int) or not isinstance(accepted, list):
+        return None
+    return steps, accepted_per_position(accepted, gamma)
+
+
 def stream_figures(steps: list[VllmStep], gamma: int) -> dict:
     """What the stream says so far (the page's gauges while vLLM runs): its steps with a draft."""
     drafting = [s for s in steps if s.drafted and not s.merged]

@@ -1,9 +1,11 @@
 """How the playground starts vLLM (engine/external/vllm_server.py), offline: its command line and environment,
-its error excerpt, the cleaning of run folders left by a killed process (the live start and stop:
-tests/e2e/vllm_live/test_faults.py)."""
+its error excerpt, the cleaning of run folders left by a killed process, the Shoot-out's vLLM row while it starts
+and once it failed (the live start and stop: tests/e2e/vllm_live/test_faults.py)."""
+import asyncio
 import os
 from pathlib import Path
 
+from engine.experiments.shootout import vllm_row
 from engine.external.vllm_server import VARIANTS, VllmServer, error_excerpt, remove_stale_runs
 
 
@@ -43,3 +45,24 @@ def test_run_folders_of_gone_processes_are_removed(tmp_path):
     mine.mkdir(), gone.mkdir()
     remove_stale_runs(tmp_path)
     assert mine.exists() and not gone.exists()
+
+
+def test_the_shootouts_vllm_row_says_starting_then_why_vllm_failed(tmp_path):
+    """A vLLM that cannot start (a stand-in interpreter that writes an error and exits): the Shoot-out's row of
+    our head in vLLM says it is starting, then vLLM's own words; other models get no such row."""
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\necho 'ValueError: no CPU backend here' >&2\nexit 3\n")
+    python.chmod(0o755)
+    s = server(tmp_path, "eagle", draft_dir=tmp_path / "head")
+    shootout = {"model": "smollm2-135m", "gamma": 3}
+    s.start()
+    try:
+        starting = asyncio.run(vllm_row(shootout, "Hi", True, None, s))
+        assert not asyncio.run(s.wait_ready(poll_s=0.05))
+        failed = asyncio.run(vllm_row(shootout, "Hi", True, None, s))
+    finally:
+        s.stop()
+    assert starting["unavailable"].startswith("starting (") and starting["gamma"] == 3
+    assert failed["unavailable"] == "failed: vLLM exited with code 3 while starting: ValueError: no CPU backend here"
+    assert asyncio.run(vllm_row({**shootout, "model": "target-mha"}, "Hi", True, None, s)) is None

@@ -14,7 +14,7 @@ JSON the views' scripts read (static/teach.js).
 | `GET /teach/cost` | measured verify cost here beside a roofline projection for an accelerator |
 | `POST /teach/faults` | a teaching fault beside a correct run, with the point of divergence |
 | `POST /teach/race` | the same prompt with one setting apart (`race`, `race_a`, `race_b`), on their engine clocks |
-| `POST /teach/shootout`, `GET /teach/plain.json` | every method of the target, one after another; a recorded run against plain decoding |
+| `POST /teach/shootout`, `GET /teach/plain.json` | every method of the target, one after another (for SmolLM2, then our EAGLE head in vLLM); a recorded run against plain decoding |
 
 One module a view. The routes translate: every figure comes from the engine (engine/experiments/theory.py,
 engine/kv/memory.py, engine/experiments/traces.py, engine/experiments/race.py, engine/experiments/shootout.py, engine/experiments/measure.py). Errors are

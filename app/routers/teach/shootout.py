@@ -1,5 +1,6 @@
 """`POST /teach/shootout`: the shoot-out view. One prompt, every method the target supports, run one after
-another on the engine (engine/experiments/shootout.py), as a table beside Spec-Bench's published acceptance lengths.
+another on the engine (engine/experiments/shootout.py), as a table beside Spec-Bench's published acceptance lengths;
+for the model vLLM serves, then our EAGLE head in vLLM (`serve --vllm`'s eagle server), or why it cannot answer.
 
 `GET /teach/plain.json?recording=KEY`: the Theory view's measured speed-up. A recorded run's prompt and settings
 against plain decoding of the same, by the one comparison method (engine/experiments/compare.py: interleaved,
@@ -11,10 +12,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from app.deps import PlaygroundDep
-from app.routers.teach.common import RUNS, BusyError, fragment, run_job, teaching_run
+from app.routers.teach.common import RUNS, BusyError, fragment, on_engine_thread, run_job, teaching_run
 from app.views.recording import RECORDINGS
 from engine.experiments.compare import against_plain_figures, against_plain_steps
-from engine.experiments.shootout import shootout_steps
+from engine.experiments.shootout import shootout_steps, vllm_row
 from engine.serving.settings import GenerationSettings, SettingsError
 
 router = APIRouter()
@@ -24,7 +25,11 @@ SHOOTOUT_MAX_TOKENS = 64     # five whole runs of a large model; the table needs
 @router.post("/shootout", response_class=HTMLResponse)
 async def shootout_view(request: Request, playground: PlaygroundDep) -> HTMLResponse:
     async def run(prompt: str, settings: dict, fields: dict) -> HTMLResponse:
-        r = await run_job(playground, shootout_steps(playground.engine, prompt, settings), RUNS)
+        fleet = playground.vllm
+        with RUNS.taken():                  # vLLM's run after ours, not beside it: two cores
+            r = await on_engine_thread(playground, shootout_steps(playground.engine, prompt, settings))
+            r["vllm"] = await vllm_row(r, prompt, fleet is not None, fleet.reason if fleet else None,
+                                       fleet.server("eagle") if fleet else None)
         return fragment(request, "shootout", r=r, prompt=prompt)
 
     return await teaching_run(request, playground, SHOOTOUT_MAX_TOKENS, run)
