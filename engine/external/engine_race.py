@@ -110,6 +110,17 @@ def engine_verdict(a: dict, b: dict) -> dict:
     return {"text": said + ".", "speedup": measured, "predicted": predicted, "kv_ratio": None}
 
 
+def their_weight_bytes(engine, our_name: str, our_bytes: int) -> int | None:
+    """The weight bytes a configured server reads a token: what it publishes about its file (llama.cpp's size),
+    else ours where it serves our very checkpoint at our dtype (the vLLM servers `serve --vllm` starts: float32
+    on the fetched SmolLM2); None where neither says."""
+    d = engine.description
+    published = (d.get("published") or {}).get("size")
+    if published:
+        return published
+    return our_bytes if engine.model == our_name and d.get("dtype") == "float32" else None
+
+
 def engine_race(ours: dict, our_label: str, our_bytes: int, theirs: dict, their_label: str,
                 their_bytes: int | None) -> dict:
     """The race's result, in the shape of engine/experiments/race.py's (its template draws both)."""

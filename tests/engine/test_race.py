@@ -3,7 +3,8 @@ import pytest
 
 from engine.experiments.compare import speedup
 from engine.experiments.race import default_values, race, race_choices, verdict
-from engine.external.engine_race import OURS, engine_pair
+from engine.external.engine_race import OURS, engine_pair, their_weight_bytes
+from engine.external.openai_stream import ExternalEngine
 from engine.kv.dtypes import kv_bytes_per_token
 from engine.serving.registry import ModelRegistry
 from engine.serving.settings import SettingsError
@@ -101,3 +102,16 @@ def test_an_engine_race_pairs_our_engine_on_our_model_with_a_configured_server()
                                         (None, ["llama.cpp"], "llama.cpp", "model")):
         with pytest.raises(SettingsError, match=f"{field}: "):
             engine_pair(values, names, model)
+
+
+def test_an_engine_race_knows_the_weight_bytes_of_a_server_of_our_checkpoint_at_our_dtype():
+    """llama.cpp publishes its file's size; vLLM publishes none, but the servers we start serve our checkpoint in
+    float32, so they read what we read; a server of another model or dtype is not guessed."""
+    llamacpp = ExternalEngine("llama.cpp", "http://127.0.0.1:1/v1", description={"published": {"size": 91_000_000}})
+    vllm = ExternalEngine("vLLM", "http://127.0.0.1:2/v1", "smollm2-135m", description={"dtype": "float32"})
+    other = ExternalEngine("vLLM", "http://127.0.0.1:2/v1", "smollm2-360m", description={"dtype": "float32"})
+    half = ExternalEngine("vLLM", "http://127.0.0.1:2/v1", "smollm2-135m", description={"dtype": "bfloat16"})
+    assert their_weight_bytes(llamacpp, "smollm2-135m", 538_000_000) == 91_000_000
+    assert their_weight_bytes(vllm, "smollm2-135m", 538_000_000) == 538_000_000
+    assert their_weight_bytes(other, "smollm2-135m", 538_000_000) is None
+    assert their_weight_bytes(half, "smollm2-135m", 538_000_000) is None

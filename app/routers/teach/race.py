@@ -40,6 +40,6 @@ async def race_engines(playground, prompt: str, settings: dict, values) -> dict:
     with RUNS.taken():
         ours = await on_engine_thread(playground, trace_steps(playground.engine, prompt, ours_settings))
         theirs = await engine_race.external_trace(external, prompt, sent)
-    published = external.description.get("published") or {}
-    return engine_race.engine_race(ours, f"numpy · {lm.name} float32", weight_bytes(lm.model), theirs, name,
-                                   published.get("size"))
+    ours_bytes = weight_bytes(lm.model)
+    return engine_race.engine_race(ours, f"numpy · {lm.name} float32", ours_bytes, theirs, name,
+                                   engine_race.their_weight_bytes(external, lm.name, ours_bytes))
