@@ -27,7 +27,7 @@ from app.views.json import JsonView
 from app.watch.rooms import Rooms
 from app.ws.admission import Admission
 from app.ws.engine_thread import EngineThread
-from app.ws.external import publish_server_config, start_embedded_llamacpp
+from app.ws.external import ExternalRelay, publish_server_config, start_embedded_llamacpp
 from app.ws.vllm import VllmFleet
 from engine.external.openai_stream import configured_engines
 from engine.kv.cache import PoolSnapshot
@@ -54,6 +54,7 @@ class Playground:
     external: dict = field(default_factory=dict)   # name -> ExternalEngine (app/ws/external.py)
     llamacpp: list = field(default_factory=list)   # the embedded llama.cpp servers that run
     vllm: VllmFleet | None = None                  # the vLLM servers (serve --vllm)
+    relay: ExternalRelay = field(default_factory=ExternalRelay)   # the external runs' HTTP client and /metrics
     curves: VerifyCurves = field(default_factory=VerifyCurves)   # this machine's verify-cost curves
     _loop: asyncio.AbstractEventLoop | None = None
     _demo_target: str | None = None                 # the model whose curve `serve` measures at start-up
@@ -174,6 +175,7 @@ class Playground:
         for server in self.llamacpp:
             server.close()
         self.llamacpp = []
+        await self.relay.aclose()
         if self.vllm is not None:
             await self.vllm.stop()
 

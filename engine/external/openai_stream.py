@@ -178,16 +178,17 @@ async def stream_chat(engine: ExternalEngine, prompt: str, settings: dict,
     notes = inapplicable_notes(engine, settings)
     if notes:
         yield SettingsApplied({}, notes)
-    own = client is None
+    own = client is None                 # a client handed in keeps its connections for the next run
+    timeout = httpx.Timeout(limits.stall_s, connect=limits.connect_s)
     if own:
-        client = httpx.AsyncClient(timeout=httpx.Timeout(limits.stall_s, connect=limits.connect_s),
-                                   follow_redirects=False, trust_env=False)
+        client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False)
     t0 = time.perf_counter()
     deadline = time.monotonic() + limits.total_s
     stats = _Received(t0, engine.rules)
     try:
         async with client.stream("POST", engine.base_url.rstrip("/") + "/chat/completions",
-                                 json=chat_request(engine, prompt, s), headers=engine.headers()) as response:
+                                 json=chat_request(engine, prompt, s), headers=engine.headers(),
+                                 timeout=timeout) as response:
             await _check_answer(response, limits, deadline)
             async for text in sse_events(response, limits, deadline):
                 for event in stats.take(_chunk(text)):
