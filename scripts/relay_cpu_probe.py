@@ -7,8 +7,8 @@ does, then at each concurrency runs, alternated, `--repeats` times: N `/api/ws` 
 page, and the same N requests straight to vLLM's port. Around each it reads the CPU seconds (user + system,
 /proc/PID/stat) of our server's process and of vLLM's processes (its API server, its engine core), and
 prints them per output token: CPU time is far less sensitive than wall time to what else runs on the machine.
-With `--py-spy BIN`, the page runs at the largest concurrency are sampled (py-spy record, raw collapsed
-stacks) into /tmp/relay-profile-N.txt. Nothing here asserts: it measures.
+With `--py-spy BIN`, the page runs are sampled (py-spy record, raw collapsed stacks) into
+/tmp/relay-profile-N-REPEAT.txt (N: the sessions). Nothing here asserts: it measures.
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--sessions", default="1,4,16")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--py-spy", default=None, help="py-spy's binary: profile the page runs at the largest N")
+    ap.add_argument("--py-spy", default=None, help="py-spy's binary: profile the page runs")
     args = ap.parse_args()
     sessions = [int(x) for x in args.sessions.split(",")]
     port, key = free_port(), secrets.token_urlsafe(24)
@@ -102,7 +102,7 @@ def main() -> None:
             rows = {"page": [], "direct": []}
             for _ in range(args.repeats):
                 spy = None
-                if args.py_spy and n == n_max:
+                if args.py_spy:
                     spy = subprocess.Popen([args.py_spy, "record", "-p", str(srv.proc.pid), "-r", "200", "-f", "raw",
                                             "-o", f"/tmp/relay-profile-{n}-{len(rows['page'])}.txt", "--nonblocking"],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

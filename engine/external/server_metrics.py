@@ -149,26 +149,30 @@ class SharedScrapes:
     def __init__(self, engine: ExternalEngine, client: httpx.AsyncClient, poll_s: float = POLL_S):
         self.engine, self.client, self.poll_s = engine, client, poll_s
         self.latest: dict[str, float] = {}
-        self.scrapes = 0                       # scrapes begun
-        self._task: asyncio.Task | None = None  # the last one begun
+        self.begun = 0                          # scrapes that have begun (their task ran)
+        self._task: asyncio.Task | None = None  # the last one asked for
+        self._queued = False                    # it is asked for, not begun: it begins after any call now
         self._watchers = 0
         self._poller: asyncio.Task | None = None
 
     async def fresh(self) -> dict[str, float]:
         """Values of a scrape begun after this call ({} if the server gave none)."""
-        need = self.scrapes + 1
-        while self.scrapes < need:
-            if self._task is not None and not self._task.done():     # begun before the call: wait, then the next
-                await asyncio.wait({self._task})
+        need = self.begun + 1
+        while True:
+            task = self._task
+            if task is not None and (self._queued or self.begun >= need):
+                return await asyncio.shield(task)
+            if task is not None and not task.done():     # begun before this call: wait, then the next one
+                await asyncio.wait({task})
             else:
                 self._begin()
-        return await asyncio.shield(self._task)
 
     def _begin(self) -> None:
-        self.scrapes += 1
+        self._queued = True
         self._task = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> dict[str, float]:
+        self._queued, self.begun = False, self.begun + 1
         values = await fetch_server_metrics(self.engine, self.client)
         if values:
             self.latest = values
