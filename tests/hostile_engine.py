@@ -102,6 +102,18 @@ class _Handler(BaseHTTPRequestHandler):
         while not self.server.closing:
             time.sleep(0.05)
 
+    def _vllm(self):
+        """vLLM's stream with return_token_ids: a role chunk with the prompt's ids (37 of them), a chunk per step
+        with its token ids, the usage."""
+        self._sse_head()
+        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                   "prompt_token_ids": list(range(1, 38))}]
+        chunks += [{"choices": [{"index": 0, "delta": {"content": text}, "token_ids": [500 + i],
+                                 "finish_reason": "length" if i == 2 else None}]}
+                   for i, text in enumerate(("The", " capital", " is"))]
+        chunks.append({"choices": [], "usage": {"prompt_tokens": 37, "completion_tokens": 3, "total_tokens": 40}})
+        self.wfile.write(b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n")
+
     def _no_done(self):
         self._sse_head()
         self.wfile.write(_chunk("Hi") + _chunk("", "stop"))

@@ -141,11 +141,14 @@ def per_position_moved(moved_by_position: dict[str, float], gamma: int) -> list[
 @dataclass(frozen=True)
 class StepRules:
     """What a client needs to read one vLLM server's steps: its method and γ, and from our side (handed in)
-    the n-gram rule and the token texts (display only: the text of a run is vLLM's own detokenized deltas)."""
+    the n-gram rule, the token texts (display only: the text of a run is vLLM's own detokenized deltas) and
+    the prompt's tokens as its chat template makes them (`started` shows them before vLLM's first chunk,
+    which has its own ids: `num_prompt_tokens` of the summary)."""
     method: str | None
     gamma: int = 0
     drafts_due: Callable[[list[int]], int] | None = None
     token_texts: Callable[[list[int]], list[str]] | None = None
+    prompt_tokens: Callable[[str], list[dict]] | None = None
 
     def new(self) -> VllmSteps:
         return VllmSteps(self.method, self.gamma, self.drafts_due)
