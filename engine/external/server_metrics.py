@@ -152,6 +152,7 @@ class SharedScrapes:
         self.begun = 0                          # scrapes that have begun (their task ran)
         self._task: asyncio.Task | None = None  # the last one asked for
         self._queued = False                    # it is asked for, not begun: it begins after any call now
+        self._begun_at = -1e9                   # when the last one began (the event loop's clock)
         self._watchers = 0
         self._poller: asyncio.Task | None = None
 
@@ -172,7 +173,7 @@ class SharedScrapes:
         self._task = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> dict[str, float]:
-        self._queued, self.begun = False, self.begun + 1
+        self._queued, self.begun, self._begun_at = False, self.begun + 1, asyncio.get_running_loop().time()
         values = await fetch_server_metrics(self.engine, self.client)
         if values:
             self.latest = values
@@ -193,10 +194,16 @@ class SharedScrapes:
                 self._poller = None
 
     async def _poll(self) -> None:
+        """A read every `poll_s`, counting those the runs asked for (a run's before or after is one)."""
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.poll_s)
-            if self._task is None or self._task.done():
+            await asyncio.sleep(max(0.0, self._begun_at + self.poll_s - loop.time()))
+            task = self._task
+            if task is not None and not task.done():
+                await asyncio.wait({task})      # the next read is due poll_s after this one began
+            elif loop.time() >= self._begun_at + self.poll_s:
                 self._begin()
+                await asyncio.wait({self._task})
 
     async def aclose(self) -> None:
         """Stop reading (the app stops)."""

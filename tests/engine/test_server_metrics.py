@@ -58,6 +58,23 @@ def test_an_ask_while_a_read_is_in_flight_waits_for_the_next_one(hostile):
     assert {v[KEY] for v in late} == {2.0} and hostile.scrapes == 2
 
 
+def test_the_poller_counts_the_reads_runs_asked_for(hostile):
+    """A run's before (or after) is a read: the poller's next one is due a poll interval after it began."""
+    async def go():
+        async with httpx.AsyncClient(trust_env=False) as client:
+            scrapes = scrapes_of(hostile, client, poll_s=0.5)
+            await scrapes.fresh()                               # a run's before, at 0 s
+            async with scrapes.watching():
+                await asyncio.sleep(0.3)
+                await scrapes.fresh()                           # another run's, at 0.3 s: the next poll is at 0.8 s
+                await asyncio.sleep(0.3)
+                at_06 = hostile.scrapes
+                await asyncio.sleep(0.6)
+            return at_06, hostile.scrapes
+    at_06, at_12 = run(go())
+    assert at_06 == 2 and at_12 == 3, (at_06, at_12)         # one every 0.5 s from the start would read at 0.5 s
+
+
 def test_one_poller_reads_while_runs_watch_and_stops_after_the_last(hostile):
     async def go():
         async with httpx.AsyncClient(trust_env=False) as client:
