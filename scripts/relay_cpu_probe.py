@@ -31,10 +31,10 @@ from engine.external.vllm_server import VARIANTS, free_port  # noqa: E402
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_s(pid: int) -> float:
-    """utime + stime of one process (all its threads), in seconds."""
+def cpu_s(pid: int, system_only: bool = False) -> float:
+    """utime + stime (or stime alone: the kernel's part) of one process (all its threads), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    return (int(fields[12]) + (0 if system_only else int(fields[11]))) / TICKS
 
 
 def children(pid: int) -> list[int]:
@@ -71,11 +71,13 @@ def wait_ready(base: str) -> None:
 
 
 def measured(pids: dict[str, int], run) -> tuple[dict, dict]:
-    before = {k: cpu_s(p) for k, p in pids.items()}
+    def now() -> dict:
+        return {**{k: cpu_s(p) for k, p in pids.items()}, "ours (kernel)": cpu_s(pids["ours"], system_only=True)}
+    before = now()
     t0 = time.perf_counter()
     result = run()
     wall = time.perf_counter() - t0
-    return result, {"wall_s": wall, **{k: cpu_s(p) - before[k] for k, p in pids.items()}}
+    return result, {"wall_s": wall, **{k: v - before[k] for k, v in now().items()}}
 
 
 def main() -> None:
