@@ -333,7 +333,7 @@ class _Received:
             "engine_ttft_ms": _number(t, "prompt_ms"),
             "engine_itl_ms": _number(t, "predicted_per_token_ms"),
             "engine_tokens_per_s": _number(t, "predicted_per_second"),
-            **(stream_figures(self.steps.steps, self.rules.gamma) if self.steps is not None else {}),
+            **(stream_figures(self.steps) if self.steps is not None else {}),
         }
 
     def summary(self, engine: ExternalEngine, s: GenerationSettings) -> dict:
