@@ -180,6 +180,7 @@ class AppConfig:
     vllm_compile: bool = False            # torch.compile: decode ~25% faster, start-up ~2.4x longer (docs)
     threads: int | None = None            # weight-product threads of models that stream from memory; None: measured
     curve_at_start: bool = False          # measure the demo model's verify curve at start-up (serve: yes)
+    freeze_gc: bool = False               # once the models are loaded, the cycle collector skips them (serve: yes)
 
     def __post_init__(self):
         object.__setattr__(self, "models_dir", Path(self.models_dir))

@@ -10,6 +10,7 @@ the right to take them; a slot is given back only after the generation's blocks 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import threading
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 from app.config import AppConfig
 from app.curves import VerifyCurves
+from app.logs import log_event
 from app.metrics import ServerMetrics
 from app.protocol import View
 from app.views.frame import ViewSources
@@ -27,7 +29,7 @@ from app.views.json import JsonView
 from app.watch.rooms import Rooms
 from app.ws.admission import Admission
 from app.ws.engine_thread import EngineThread
-from app.ws.external import publish_server_config, start_embedded_llamacpp
+from app.ws.external import ExternalRelay, publish_server_config, start_embedded_llamacpp
 from app.ws.vllm import VllmFleet
 from engine.external.openai_stream import configured_engines
 from engine.kv.cache import PoolSnapshot
@@ -39,6 +41,16 @@ from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.serving.scheduler import CHUNK_SECONDS
 
 logger = logging.getLogger(__name__)
+
+
+def freeze_start_up_objects() -> None:
+    """What start-up made (modules, models, tokenizers) out of the cycle collector's sight: each of its full
+    collections, which a stream of events triggers every few thousand tokens, would otherwise walk them all while
+    it holds the event loop (docs/external-engines.md, "What watching an external engine costs"). They are
+    still freed by reference counting; only a reference cycle among them would stay."""
+    gc.collect()
+    gc.freeze()
+    log_event(logger, "gc_frozen", objects=gc.get_freeze_count())
 
 
 @dataclass
@@ -54,6 +66,7 @@ class Playground:
     external: dict = field(default_factory=dict)   # name -> ExternalEngine (app/ws/external.py)
     llamacpp: list = field(default_factory=list)   # the embedded llama.cpp servers that run
     vllm: VllmFleet | None = None                  # the vLLM servers (serve --vllm)
+    relay: ExternalRelay = field(default_factory=ExternalRelay)   # the external runs' HTTP client and /metrics
     curves: VerifyCurves = field(default_factory=VerifyCurves)   # this machine's verify-cost curves
     _loop: asyncio.AbstractEventLoop | None = None
     _demo_target: str | None = None                 # the model whose curve `serve` measures at start-up
@@ -121,6 +134,8 @@ class Playground:
                     self._loop.call_soon_threadsafe(self._measure_curve_at_start, lm)
             finally:
                 self._loading.discard(lm.name)
+        if self.config.freeze_gc and not self._stopped.is_set():
+            freeze_start_up_objects()
 
     def _measure_curve_at_start(self, lm) -> None:
         """The demo model's verify curve, as a job that waits for an idle engine thread (app/curves.py)."""
@@ -174,6 +189,7 @@ class Playground:
         for server in self.llamacpp:
             server.close()
         self.llamacpp = []
+        await self.relay.aclose()
         if self.vllm is not None:
             await self.vllm.stop()
 

@@ -159,7 +159,7 @@ def server_config(args):
         llamacpp_threads=args.llamacpp_threads, max_num_batched_tokens=args.max_num_batched_tokens,
         threads=args.threads, vllm=args.vllm, vllm_threads=args.vllm_threads, vllm_port=args.vllm_port, vllm_compile=args.vllm_compile,
         vllm_variants=tuple(args.vllm_variants.split(",")) if args.vllm_variants else None,
-        curve_at_start=True)
+        curve_at_start=True, freeze_gc=True)
     try:
         config = base.with_overrides(**overrides)
     except ConfigError as e:

@@ -1,6 +1,7 @@
 """A small OpenAI-compatible HTTP server on loopback that answers badly on purpose (a real socket).
 
-Each scenario is a path prefix: http://127.0.0.1:PORT/<scenario>/v1/chat/completions.
+Each scenario is a path prefix: http://127.0.0.1:PORT/<scenario>/v1/chat/completions; /counting/metrics
+counts its readers.
 Every request it receives is recorded in `requests` (method, path), so that a test can also prove what was
 *not* asked for.
 """
@@ -25,7 +26,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.server.requests.append(("GET", self.path))
-        self._plain(404, b"not found")
+        if self.path == "/counting/metrics":
+            self._counting_metrics()
+        else:
+            self._plain(404, b"not found")
+
+    def _counting_metrics(self):
+        """Prometheus text whose counter is how many /metrics requests had arrived, answered 50 ms later (so
+        that scrapes overlap)."""
+        with self.server.lock:
+            self.server.scrapes += 1
+            n = self.server.scrapes
+        time.sleep(0.05)
+        self._plain(200, f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total {n}.0\n".encode())
 
     def do_POST(self):
         self.server.requests.append(("POST", self.path))
@@ -89,6 +102,18 @@ class _Handler(BaseHTTPRequestHandler):
         while not self.server.closing:
             time.sleep(0.05)
 
+    def _vllm(self):
+        """vLLM's stream with return_token_ids: a role chunk with the prompt's ids (37 of them), a chunk per step
+        with its token ids, the usage."""
+        self._sse_head()
+        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                   "prompt_token_ids": list(range(1, 38))}]
+        chunks += [{"choices": [{"index": 0, "delta": {"content": text}, "token_ids": [500 + i],
+                                 "finish_reason": "length" if i == 2 else None}]}
+                   for i, text in enumerate(("The", " capital", " is"))]
+        chunks.append({"choices": [], "usage": {"prompt_tokens": 37, "completion_tokens": 3, "total_tokens": 40}})
+        self.wfile.write(b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n")
+
     def _no_done(self):
         self._sse_head()
         self.wfile.write(_chunk("Hi") + _chunk("", "stop"))
@@ -100,11 +125,17 @@ class HostileEngine:
         self.httpd.daemon_threads = True
         self.httpd.requests = []
         self.httpd.closing = False
+        self.httpd.scrapes = 0                 # /counting/metrics requests
+        self.httpd.lock = threading.Lock()
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def url(self, scenario: str) -> str:
         return f"http://127.0.0.1:{self.port}/{scenario}/v1"
+
+    @property
+    def scrapes(self) -> int:
+        return self.httpd.scrapes
 
     @property
     def requests(self) -> list:

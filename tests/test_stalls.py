@@ -134,6 +134,18 @@ def test_a_long_prefill_runs_in_chunks_and_a_bystander_gets_its_first_token_with
     assert prompt_tokens >= 400
 
 
+def test_serve_leaves_its_start_up_objects_out_of_the_cycle_collector(models_dir):
+    """Once its models are loaded, `serve` freezes what start-up made: each full collection of the cycle collector
+    (a stream of events triggers one every few thousand tokens) would otherwise walk it all, holding the event
+    loop meanwhile (docs/external-engines.md)."""
+    with Server(models_dir=str(models_dir)) as srv:
+        deadline = time.monotonic() + 120                 # the models load in the background
+        while srv.logged(event="gc_frozen") is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        frozen = [line for _, line in srv.log if line.get("event") == "gc_frozen"]
+    assert len(frozen) == 1 and frozen[0]["objects"] > 10_000, frozen
+
+
 def test_each_targets_default_pools_are_made_at_start_up_not_in_a_first_request(client):
     """A first generation does not write its KV pools inside its request (tens of MiB for our targets, hundreds
     for SmolLM2: a first token late by up to seconds, beside a long prefill once more than the 500 ms bound):

@@ -224,6 +224,31 @@ def model_info_text(md: dict, settings: dict, draft_model: dict | None) -> str:
         info += f" · draft model ({dm['name']}): {layers(dm)} × width {dm['hidden_size']}"
     return info
 
+def started_text(e, external: bool) -> str:
+    """The first note of a run: its prompt tokens (an external engine's as our tokenizer reads them with its
+    chat template, where we have it; else the server counts them), method and seed."""
+    n, seed = len(e.prompt_tokens), e.settings["seed"]
+    if not external:
+        return f"new run: {n} prompt tokens, {e.settings['method'].replace('_', ' ')}, seed {seed}"
+    counted = f"{n} prompt tokens" if n else "the server tokenizes the prompt"
+    return f"new run on {e.model['name']}: {counted}, seed {seed}"
+
+
+def external_done_notes(s: dict, prompt_tokens_shown: int) -> list[tuple[str, str]]:
+    """An external run's notes at its end: the server's prompt count where it differs from the one shown, how
+    far its /metrics counters moved, vLLM's steps against its per-step lists."""
+    notes = []
+    if s.get("num_prompt_tokens") is not None and s["num_prompt_tokens"] != prompt_tokens_shown:
+        shown = f" (shown: {prompt_tokens_shown}, our tokenizer's)" if prompt_tokens_shown else ""
+        notes.append(("prompt_tokens", f"the server's prompt: {s['num_prompt_tokens']} tokens{shown}"))
+    if s.get("server_metrics_moved"):
+        moved = ", ".join(f"{k} +{v:g}" for k, v in s["server_metrics_moved"].items() if v)
+        notes.append(("server_metrics", f"the engine's /metrics during this run: {moved}"))
+    if s.get("vllm_rounds"):
+        notes.append(("vllm_rounds", vllm_rounds_text(s["vllm_rounds"])))
+    return notes
+
+
 def vllm_lane(lane: dict, e) -> None:
     """A vLLM step in the draft lane: the drafts it accepted (the step's first tokens), its rejected ones as a
     count (vLLM does not send them), then its own token, resampled or a bonus."""

@@ -16,16 +16,17 @@ from __future__ import annotations
 
 from app.protocol import Batch, Command, CommandError, Notice, RenderContext, json_object, parse_speed
 from app.views.fragments import (
+    external_done_notes,
     fmt_metric,
     human_bytes,
     model_info_text,
     model_line,
     setting_text,
+    started_text,
     status_view,
     summary_text,
     token_html,
     vllm_lane,
-    vllm_rounds_text,
 )
 from app.views.frame import Frame, ViewSources
 from app.views.kv_map import KvMap
@@ -57,6 +58,7 @@ class HtmlView:
         self.run_model_line: tuple[str, dict] | None = None     # the run's model line, and its model's figures
         self.run_id: int | None = None
         self.external = False           # the run is on an external engine (app/ws/external.py)
+        self.prompt_tokens_shown = 0    # the run's prompt tokens its `started` carried
         self.recording = None           # the current run's events, kept for export, the inspector, replay
         self._recording_owner = False
         self._snapshotting = False
@@ -245,8 +247,8 @@ class HtmlView:
         info = model_info_text(e.model, e.settings, e.draft_model)
         self.run_model_line = (info, md)
         frame.replace["model-info"] = m.model_info(model_line(info, md, None))
-        frame.append("notes", m.note("started", f"new run: {len(e.prompt_tokens)} prompt tokens, "
-                                                f"{e.settings['method'].replace('_', ' ')}, seed {e.settings['seed']}"))
+        self.prompt_tokens_shown = len(e.prompt_tokens)
+        frame.append("notes", m.note("started", started_text(e, self.external)))
         if e.unknown_characters:
             chars = " ".join(repr(c) for c in e.unknown_characters[:10])
             frame.append("notes", m.note("unknown_characters", f"not in the vocabulary, shown as �: {chars}"))
@@ -349,11 +351,8 @@ class HtmlView:
         frame.replace["summary"] = macros().summary({"title": title, "text": text, "elapsed_s": s.get("elapsed_s"),
                                                      "tokens": s["num_output_tokens"]})
         self._render_server_gauges(s.get("server_metrics"), frame)      # an external engine's own /metrics
-        if s.get("server_metrics_moved"):      # and how far its counters moved during this run
-            moved = ", ".join(f"{k} +{v:g}" for k, v in s["server_metrics_moved"].items() if v)
-            frame.append("notes", macros().note("server_metrics", f"the engine's /metrics during this run: {moved}"))
-        if s.get("vllm_rounds"):               # vLLM: the stream's steps against its own per-step lists
-            frame.append("notes", macros().note("vllm_rounds", vllm_rounds_text(s["vllm_rounds"])))
+        for kind, text in external_done_notes(s, self.prompt_tokens_shown) if self.external else ():
+            frame.append("notes", macros().note(kind, text))
         frame.replace["run-recording"] = ""   # filled in once the recording is complete (render)
         frame.kv_snapshot = True          # the session's blocks are freed now: show it
 

@@ -8,9 +8,10 @@ events and delivers them as the engine thread would: one chunk's events at a tim
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
-from contextlib import aclosing
+from contextlib import aclosing, nullcontext
 from dataclasses import dataclass
 
 import anyio
@@ -21,13 +22,12 @@ from app.ws.engine_thread import PARKED
 from app.ws.run import OUTBOX_MAX_BATCHES, Run, next_run_id
 from engine.external.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
 from engine.external.openai_stream import ExternalEngine, stream_chat, validated
-from engine.external.server_metrics import fetch_server_config, fetch_server_metrics
+from engine.external.server_metrics import SharedScrapes, fetch_server_config
 from engine.serving.events import Done
 
 logger = logging.getLogger(__name__)
 
 HOLD_POLL_S = 0.02                  # how often a held external run re-checks its gate
-METRICS_POLL_S = 1.0                # how often a running external run reads its engine's /metrics
 
 
 def start_embedded_llamacpp(threads: int) -> list[EmbeddedLlamaCpp]:
@@ -125,52 +125,80 @@ class ExternalLink:
             await anyio.sleep(HOLD_POLL_S)
 
 
-async def run_external(session: ExternalSession, link: ExternalLink, deliver) -> None:
+class ExternalRelay:
+    """What every run on an external engine shares, for the app's life: one HTTP client (its connections to each
+    server kept alive: no connection, TLS context or pool per run) and, per engine with a metrics URL, one
+    reading of its /metrics (server_metrics.SharedScrapes: 16 runs at once read it once a second, not 16 times)."""
+
+    def __init__(self):
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scrapes: dict[str, SharedScrapes] = {}
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """Made on the event loop where its connections live (an app served again on another loop, as tests
+        do, gets a new one)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client, self._loop, self._scrapes = httpx.AsyncClient(
+                trust_env=False, follow_redirects=False,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)), loop, {}
+        return self._client
+
+    def scrapes(self, engine: ExternalEngine) -> SharedScrapes | None:
+        if not engine.metrics_url:
+            return None
+        client = self.client
+        if engine.name not in self._scrapes:
+            self._scrapes[engine.name] = SharedScrapes(engine, client)
+        return self._scrapes[engine.name]
+
+    async def aclose(self) -> None:
+        for scrapes in self._scrapes.values():
+            await scrapes.aclose()
+        self._scrapes = {}
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+async def run_external(session: ExternalSession, link: ExternalLink, deliver, relay: ExternalRelay) -> None:
     """Stream the generation; deliver each chunk's events (ending with metrics, done or error) as one batch.
-    While it runs, the engine's /metrics (if configured) are polled every METRICS_POLL_S and go with each
-    metrics event as `server_metrics`; `done` adds how much its counters moved during the run.
+    The engine's /metrics (if configured) are read before the run, every POLL_S while it runs (shared with the
+    engine's other runs) and go with each metrics event as `server_metrics`; `done` adds how much its counters
+    moved during the run (read again after it).
     A stop closes the HTTP stream at once (the server stops generating) and ends the run with `done`,
     finish_reason "cancelled", with the figures of what was delivered."""
     engine = session.engine
     pending: list = []
     texts: list[str] = []
     figures: dict = {"num_output_tokens": 0, "elapsed_s": 0.0}
-    server: dict = {}
     last_round_at = -1e9
-    async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as client:
-        before = await fetch_server_metrics(engine, client)
-        server.update(before)                # the gauges start from what the server said at the start
-
-        async def poll() -> None:
-            while True:
-                await anyio.sleep(METRICS_POLL_S)
-                server.update(await fetch_server_metrics(engine, client))
-
-        with session.scope:
-            async with anyio.create_task_group() as tg, aclosing(stream_chat(engine, session.prompt,
-                                                                             session.settings)) as events:
-                if before:
-                    tg.start_soon(poll)
-                async for event in events:
-                    pending.append(event)
-                    if event.type not in ("started", "metrics", "done", "error"):
-                        continue
-                    if event.type == "metrics":
-                        await link.gate(deliver, last_round_at)
-                        last_round_at = anyio.current_time()
-                        figures = event.values
-                        if server:
-                            event.values["server_metrics"] = dict(server)
-                    if event.type == "done" and before:
-                        after = await fetch_server_metrics(engine, client)
-                        event.summary["server_metrics"] = after
-                        event.summary["server_metrics_moved"] = {k: v - before[k] for k, v in after.items()
-                                                                 if k.endswith("_total") and k in before}
-                    texts += [e.text for e in pending if e.type == "token"]
-                    batch, pending = pending, []
-                    link.rounds_sent += 1
-                    deliver(batch)
-                tg.cancel_scope.cancel()
+    scrapes = relay.scrapes(engine)
+    before = await scrapes.fresh() if scrapes is not None else {}
+    with session.scope:
+        async with (scrapes.watching() if before else nullcontext()), \
+                aclosing(stream_chat(engine, session.prompt, session.settings, relay.client)) as events:
+            async for event in events:
+                pending.append(event)
+                if event.type not in ("started", "metrics", "done", "error"):
+                    continue
+                if event.type == "metrics":
+                    await link.gate(deliver, last_round_at)
+                    last_round_at = anyio.current_time()
+                    figures = event.values
+                    if before:            # the gauges: the last values read (a dict no one changes)
+                        event.values["server_metrics"] = scrapes.latest
+                if event.type == "done" and before:
+                    after = await scrapes.fresh()
+                    event.summary["server_metrics"] = after
+                    event.summary["server_metrics_moved"] = {k: v - before[k] for k, v in after.items()
+                                                             if k.endswith("_total") and k in before}
+                texts += [e.text for e in pending if e.type == "token"]
+                batch, pending = pending, []
+                link.rounds_sent += 1
+                deliver(batch)
     if session.scope.cancel_called:
         deliver([Done({**figures, "finish_reason": "cancelled", "text": "".join(texts), "model": engine.describe()})])
 
@@ -192,7 +220,7 @@ async def start_external(conn, engine: ExternalEngine, prompt: str | None, setti
         conn.room.run_started(run)
 
     async def generate() -> None:
-        await run_external(session, run.link, lambda item: conn._deliver(run, item))
+        await run_external(session, run.link, lambda item: conn._deliver(run, item), conn.playground.relay)
 
     async def release() -> None:
         session.close()

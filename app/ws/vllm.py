@@ -18,6 +18,7 @@ from pathlib import Path
 from engine.external.vllm_rounds import StepRules
 from engine.external.vllm_server import (KV_CACHE_GIB, NGRAM, VARIANTS, VllmServer, default_venv, error_excerpt,
                                          unavailable_reason)
+from engine.model.chat import marked_prompt_tokens
 from engine.model.fetched import cache_dir, model_dir
 from engine.model.tokenizer import TextTokenizer
 from engine.spec_decode.verify import ngram_propose
@@ -31,20 +32,36 @@ WATCH_S = 2.0                 # how often a ready server is checked for life
 MAX_RESTARTS = 3              # restarts of a server that died, per app
 
 
+def chat_prompt_tokens(tokenizer: TextTokenizer):
+    """The prompt's tokens as vLLM reads a chat request on SmolLM2 (its template is ours: the live tests compare
+    them with vLLM's prompt_token_ids), the template's marked; None without a chat template."""
+    template = tokenizer.chat_template
+    if template is None:
+        return None
+
+    def tokens(prompt: str) -> list[dict]:
+        text = template.prompt(prompt)
+        ids = tokenizer.encode(text)
+        return marked_prompt_tokens(ids, tokenizer.stream_texts(ids), text, template.user_span(prompt))
+    return tokens
+
+
 def step_rules(variant_key: str, tokenizer: TextTokenizer | None) -> StepRules:
-    """How a client reads this variant's steps: the n-gram rule (ours is vLLM's), γ, token texts."""
+    """How a client reads this variant's steps: the n-gram rule (ours is vLLM's), γ, token texts, prompt tokens."""
     spec = VARIANTS[variant_key].speculative
-    texts = None
+    texts = prompt = None
     if tokenizer is not None:
         special = {tokenizer.eos_token_id, tokenizer.bos_token_id}
-        texts = lambda ids: ["" if i in special else tokenizer.token_text(i) for i in ids]   # noqa: E731
+        texts = lambda ids: ["" if i in special or i >= tokenizer.vocab_size else tokenizer.token_text(i)  # noqa: E731
+                             for i in ids]
+        prompt = chat_prompt_tokens(tokenizer)
     if spec is None:
-        return StepRules(None, 0, None, texts)
+        return StepRules(None, 0, None, texts, prompt)
     gamma = spec["num_speculative_tokens"]
     if spec["method"] == "ngram":
         lo, hi = NGRAM["prompt_lookup_min"], NGRAM["prompt_lookup_max"]
-        return StepRules("ngram", gamma, lambda ids: len(ngram_propose(ids, gamma, lo, hi)), texts)
-    return StepRules(spec["method"], gamma, None, texts)
+        return StepRules("ngram", gamma, lambda ids: len(ngram_propose(ids, gamma, lo, hi)), texts, prompt)
+    return StepRules(spec["method"], gamma, None, texts, prompt)
 
 
 class VllmFleet:

@@ -174,20 +174,23 @@ async def stream_chat(engine: ExternalEngine, prompt: str, settings: dict,
     s = validated(prompt, settings)
     limits = engine.limits
     session_id = uuid.uuid4().hex[:12]
-    yield Started(session_id, {**s.model_dump(), "model": engine.name}, engine.describe(), None, [])
+    rules = engine.rules
+    prompt_tokens = rules.prompt_tokens(prompt) if rules is not None and rules.prompt_tokens else []
+    yield Started(session_id, {**s.model_dump(), "model": engine.name}, engine.describe(), None, prompt_tokens)
     notes = inapplicable_notes(engine, settings)
     if notes:
         yield SettingsApplied({}, notes)
-    own = client is None
+    own = client is None                 # a client handed in keeps its connections for the next run
+    timeout = httpx.Timeout(limits.stall_s, connect=limits.connect_s)
     if own:
-        client = httpx.AsyncClient(timeout=httpx.Timeout(limits.stall_s, connect=limits.connect_s),
-                                   follow_redirects=False, trust_env=False)
+        client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False)
     t0 = time.perf_counter()
     deadline = time.monotonic() + limits.total_s
     stats = _Received(t0, engine.rules)
     try:
         async with client.stream("POST", engine.base_url.rstrip("/") + "/chat/completions",
-                                 json=chat_request(engine, prompt, s), headers=engine.headers()) as response:
+                                 json=chat_request(engine, prompt, s), headers=engine.headers(),
+                                 timeout=timeout) as response:
             await _check_answer(response, limits, deadline)
             async for text in sse_events(response, limits, deadline):
                 for event in stats.take(_chunk(text)):
@@ -224,6 +227,7 @@ class _Received:
         self.usage: dict = {}
         self.engine_metrics: dict = {}
         self.drafts = [0, 0]             # draft tokens, accepted draft tokens (llama.cpp's cumulative counts)
+        self.num_prompt_tokens: int | None = None     # the server's count (vLLM's prompt_token_ids)
         self.prefill_sent = False
 
     def take(self, obj: dict) -> list[Event]:
@@ -247,6 +251,7 @@ class _Received:
         texts, ids = [], []
         if self.steps is not None and isinstance(obj.get("prompt_token_ids"), list):
             self.steps.prompt([int(t) for t in obj["prompt_token_ids"] if isinstance(t, int)])
+            self.num_prompt_tokens = len(self.steps.context)
         for choice in obj.get("choices", []):
             if choice.get("index", 0) != 0:
                 continue
@@ -304,6 +309,11 @@ class _Received:
                 "num_draft_tokens": own["num_draft_tokens"], "num_accepted_tokens": own["num_accepted_tokens"],
                 "acceptance_rate": own["acceptance_rate"]} if self.rules.method else {"vllm_rounds": None}
 
+    def _num_prompt_tokens(self) -> int | None:
+        """The prompt's tokens as the server counted them (vLLM's ids, else its usage), None where it did not say."""
+        usage = _number(self.usage, "prompt_tokens")
+        return self.num_prompt_tokens if self.num_prompt_tokens is not None else None if usage is None else int(usage)
+
     def figures(self) -> dict:
         n = len(self.arrivals)
         elapsed = (self.arrivals[-1] - self.t0) if n else 0.0
@@ -323,7 +333,7 @@ class _Received:
             "engine_ttft_ms": _number(t, "prompt_ms"),
             "engine_itl_ms": _number(t, "predicted_per_token_ms"),
             "engine_tokens_per_s": _number(t, "predicted_per_second"),
-            **(stream_figures(self.steps.steps, self.rules.gamma) if self.steps is not None else {}),
+            **(stream_figures(self.steps) if self.steps is not None else {}),
         }
 
     def summary(self, engine: ExternalEngine, s: GenerationSettings) -> dict:
@@ -335,7 +345,7 @@ class _Received:
                 "tpot_s": (f["elapsed_s"] - f["ttft_s"]) / (n - 1) if n > 1 else None,
                 "tokens": self.tokens or [{"id": -1, "text": x, "status": "target"} for x in self.texts],
                 **f, **(self.vllm_summary() if self.steps is not None else {}), "engine_timings": self.timings,
-                "engine_usage": self.usage,
+                "engine_usage": self.usage, "num_prompt_tokens": self._num_prompt_tokens(),
                 "engine_metrics": self.engine_metrics, "model": engine.describe(), "draft_model": None,
                 "settings": {**s.model_dump(), "model": engine.name}}
 

@@ -5,13 +5,20 @@ requests, prefix-cache hits, speculative counts: vLLM's `vllm:*`, llama.cpp's `l
     values = await fetch_server_metrics(engine, client)     # {"vllm:kv_cache_usage_perc": 0.12, ...} or {}
     config = await fetch_server_config(engine, client)      # {"models": [...], "n_ctx": 4096, ...} or {}
 
+    scrapes = SharedScrapes(engine, client)     # one engine's /metrics for all the runs on it at once
+    before = await scrapes.fresh()              # read after this call began (one read for all who ask together)
+    async with scrapes.watching():              # read every POLL_S while any run watches: scrapes.latest
+        ...
+
 Bounded like the stream: a short timeout and a maximum body; a server without metrics gives {}.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
+from contextlib import asynccontextmanager
 
 import httpx
 
@@ -27,6 +34,7 @@ WANTED = re.compile(r"^(vllm|sglang):(kv_cache_usage_perc|num_requests_running|n
                     r"spec_decode_num_(draft_tokens|accepted_tokens|drafts)_total)$")
 MAX_BODY_BYTES = 1 << 20
 TIMEOUT_S = 2.0
+POLL_S = 1.0                    # how often the /metrics of an engine that runs are read
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 # vLLM's accepted draft tokens by their position in the draft, one series per position: kept apart, as
 # vllm:spec_decode_num_accepted_tokens_pos{J}_total (J from 0)
@@ -127,6 +135,83 @@ async def fetch_server_metrics(engine: ExternalEngine, client: httpx.AsyncClient
     """The engine's wanted series now ({} if it has no metrics URL or they cannot be read)."""
     text = await _get(client, engine.metrics_url, engine) if engine.metrics_url else None
     return parse_prometheus(text) if text else {}
+
+
+class SharedScrapes:
+    """One engine's /metrics, read for every run on it at once instead of by each run.
+
+    Each read costs the server's API process a rendering of all its series (vLLM: ~50 KB, a few ms of its CPU)
+    and ours a parse, so runs share them: `fresh()` gives values read by a scrape that began after the call
+    (what a run's before and after need: nothing of an earlier moment), and every caller that arrives while
+    one scrape is in flight shares the next one; `watching()` keeps one poller (every `poll_s`) while any run
+    watches, whose values are `latest` (a new dict per scrape, never changed: events may hold it)."""
+
+    def __init__(self, engine: ExternalEngine, client: httpx.AsyncClient, poll_s: float = POLL_S):
+        self.engine, self.client, self.poll_s = engine, client, poll_s
+        self.latest: dict[str, float] = {}
+        self.begun = 0                          # scrapes that have begun (their task ran)
+        self._task: asyncio.Task | None = None  # the last one asked for
+        self._queued = False                    # it is asked for, not begun: it begins after any call now
+        self._begun_at = -1e9                   # when the last one began (the event loop's clock)
+        self._watchers = 0
+        self._poller: asyncio.Task | None = None
+
+    async def fresh(self) -> dict[str, float]:
+        """Values of a scrape begun after this call ({} if the server gave none)."""
+        need = self.begun + 1
+        while True:
+            task = self._task
+            if task is not None and (self._queued or self.begun >= need):
+                return await asyncio.shield(task)
+            if task is not None and not task.done():     # begun before this call: wait, then the next one
+                await asyncio.wait({task})
+            else:
+                self._begin()
+
+    def _begin(self) -> None:
+        self._queued = True
+        self._task = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> dict[str, float]:
+        self._queued, self.begun, self._begun_at = False, self.begun + 1, asyncio.get_running_loop().time()
+        values = await fetch_server_metrics(self.engine, self.client)
+        if values:
+            self.latest = values
+        return values
+
+    @asynccontextmanager
+    async def watching(self):
+        """While the block runs, `latest` is read every `poll_s` (one poller however many runs watch)."""
+        self._watchers += 1
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+        try:
+            yield self
+        finally:
+            self._watchers -= 1
+            if self._watchers == 0 and self._poller is not None:
+                self._poller.cancel()
+                self._poller = None
+
+    async def _poll(self) -> None:
+        """A read every `poll_s`, counting those the runs asked for (a run's before or after is one)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.0, self._begun_at + self.poll_s - loop.time()))
+            task = self._task
+            if task is not None and not task.done():
+                await asyncio.wait({task})      # the next read is due poll_s after this one began
+            elif loop.time() >= self._begun_at + self.poll_s:
+                self._begin()
+                await asyncio.wait({self._task})
+
+    async def aclose(self) -> None:
+        """Stop reading (the app stops)."""
+        for task in (self._poller, self._task):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.wait({task})
+        self._poller = None
 
 
 async def fetch_server_config(engine: ExternalEngine, client: httpx.AsyncClient) -> dict:

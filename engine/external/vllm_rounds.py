@@ -48,6 +48,9 @@ class VllmSteps:
     rule: Callable[[list[int]], int] | None = None     # the n-gram rule: drafts made after these ids
     context: list[int] = field(default_factory=list)
     steps: list[VllmStep] = field(default_factory=list)
+    # the steps with a draft so far (kept as they come: the gauges read them at every chunk):
+    totals: list[int] = field(default_factory=lambda: [0, 0, 0])      # steps, drafted, accepted
+    per_position: list[int] = field(default_factory=list)             # steps that accepted position j
 
     def prompt(self, ids: list[int]) -> None:
         self.context = list(ids)
@@ -64,6 +67,11 @@ class VllmSteps:
         step = VllmStep(drafted, 0 if merged else len(ids) - 1, list(ids), merged)
         self.context += ids
         self.steps.append(step)
+        if drafted and not merged:
+            self.totals = [self.totals[0] + 1, self.totals[1] + drafted, self.totals[2] + step.accepted]
+            self.per_position = (self.per_position or [0] * self.gamma)
+            for j in range(min(step.accepted, self.gamma)):
+                self.per_position[j] += 1
         return step
 
 
@@ -74,7 +82,10 @@ def accepted_per_position(per_step_accepted, gamma: int) -> list[int]:
 
 def figures(drafted: list[int], accepted: list[int]) -> dict:
     """Acceptance rate (accepted drafts / drafts) and mean acceptance length (tokens per step with a draft)."""
-    steps, num_drafted, num_accepted = len(drafted), sum(drafted), sum(accepted)
+    return totals_figures(len(drafted), sum(drafted), sum(accepted))
+
+
+def totals_figures(steps: int, num_drafted: int, num_accepted: int) -> dict:
     return {"num_drafts": steps, "num_draft_tokens": num_drafted, "num_accepted_tokens": num_accepted,
             "acceptance_rate": num_accepted / num_drafted if num_drafted else None,
             "mean_acceptance_length": 1 + num_accepted / steps if steps else None}
@@ -97,12 +108,10 @@ def own_counts(metrics: dict | None, gamma: int) -> tuple[int, list[int]] | None
     return steps, accepted_per_position(accepted, gamma)
 
 
-def stream_figures(steps: list[VllmStep], gamma: int) -> dict:
+def stream_figures(steps: VllmSteps) -> dict:
     """What the stream says so far (the page's gauges while vLLM runs): its steps with a draft."""
-    drafting = [s for s in steps if s.drafted and not s.merged]
-    accepted = [s.accepted for s in drafting]
-    return {**figures([s.drafted for s in drafting], accepted), "num_speculative_tokens": gamma or None,
-            "accepted_per_position": accepted_per_position(accepted, gamma)}
+    return {**totals_figures(*steps.totals), "num_speculative_tokens": steps.gamma or None,
+            "accepted_per_position": list(steps.per_position or [0] * steps.gamma)}
 
 
 def reconcile(steps: list[VllmStep], metrics: dict | None, gamma: int) -> dict:
@@ -158,11 +167,14 @@ def per_position_moved(moved_by_position: dict[str, float], gamma: int) -> list[
 @dataclass(frozen=True)
 class StepRules:
     """What a client needs to read one vLLM server's steps: its method and γ, and from our side (handed in)
-    the n-gram rule and the token texts (display only: the text of a run is vLLM's own detokenized deltas)."""
+    the n-gram rule, the token texts (display only: the text of a run is vLLM's own detokenized deltas) and
+    the prompt's tokens as its chat template makes them (`started` shows them before vLLM's first chunk,
+    which has its own ids: `num_prompt_tokens` of the summary)."""
     method: str | None
     gamma: int = 0
     drafts_due: Callable[[list[int]], int] | None = None
     token_texts: Callable[[list[int]], list[str]] | None = None
+    prompt_tokens: Callable[[str], list[dict]] | None = None
 
     def new(self) -> VllmSteps:
         return VllmSteps(self.method, self.gamma, self.drafts_due)

@@ -76,6 +76,22 @@ class ChatTemplate:
         return cls(config["chat_format"], config.get("default_system_prompt"))
 
 
+def marked_prompt_tokens(ids: list[int], texts: list[str], prompt_text: str, user_span: tuple[int, int]) -> list[dict]:
+    """A prompt's tokens [{id, text}] (`texts`: what each adds to the text); those of the chat template, outside
+    the user's text at `user_span` of `prompt_text`, carry "template": True."""
+    tokens = [{"id": t, "text": text} for t, text in zip(ids, texts)]
+    start, end = user_span
+    if "".join(texts) != prompt_text or (start, end) == (0, len(prompt_text)):
+        return tokens                       # no template, or text that does not decode back to itself
+    at = 0
+    for tok in tokens:
+        n = len(tok["text"])
+        if not (at < end and at + n > start) and n:
+            tok["template"] = True
+        at += n
+    return tokens
+
+
 _DEFAULT_SYSTEM = re.compile(re.escape(IM_START) + r"system\n(.*?)" + re.escape(IM_END), re.S)
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..kv.block_pool import KVCacheFullError
 from ..kv.runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, RecomputeRunner, clock_for
+from ..model.chat import marked_prompt_tokens
 from ..model.llama import ContextLengthError
 from ..model.tokenizer import StreamDecoder
 from ..spec_decode.heads import EagleProposer, FeatureLog, MedusaProposer
@@ -208,18 +209,8 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
 
     def _prompt_tokens(self) -> list[dict]:
         """The prompt's tokens; those of the chat template (outside the user's text) carry "template": True."""
-        texts = self.tokenizer.stream_texts(self.prompt_ids)
-        tokens = [{"id": t, "text": text} for t, text in zip(self.prompt_ids, texts)]
-        start, end = self._user_span
-        if "".join(texts) != self._prompt_text or (start, end) == (0, len(self._prompt_text)):
-            return tokens                       # no template, or text that does not decode back to itself
-        at = 0
-        for tok in tokens:
-            n = len(tok["text"])
-            if not (at < end and at + n > start) and n:
-                tok["template"] = True
-            at += n
-        return tokens
+        return marked_prompt_tokens(self.prompt_ids, self.tokenizer.stream_texts(self.prompt_ids), self._prompt_text,
+                                    self._user_span)
 
     def _ensure_pools(self, s: GenerationSettings) -> None:
         """Make the KV pools these settings use before anything is timed: writing a pool's memory

@@ -1,6 +1,8 @@
 """vLLM's steps read from its stream (engine/external/vllm_rounds.py), offline: chunks of token ids against the
 per-step lists vLLM sends (the live checks are tests/e2e/vllm_live/test_cross_checks.py)."""
-from engine.external.vllm_rounds import VllmSteps, accepted_per_position, reconcile
+import random
+
+from engine.external.vllm_rounds import VllmSteps, accepted_per_position, reconcile, stream_figures
 
 
 def read(method, chunks, gamma=3, rule=None):
@@ -44,3 +46,17 @@ def test_steps_that_differ_are_named():
 
 def test_accepted_per_position_counts_each_step_at_its_accepted_positions():
     assert accepted_per_position([0, 2, 3, 1], 3) == [3, 2, 1]
+
+
+def test_the_figures_kept_as_steps_come_are_those_of_all_the_steps():
+    """The gauges' figures, kept step by step, equal the reconciliation's from the whole lists (steps without a
+    draft and merged chunks left out), at every step."""
+    rng = random.Random(0)
+    steps = VllmSteps("ngram", 4, lambda ids: rng.choice([0, 2, 4]))
+    steps.prompt([1, 2, 3])
+    for _ in range(200):
+        steps.take([7] * rng.randint(1, 6))
+        whole = reconcile(steps.steps, None, 4)["stream"]
+        kept = stream_figures(steps)
+        assert {k: kept[k] for k in whole if k in kept} == {k: v for k, v in whole.items() if k in kept}
+    assert kept["num_drafts"] > 50 and kept["accepted_per_position"][3] > 0

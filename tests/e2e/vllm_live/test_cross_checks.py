@@ -3,6 +3,8 @@ the same SmolLM2 float32 weights: greedy token ids, n-gram drafts per step, and 
 from vLLM's stream against vLLM's own per-request metrics and /metrics counters."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import pytest
@@ -171,6 +173,30 @@ def test_vllm_speculates_with_our_eagle_head_and_keeps_greedy_output(vllm):
     assert spec["num_spec_steps"] > 0 and spec["num_accepted_draft_tokens"] > 0, spec
     assert set(spec["per_step_drafted"]) == {3}
     assert eagle["vllm_rounds"]["agree"] is True, eagle["vllm_rounds"]["notes"]
+
+
+def test_the_prompt_tokens_started_shows_are_vllms_own(vllm):
+    """`started` shows the prompt's tokens (our tokenizer, SmolLM2's chat template) before vLLM sends its own
+    with its first token: they are vLLM's prompt_token_ids, and the run's summary counts as many."""
+    _, external = vllm
+    engine = external[PLAIN]
+
+    async def go(prompt):
+        body = {"model": engine.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1,
+                "stream": True, "return_token_ids": True}
+        async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
+            async with client.stream("POST", engine.base_url + "/chat/completions", json=body,
+                                     headers=engine.headers()) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        first = json.loads(line[6:])
+                        break
+        events = [e async for e in stream_chat(engine, prompt, {"max_tokens": 1})]
+        return first["prompt_token_ids"], events[0], events[-1]
+    for prompt in (CHAT_PROMPTS[0], SUMMARY_PROMPT):
+        vllms, started, done = run(go(prompt), timeout=300)
+        assert [t["id"] for t in started.prompt_tokens] == vllms
+        assert done.summary["num_prompt_tokens"] == len(vllms) == done.summary["engine_usage"]["prompt_tokens"]
 
 
 def test_a_start_on_vllm_while_it_is_not_ready_is_refused_with_the_reason():

@@ -3,6 +3,7 @@
 the end and vLLM's own gauges."""
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 from engine.external.vllm_server import VARIANTS
@@ -27,6 +28,8 @@ def test_vllms_rounds_are_coloured_and_reconciled_in_the_page(vllm_app, page, ar
     assert "accepted" in seen and seen & {"resampled", "bonus"}, seen
     notes = page.inner_text("#notes")
     assert "vLLM's per-step lists:" in notes and "they agree" in notes, notes
+    assert re.search(rf"new run on {re.escape(NGRAM)}: [1-9][0-9]* prompt tokens", notes), notes
+    assert "the server's prompt" not in notes, notes          # vLLM counted the tokens shown
     assert page.inner_text('[data-server-gauge="Draft tokens accepted"] output') != "–"
     assert page.recorder.errors == []
     assert {urlsplit(u).hostname for u in page.recorder.requests} == {"127.0.0.1"}
