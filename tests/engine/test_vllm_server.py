@@ -2,6 +2,7 @@
 its error excerpt, the cleaning of run folders left by a killed process, the Shoot-out's vLLM row while it starts
 and once it failed (the live start and stop: tests/e2e/vllm_live/test_faults.py)."""
 import asyncio
+import concurrent.futures
 import os
 from pathlib import Path
 
@@ -56,13 +57,20 @@ def test_the_shootouts_vllm_row_says_starting_then_why_vllm_failed(tmp_path):
     python.chmod(0o755)
     s = server(tmp_path, "eagle", draft_dir=tmp_path / "head")
     shootout = {"model": "smollm2-135m", "gamma": 3}
+
+    async def scenario():
+        starting = await vllm_row(shootout, "Hi", True, None, s)
+        assert not await s.wait_ready(poll_s=0.05)
+        failed = await vllm_row(shootout, "Hi", True, None, s)
+        other = await vllm_row({**shootout, "model": "target-mha"}, "Hi", True, None, s)
+        return starting, failed, other
+
     s.start()
-    try:
-        starting = asyncio.run(vllm_row(shootout, "Hi", True, None, s))
-        assert not asyncio.run(s.wait_ready(poll_s=0.05))
-        failed = asyncio.run(vllm_row(shootout, "Hi", True, None, s))
+    try:   # a loop of its own, in its own thread: an earlier test may leave one running in this thread
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            starting, failed, other = pool.submit(asyncio.run, scenario()).result()
     finally:
         s.stop()
     assert starting["unavailable"].startswith("starting (") and starting["gamma"] == 3
     assert failed["unavailable"] == "failed: vLLM exited with code 3 while starting: ValueError: no CPU backend here"
-    assert asyncio.run(vllm_row({**shootout, "model": "target-mha"}, "Hi", True, None, s)) is None
+    assert other is None
