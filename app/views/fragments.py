@@ -224,6 +224,7 @@ def model_info_text(md: dict, settings: dict, draft_model: dict | None) -> str:
         info += f" · draft model ({dm['name']}): {layers(dm)} × width {dm['hidden_size']}"
     return info
 
+
 def started_text(e, external: bool) -> str:
     """The first note of a run: its prompt tokens (an external engine's as our tokenizer reads them with its
     chat template, where we have it; else the server counts them), method and seed."""
