@@ -141,12 +141,12 @@ def card(name, t, acc=None, sample=None, flops=None, cost=None) -> str:
               f"{t['tokens_seen']:,} tokens; AdamW (lr {tc['lr']:g}, betas {tc['beta1']}/{tc['beta2']}, weight decay "
               f"{tc['weight_decay']}), warmup {tc['warmup_steps']} + cosine to {tc['min_lr_ratio']:g} x lr, "
               f"clip {tc['grad_clip']}, seed {tc['seed']} |",
-              f"| training time | {fmt_minutes(total_seconds(t))}{' (both stages)' if prev else ''} on this machine (2 shared cores, 1 BLAS thread, "
+              f"| training time | {fmt_minutes(total_seconds(t))}{' (both stages)' if prev else ''} on a VM with 2 shared cores (1 BLAS thread, "
               f"numpy {t['numpy']}, Python {t['python']}) |", ""]
     if flops:
         lines += [f"Cost per token: about {flops[0]:,} multiply-add FLOPs in the weight matrices, "
                   f"{flops[0] / flops[1]:.1%} of the MHA target's {flops[1]:,} (attention over the context "
-                  "not counted). On this CPU small models are bound by numpy call overhead, so the wall-time "
+                  "not counted). On a CPU, models this small are bound by numpy call overhead, so the wall-time "
                   "ratio of a decode step is larger:", ""]
     if cost:
         lines += [f"Measured cost per token (`engine.training.evaluate.draft_cost`, {cost['date']}, medians of "
