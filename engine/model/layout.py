@@ -90,10 +90,13 @@ class PanelWeight:
             edges = chunk_edges(num_panels, self.panels[0].nbytes, 1, pool.threads)   # runs of whole panels
             return [lambda a=a, b=b: np.matmul(x, self.panels[a:b]) for a, b in zip(edges, edges[1:])]
 
-        def assemble(parts):
-            np.concatenate(parts, out=view)
+        def assemble(parts):  # None: the parts are already in `view`
+            if parts is not None:
+                np.concatenate(parts, out=view)
             return out
-        return whole() if pool is None else pool.product(whole, chunks, assemble, (self.shape, n))
+        if pool is None:
+            return whole()
+        return pool.product(whole, pool.split(self.panels, x, view, chunks, assemble), (self.shape, n))
 
     def to_array(self):  # -> [C, D]
         return self.panels.transpose(1, 0, 2).reshape(self.shape)
@@ -124,8 +127,14 @@ class OutInWeight:
         t = self.t
         if pool is None:
             return np.dot(t, x)
-        return pool.product(lambda: np.dot(t, x), lambda: [lambda a=a, b=b: np.dot(t[a:b], x) for a, b in
-                                                           self.edges(pool)], np.concatenate, (self.shape, 1))
+        out = np.empty((1, self.shape[1]), np.result_type(x, t))
+
+        def chunks():
+            return [lambda a=a, b=b: np.dot(t[a:b], x) for a, b in self.edges(pool)]
+
+        def assemble(parts):  # None: the result is already in `out`
+            return out[0] if parts is None else np.concatenate(parts)
+        return pool.product(lambda: np.dot(t, x), pool.split(t, x[None], out, chunks, assemble), (self.shape, 1))
 
     def rows(self, x, pool=None):  # [n, C] -> [n, D]
         n, t = x.shape[0], self.t
@@ -139,8 +148,13 @@ class OutInWeight:
         def chunks():
             return [(lambda a=a, b=b: np.dot(x, t[a:b].T)) if many else (lambda a=a, b=b: self.columns(x, a, b))
                     for a, b in self.edges(pool)]
-        return whole() if pool is None else pool.product(whole, chunks, lambda parts: np.concatenate(parts, axis=1),
-                                                         (self.shape, n))
+        if pool is None:
+            return whole()
+        out = np.empty((n, self.shape[1]), np.result_type(x, t))
+
+        def assemble(parts):  # None: the result is already in `out`
+            return out if parts is None else np.concatenate(parts, axis=1)
+        return pool.product(whole, pool.split(t, x, out, chunks, assemble), (self.shape, n))
 
     def columns(self, x, start: int, stop: int):  # [n, C] -> x @ W[:, start:stop], a few rows
         out = np.empty((x.shape[0], stop - start), np.result_type(x, self.t))

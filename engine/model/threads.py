@@ -6,16 +6,24 @@ memory, and a second core reads more of it at once (docs/benchmarks.md, `bench s
 sit in the CPU cache (our character models) are bound by numpy's per-call overhead instead; they never use
 these threads.
 
-How: a work-sharing pool. Each product of a weight stored in a layout of engine/model/layout.py is cut into
-chunks of about `CHUNK_BYTES` of weights (blocks of 256 rows of an [out, in] matrix, runs of panels); the
-calling thread and N - 1 helper threads take chunks from one counter until none is left, and the caller waits
-only for chunks a helper has already begun. numpy releases the GIL inside BLAS, so the threads stream at once.
-A helper that gets no core (a browser, the event loop, another process) takes fewer chunks or none, and the
-step falls back towards one thread's time instead of waiting for it. OpenBLAS's own threads split every
-product into fixed halves and wait for both: on a busy machine that made steps 5-7x slower
-(docs/benchmarks.md, "Threads"), and OpenBLAS's thread count is the whole process's, small models included.
+How: a pool of N - 1 helpers, two kinds by the size of the product.
+- A product of few rows (a decode step, a verification: up to 9 rows) is split into N shares, the calling
+  thread's and one per helper process (engine/model/product_processes.py). A helper process waits outside this
+  process's GIL and starts its share within microseconds, so every one of a step's 121 products can be split;
+  helper threads pay about 0.1 ms a hand-off, as long as most of those products take (docs/benchmarks.md,
+  `bench smollm2`). Each helper process holds its own copy of its share of the weights: (N - 1) / N of them.
+- A larger product (a prefill chunk), or any product where helper processes cannot run, is cut into chunks of
+  about `CHUNK_BYTES` of weights (blocks of 256 rows of an [out, in] matrix, runs of panels); the calling
+  thread and N - 1 helper threads take chunks from one counter until none is left, and the caller waits only
+  for chunks a helper has already begun. numpy releases the GIL inside BLAS, so the threads stream at once.
 
-Each chunk is the same BLAS call on the same rows as in one thread (chunk edges fall on 256-row blocks or
+A helper that gets no core (a browser, the event loop, another process) is taken over: the caller computes
+what it has not, and the step falls back towards one thread's time instead of waiting for it; per product shape
+the pool keeps running averages of the time shared and alone and runs the faster way. OpenBLAS's own threads
+split every product into fixed halves and wait for both: on a busy machine that made steps 5-7x slower
+(docs/benchmarks.md, `bench smollm2`), and OpenBLAS's thread count is the whole process's, small models included.
+
+Each chunk or share is the same BLAS call on the same rows as in one thread (edges fall on 256-row blocks or
 whole panels), so every thread count gives the same floats.
 
     set_threads(2)                   # the process's pool for layout weights' products (1: no helpers)
@@ -26,17 +34,23 @@ from __future__ import annotations
 
 import _thread
 import itertools
+import logging
 import threading
 import time
 from contextlib import contextmanager
 
 import numpy as np
 
-CHUNK_BYTES = 4 << 20          # of weights per chunk (~0.2 ms of streaming): 1 MB chunks ran slower (benchmarks.md)
+from .product_processes import MAX_ROWS, X_FLOATS, ProductProcesses
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 4 << 20          # of weights per chunk (~0.2 ms of streaming): 1 MB chunks streamed slower
 
 
 class ProductPool:
-    """`threads - 1` helper threads that share the chunks of one product with the calling thread.
+    """`threads - 1` helpers that share a product with the calling thread: helper processes for few rows
+    (`split`, `processes`), helper threads for chunks (`run`, `chunked`).
 
     `run(tasks)` calls every callable in `tasks` once and returns their results in order; the caller runs
     chunks too. When the caller has taken the last chunk it waits for the helpers' unfinished chunks until
@@ -68,6 +82,8 @@ class ProductPool:
         self._job = None
         self._closed = False
         self._caller = threading.Lock()
+        self.use_processes = threads > 1      # helper processes for few-row panel products (False: threads only)
+        self._processes: ProductProcesses | None = None
         self._wakes = [_thread.allocate_lock() for _ in range(threads - 1)]
         for wake in self._wakes:
             wake.acquire()
@@ -91,20 +107,55 @@ class ProductPool:
             return [task() for task in tasks]
         return self._shared(tasks)
 
-    def product(self, whole, chunks, assemble, shape):
+    def product(self, whole, shared, shape):
         """A product the faster way for its `shape` (a hashable: the weight's shape and the rows): `whole()` in
-        one call on the caller alone, or `assemble(run(chunks()))` shared. Both give the same floats."""
+        one call on the caller alone, or `shared()` (`chunked` or `panels`). Both give the same floats."""
         if not self._wakes or self.share is False:
             return whole()
         if self.share:
-            return assemble(self.run(chunks()))
+            return shared()
         timing = self.timings.setdefault(shape, [0, None, None])
-        shared = share_next(timing, self.EXPLORE)
+        sharing = share_next(timing, self.EXPLORE)
         t = time.perf_counter()
-        out = assemble(self.run(chunks())) if shared else whole()
-        seconds, i = time.perf_counter() - t, 2 if shared else 1
+        out = shared() if sharing else whole()
+        seconds, i = time.perf_counter() - t, 2 if sharing else 1
         timing[i] = seconds if timing[i] is None else timing[i] + self.AVERAGING * (seconds - timing[i])
         return out
+
+    def chunked(self, chunks, assemble):
+        """The shared way of a product cut into chunks: `assemble(run(chunks()))`."""
+        return lambda: assemble(self.run(chunks()))
+
+    def split(self, w, x, out, chunks, assemble):
+        """The shared way of x [n, C] times a stored weight `w` (panels or [out, in]) into `out`: shares in helper
+        processes where they take it (few rows: engine/model/product_processes.py), else `chunked`.
+        `assemble(None)` gives the result once `out` holds it."""
+        far = self.processes() if x.shape[0] <= MAX_ROWS else None
+        entry = far.weight(w) if far is not None and x.dtype == np.float32 else None
+        if entry is None or x.shape[0] > entry.max_rows or x.shape[0] * x.shape[1] > X_FLOATS:
+            return self.chunked(chunks, assemble)
+        x = np.ascontiguousarray(x)
+
+        def shared():
+            before = far.cpu_beyond
+            far.rows(entry, x, out)
+            _beyond.seconds = getattr(_beyond, "seconds", 0.0) + far.cpu_beyond - before
+            return assemble(None)
+        return shared
+
+    def processes(self) -> ProductProcesses | None:
+        """The pool's helper processes (started on first use), or None: turned off (`use_processes`), dead, or
+        not able to run here."""
+        if not self.use_processes:
+            return None
+        if self._processes is None:
+            try:
+                self._processes = ProductProcesses(self.threads - 1)
+            except (OSError, RuntimeError) as e:   # no shared memory or no processes here: threads only
+                logger.warning("helper processes unavailable, products shared on threads: %s", e)
+                self.use_processes = False
+                return None
+        return self._processes if self._processes.alive else None
 
     def _shared(self, tasks: list) -> list:
         with self._caller:
@@ -136,6 +187,8 @@ class ProductPool:
 
     def close(self) -> None:
         self._closed = True
+        if self._processes is not None:
+            self._processes.close()
         for wake in self._wakes:
             if wake.locked():
                 wake.release()

@@ -19,15 +19,18 @@ def restore_threads():
     before = T.threads()
     yield
     for threads in (2, 3):
-        T.set_threads(threads).share = None
+        pool = T.set_threads(threads)
+        pool.share, pool.use_processes = None, True
     T.set_threads(before)
 
 
-def sharing(threads: int) -> T.ProductPool:
+def sharing(threads: int, processes: bool = True) -> T.ProductPool:
     """The process's pool of `threads`, sharing every product (not only those measured faster shared): the
-    chunked products are the ones whose floats the tests compare."""
+    shared products are the ones whose floats the tests compare; few-row products in helper processes, or
+    (`processes=False`) all in chunks on the threads."""
     pool = T.set_threads(threads)
     pool.share = True if threads > 1 else None
+    pool.use_processes = processes and threads > 1
     return pool
 
 
@@ -98,7 +101,7 @@ def test_an_error_in_a_chunk_reaches_the_caller():
             pool.run([lambda: 1, boom, lambda: 3, lambda: 4])
         for _ in range(3):         # alone, shared, then the faster: each raises
             with pytest.raises(ZeroDivisionError):
-                pool.product(boom, lambda: [lambda: 1, boom], list, "shape")
+                pool.product(boom, pool.chunked(lambda: [lambda: 1, boom], list), "shape")
         assert pool.run([lambda: 1, lambda: 2]) == [1, 2]
     finally:
         pool.close()
@@ -122,7 +125,7 @@ def test_a_shape_measured_slower_shared_runs_on_the_caller_alone():
     pool = T.ProductPool(2)
     try:
         pool.timings["shape"] = [1, 0.001, 0.050]
-        ran = [pool.product(lambda: "alone", lambda: [lambda: 1, lambda: 2], list, "shape")
+        ran = [pool.product(lambda: "alone", pool.chunked(lambda: [lambda: 1, lambda: 2], list), "shape")
                for _ in range(pool.EXPLORE - 2)]
         assert ran == ["alone"] * (pool.EXPLORE - 2)
         assert pool.timings["shape"][1] != 0.001 and pool.timings["shape"][2] == 0.050    # the alone mean follows
@@ -130,9 +133,10 @@ def test_a_shape_measured_slower_shared_runs_on_the_caller_alone():
         pool.close()
 
 
+@pytest.mark.parametrize("processes", [True, False], ids=["helper processes", "threads only"])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_products_are_the_same_floats_at_every_thread_count(layout, restore_threads):
-    """Every row count's call pattern (one row, a few, many), in chunks on 1, 2 and 3 threads: bit for bit."""
+def test_products_are_the_same_floats_at_every_thread_count(layout, processes, restore_threads):
+    """Every row count's call pattern (one row, a few, many), shared on 1, 2 and 3 threads: bit for bit."""
     rng = np.random.default_rng(0)
     for c, d in ((576, 960), (128, 704)):
         lw = LAYOUTS[layout](rng.standard_normal((c, d)).astype(np.float32))
@@ -140,14 +144,18 @@ def test_products_are_the_same_floats_at_every_thread_count(layout, restore_thre
         T.set_threads(1)
         one = [T.vec_product(x[0], lw)] + [T.rows_product(x[:n], lw) for n in (1, 2, 3, 5, FEW_ROWS, 24)]
         for threads in (2, 3):
-            sharing(threads)
+            pool = sharing(threads, processes)
+            far = pool.processes()
+            before = far.products if far else 0
             many = [T.vec_product(x[0], lw)] + [T.rows_product(x[:n], lw) for n in (1, 2, 3, 5, FEW_ROWS, 24)]
+            assert (far.products - before == 6) if processes else far is None     # every product of few rows
             for a, b in zip(one, many):
                 assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("processes", [True, False], ids=["helper processes", "threads only"])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_greedy_decoding_is_identical_at_every_thread_count(make_model, layout, restore_threads):
+def test_greedy_decoding_is_identical_at_every_thread_count(make_model, layout, processes, restore_threads):
     """Prefill, decode steps and a 5-row verification of a model in a layout: the same logits on 1, 2 and 3
     threads, so the same greedy tokens."""
     plain, weights = make_model("tiny", hidden_size=128, intermediate_size=320, vocab_size=704, seed=5)
@@ -155,7 +163,7 @@ def test_greedy_decoding_is_identical_at_every_thread_count(make_model, layout, 
     prompt = np.random.default_rng(6).integers(0, plain.cfg.vocab_size, 20)
     runs = {}
     for threads in (1, 2, 3):
-        sharing(threads)
+        sharing(threads, processes)
         mgr = KVCacheManager(model.cfg, num_blocks=8, block_size=8)
         seq = mgr.new_sequence()
         tokens = list(prompt)

@@ -1,0 +1,267 @@
+"""Parts of a weight's few-row products computed in helper processes, outside this process's GIL.
+
+A decode step of SmolLM2 is 121 products, 120 of them 1.3-7 MB. Helper threads (engine/model/threads.py) hand a
+product's chunks over through the GIL and a lock, about 0.1 ms a hand-off, as long as a small product streams:
+two threads made a step only 1.1-1.2x as fast while a bare read of the weights is 1.8x. A helper process has a
+GIL of its own: it waits spinning on a semaphore (sem_trywait, no system call) and starts a part within
+microseconds, so every product of a step can be split (docs/benchmarks.md, `bench smollm2`).
+
+Each helper holds its own copy of its share of every weight it has been given, in private memory (huge pages,
+as the engine's own buffer: weights in shared memory sit in small pages and stream 13-22% slower). The weights a
+helper needs are sent once, on the first product that needs them (`attach`). A product then costs a copy of its
+few input rows to shared memory, two semaphore posts and a copy of the helper's output columns back.
+
+    far = ProductProcesses(helpers=1)
+    far.rows(panels, x, out)        # x [n, C] @ panels [P, C, b] -> out [P, n, b], split by whole panels
+    far.rows(t, x, out)             # x [n, C] @ t.T, t [D, C] -> out [n, D], split by blocks of 256 rows
+
+A helper late beyond PATIENCE times the caller's own part (it lost its core) has its part computed by the caller,
+as with threads; a helper that died is noticed there and the far path is switched off (`alive`). Each part is the
+same BLAS call on the same panels or rows as in one thread, so the floats are the same. Helpers exit with this process:
+daemonic, and a helper whose parent has gone stops within a second.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+MAX_ROWS = 9                   # products of more rows (prefill chunks) stay on threads (layout.FEW_ROWS)
+BLOCK_ROWS = 256               # an [out, in] share's rows a few-row product takes at a time (layout.BLOCK_ROWS)
+X_FLOATS = MAX_ROWS * 8192     # a helper's input rows: up to MAX_ROWS rows of 8,192 inputs
+OUT_FLOATS = MAX_ROWS * 65536  # its output: up to MAX_ROWS rows of 65,536 columns
+SPIN_S = 0.02                  # a helper spins this long for the next part before it sleeps (a step's gaps are ~ms)
+PATIENCE = 3.0                 # a helper's part may take this many times the caller's own part
+MIN_PATIENCE_S = 100e-6
+START_S = 60.0                 # the most a helper may take to start or to take a weight
+
+SEQ, OP, INDEX, ROWS, DONE, CPU_NS, NDIM, SHAPE = range(8)          # SHAPE: up to 3 slots
+PRODUCT, ATTACH, EXIT = 1, 2, 3
+CTRL_BYTES, NAME_BYTES = 128, 128
+
+
+def _segment_views(buf):  # a helper's shared segment -> (ctrl [16] int64, name bytes, x, out)
+    ctrl = np.ndarray(16, np.int64, buf, 0)
+    name = np.ndarray(NAME_BYTES, np.uint8, buf, CTRL_BYTES)
+    x = np.ndarray(X_FLOATS, np.float32, buf, CTRL_BYTES + NAME_BYTES)
+    out = np.ndarray(OUT_FLOATS, np.float32, buf, CTRL_BYTES + NAME_BYTES + X_FLOATS * 4)
+    return ctrl, name, x, out
+
+
+def part(w, x, out) -> None:
+    """x [n, C] times a share of a weight, into `out`: panels [P, C, b] -> out [P, n, b]; rows of an [out, in]
+    matrix [R, C] -> out [n, R], one GEMV (one row) or block by block of BLOCK_ROWS rows, as layout.py does."""
+    if w.ndim == 3:
+        np.matmul(x, w, out=out)
+    elif x.shape[0] == 1:
+        np.dot(w, x[0], out=out[0])
+    else:
+        for a in range(0, w.shape[0], BLOCK_ROWS):
+            block = w[a:a + BLOCK_ROWS]
+            for j in range(x.shape[0]):
+                np.dot(block, x[j], out=out[j, a:a + len(block)])
+
+
+def _out_shape(w, n: int) -> tuple:
+    return (w.shape[0], n, w.shape[2]) if w.ndim == 3 else (n, w.shape[0])
+
+
+def _wait(work, parent: int) -> bool:
+    """Take the next part: spin SPIN_S, then sleep on the semaphore a second at a time while the parent lives."""
+    end = time.perf_counter() + SPIN_S
+    while time.perf_counter() < end:
+        if work.acquire(False):
+            return True
+    while not work.acquire(timeout=1.0):
+        if os.getppid() != parent:
+            return False
+    return True
+
+
+def serve(segment: str, work, done, parent: int) -> None:
+    """A helper process: attach weights' shares and compute parts until told to exit or the parent is gone."""
+    shm = shared_memory.SharedMemory(segment)
+    ctrl, name, xbuf, obuf = _segment_views(shm.buf)
+    shares: dict[int, np.ndarray] = {}
+    last = 0
+    done.release()                                   # started
+    while _wait(work, parent):
+        seq = int(ctrl[SEQ])
+        if seq == last:                              # a post for a part already computed
+            continue
+        op = int(ctrl[OP])
+        if op == EXIT:
+            break
+        if op == ATTACH:
+            src = shared_memory.SharedMemory(bytes(name).rstrip(b"\0").decode())
+            shape = tuple(int(d) for d in ctrl[SHAPE:SHAPE + int(ctrl[NDIM])])
+            share = np.empty(shape, np.float32)      # private: huge pages, like the engine's buffer
+            share[...] = np.ndarray(shape, np.float32, src.buf)
+            shares[int(ctrl[INDEX])] = share
+            src.close()
+        elif op == PRODUCT:
+            cpu = time.thread_time()
+            w, n = shares[int(ctrl[INDEX])], int(ctrl[ROWS])
+            shape, c = _out_shape(w, n), w.shape[-2 if w.ndim == 3 else 1]
+            part(w, xbuf[:n * c].reshape(n, c), obuf[:int(np.prod(shape))].reshape(shape))
+            ctrl[CPU_NS] = int((time.thread_time() - cpu) * 1e9)
+        last = seq
+        ctrl[DONE] = seq
+        done.release()
+    del ctrl, name, xbuf, obuf
+    shm.close()
+
+
+class _Helper:
+    def __init__(self, ctx, number: int):
+        size = CTRL_BYTES + NAME_BYTES + (X_FLOATS + OUT_FLOATS) * 4
+        self.shm = shared_memory.SharedMemory(create=True, size=size)
+        self.ctrl, self.name, self.x, self.out = _segment_views(self.shm.buf)
+        self.ctrl[:] = 0
+        self.work, self.done = ctx.Semaphore(0), ctx.Semaphore(0)
+        self.process = ctx.Process(target=serve, args=(self.shm.name, self.work, self.done, os.getpid()),
+                                   name=f"products-far-{number}", daemon=True)
+        self.process.start()
+        self.seq = 0
+        started = self.answered(0, time.perf_counter() + START_S)
+        self.shm.unlink()                             # both processes keep their mapping; nothing left in /dev/shm
+        if not started:
+            self.process.kill()
+            raise RuntimeError(f"helper process {self.process.name} did not start (exit code "
+                               f"{self.process.exitcode}; a script that uses it needs `if __name__ == '__main__':`)")
+
+    def answered(self, seq: int, deadline: float) -> bool:
+        """Whether the helper has answered `seq` (0: its start) by `deadline`, sleeping while it lives."""
+        while True:
+            if self.done.acquire(timeout=0.05):
+                if self.ctrl[DONE] == seq:
+                    return True
+            elif not self.process.is_alive() or time.perf_counter() > deadline:
+                return False
+
+    def post(self, op: int, index: int = 0, rows: int = 0) -> int:
+        self.seq += 1
+        c = self.ctrl
+        c[OP], c[INDEX], c[ROWS], c[SEQ] = op, index, rows, self.seq
+        self.work.release()
+        return self.seq
+
+    def finished(self, seq: int, deadline: float) -> bool:
+        """Whether part `seq` is done by `deadline` (perf_counter), spinning; a stale part's post is consumed."""
+        while True:
+            if self.done.acquire(False):
+                if self.ctrl[DONE] == seq:
+                    return True
+                continue
+            if time.perf_counter() > deadline:
+                return False
+
+
+@dataclass
+class SharedWeight:
+    w: np.ndarray            # panels [P, C, b] or an [out, in] matrix [D, C], as stored
+    index: int               # its name in the helpers
+    edges: list[int]         # the caller's share is edges[0]:edges[1], helper i's edges[i+1]:edges[i+2]
+    max_rows: int            # the most rows a product of it may have here (the helpers' output buffers)
+
+
+class ProductProcesses:
+    """`helpers` helper processes that each compute a share of a weight's output for few-row products, the
+    caller computing the first share. A weight is stored as engine/model/layout.py stores it: panels [P, C, b]
+    (shares of whole panels) or an [out, in] matrix [D, C] (shares of whole BLOCK_ROWS-row blocks). One caller
+    at a time."""
+
+    def __init__(self, helpers: int):
+        ctx = multiprocessing.get_context("spawn")
+        self.helpers = [_Helper(ctx, i + 1) for i in range(helpers)]
+        self.alive = True
+        self.products = 0            # products shared so far, and how many of them a helper was late for
+        self.late = 0
+        self.cpu_beyond = 0.0        # seconds of the helpers' CPU beyond the caller's, summed (a shared clock)
+        self._weights: dict[int, tuple] = {}    # id(w) -> (w, index, edges); the reference keeps ids unique
+        self._lock = threading.Lock()
+
+    def weight(self, w) -> SharedWeight | None:
+        """`w` (panels or an [out, in] matrix) with each helper's share sent (once), or None where it cannot be
+        shared (not float32, fewer panels or blocks than parts)."""
+        entry = self._weights.get(id(w))
+        if entry is not None and entry.w is w:
+            return entry
+        align, parts = (1 if w.ndim == 3 else BLOCK_ROWS), len(self.helpers) + 1
+        units = -(-w.shape[0] // align)
+        if w.dtype != np.float32 or units < parts or not self.alive:
+            return None
+        with self._lock:
+            return self._attach(w, [min(w.shape[0], units * i // parts * align) for i in range(parts + 1)])
+
+    def _attach(self, w, edges: list[int]) -> SharedWeight:
+        index = len(self._weights) + 1
+        for h, (a, b) in zip(self.helpers, zip(edges[1:], edges[2:])):
+            share = w[a:b]
+            src = shared_memory.SharedMemory(create=True, size=share.nbytes)
+            try:
+                np.ndarray(share.shape, np.float32, src.buf)[...] = share
+                h.name[:] = 0
+                h.name[:len(src.name)] = np.frombuffer(src.name.encode(), np.uint8)
+                h.ctrl[NDIM] = share.ndim
+                h.ctrl[SHAPE:SHAPE + share.ndim] = share.shape
+                if not h.answered(h.post(ATTACH, index), time.perf_counter() + START_S):
+                    self.alive = False
+                    raise RuntimeError(f"helper process {h.process.name} did not take a weight (exit code "
+                                       f"{h.process.exitcode})")
+            finally:
+                src.close()
+                src.unlink()
+        columns = max(b - a for a, b in zip(edges, edges[1:])) * (w.shape[2] if w.ndim == 3 else 1)
+        entry = self._weights[id(w)] = SharedWeight(w, index, edges, min(MAX_ROWS, OUT_FLOATS // columns))
+        return entry
+
+    def rows(self, entry: SharedWeight, x, out):  # x [n, C] times the weight -> out ([P, n, b] or [n, D])
+        w, edges, n = entry.w, entry.edges, x.shape[0]      # n <= entry.max_rows, x float32 and contiguous
+        flat = x.reshape(-1)
+        panels = w.ndim == 3
+        with self._lock:
+            self.products += 1
+            seqs = []
+            for h in self.helpers:
+                h.x[:flat.size] = flat
+                seqs.append(h.post(PRODUCT, entry.index, n))
+            t = time.perf_counter()
+            part(w[:edges[1]], x, out[:edges[1]] if panels else out[:, :edges[1]])
+            own = time.perf_counter() - t
+            deadline = t + own + max(MIN_PATIENCE_S, PATIENCE * own)
+            helper_cpu = 0.0
+            for h, seq, a, e in zip(self.helpers, seqs, edges[1:], edges[2:]):
+                mine = out[a:e] if panels else out[:, a:e]
+                if h.finished(seq, deadline):
+                    mine[...] = h.out[:mine.size].reshape(mine.shape)
+                    helper_cpu = max(helper_cpu, h.ctrl[CPU_NS] / 1e9)
+                else:                                 # late: this share here; the helper's result is dropped
+                    self.late += 1
+                    part(w[a:e], x, mine)
+                    if not h.process.is_alive():
+                        self.alive = False
+                        logger.warning("helper process %s has died: products run on threads from now on",
+                                       h.process.name)
+            # the caller spins while it waits, so its CPU time is its wall time here
+            self.cpu_beyond += max(0.0, helper_cpu - (time.perf_counter() - t))
+            return out
+
+    def close(self) -> None:
+        for h in self.helpers:
+            if h.process.is_alive():
+                h.post(EXIT)
+                h.process.join(timeout=2.0)
+            h.ctrl = h.name = h.x = h.out = None
+            h.shm.close()
+        self.alive = False
+
+

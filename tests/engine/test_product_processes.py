@@ -1,0 +1,116 @@
+"""Shares of few-row weight products in helper processes (engine/model/product_processes.py): the same floats as
+one thread, a helper that dies taken over, and helpers that end with their process."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from engine.model import product_processes as P
+from engine.model import threads as T
+from engine.model.layout import LAYOUTS
+
+WAIT_S = 20.0      # the most a test waits for a process to start or end (a helper checks its parent every second)
+
+
+def stored(layout: str, c: int, d: int, seed: int = 0):
+    """A [C, D] weight in `layout`, as a model stores it, and its stored array (panels or [out, in])."""
+    w = LAYOUTS[layout](np.random.default_rng(seed).standard_normal((c, d)).astype(np.float32))
+    return w, w.data
+
+
+def one_thread(data, x):
+    out = np.empty((data.shape[0], x.shape[0], data.shape[2]) if data.ndim == 3 else (x.shape[0], data.shape[0]),
+                   np.float32)
+    P.part(data, x, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def far():
+    processes = P.ProductProcesses(2)
+    yield processes
+    processes.close()
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_shares_computed_in_helper_processes_are_one_threads_floats(far, layout):
+    """Three shares (the caller's and two helpers'), every row count a product of few rows has: bit for bit."""
+    rng = np.random.default_rng(1)
+    for c, d in ((576, 960), (128, 1536)):
+        _, data = stored(layout, c, d)
+        entry = far.weight(data)
+        assert entry is not None and len(entry.edges) == 4
+        for n in range(1, P.MAX_ROWS + 1):
+            x = rng.standard_normal((n, c)).astype(np.float32)
+            out = np.full_like(one_thread(data, x), np.nan)
+            assert np.array_equal(far.rows(entry, x, out), one_thread(data, x))
+    assert far.alive
+
+
+def test_a_weight_too_small_to_share_or_not_float32_is_not_taken(far):
+    assert far.weight(stored("out_in", 64, 256)[1]) is None                  # one 256-row block, three parts
+    assert far.weight(stored("panels", 64, 128)[1].astype(np.float64)) is None
+
+
+def test_a_helper_that_dies_is_taken_over_and_products_go_back_to_threads():
+    """A helper killed mid-run: the caller computes its share (same floats), notices the death, and the pool's
+    later products are shared on threads."""
+    pool = T.ProductPool(2)
+    pool.share = True
+    w, data = stored("panels", 256, 2048)
+    x = np.random.default_rng(2).standard_normal((4, 256)).astype(np.float32)
+    expected = w.rows(x)                                                      # one thread
+    try:
+        assert np.array_equal(w.rows(x, pool), expected)
+        far = pool.processes()
+        assert far is not None and far.late == 0
+        helper = far.helpers[0].process
+        os.kill(helper.pid, signal.SIGKILL)
+        helper.join(WAIT_S)
+        assert not helper.is_alive()
+        assert np.array_equal(w.rows(x, pool), expected)
+        assert far.late == 1 and not far.alive and pool.processes() is None
+        assert np.array_equal(w.rows(x, pool), expected)                       # on the threads now
+    finally:
+        pool.close()
+
+
+def test_helpers_end_when_the_process_that_started_them_is_killed(tmp_path):
+    """A server killed with SIGKILL runs no clean-up: its helpers notice that their parent is gone and exit."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "import engine\n"
+        "from engine.model.product_processes import ProductProcesses\n"
+        "if __name__ == '__main__':\n"
+        "    far = ProductProcesses(2)\n"
+        "    print(' '.join(str(h.process.pid) for h in far.helpers), flush=True)\n"
+        "    sys.stdin.readline()\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and all(running(p) for p in pids)
+        parent.stdin.write("\n")
+        parent.stdin.flush()
+        assert parent.wait(WAIT_S) == -signal.SIGKILL
+        deadline = time.monotonic() + WAIT_S
+        while any(running(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(running(p) for p in pids), "a helper outlived its parent"
+    finally:
+        parent.kill()
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (an exited one that no one has reaped yet is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
