@@ -12,6 +12,7 @@ Targets (issue 33): decode at 2 threads >= 1.25x as fast as at 1 (`generate`), a
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -100,12 +101,22 @@ def generate_tokens_per_s(threads_: int, prompt: str = GENERATE_PROMPT, max_toke
 
 
 def cpu_seconds() -> tuple[float, float]:
-    """(busy CPU seconds of the whole machine, of this process and its children) since boot / start."""
+    """(busy CPU seconds of the whole machine, of this process and its children) since boot / start: children
+    that ended (`generate` runs) and those still running (the pool's helper processes)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     tick = os.sysconf("SC_CLK_TCK")
     own = os.times()
-    return (sum(v) - v[3] - v[4]) / tick, own.user + own.system + own.children_user + own.children_system
+    running = 0
+    for child in multiprocessing.active_children():
+        try:
+            with open(f"/proc/{child.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            running += int(fields[11]) + int(fields[12])      # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    ours = own.user + own.system + own.children_user + own.children_system + running / tick
+    return (sum(v) - v[3] - v[4]) / tick, ours
 
 
 def others_cores(start: tuple[float, float], end: tuple[float, float], seconds: float) -> float:
