@@ -145,7 +145,7 @@ class Playground:
             self.curves.start(self, lm)
 
     async def start(self) -> None:
-        request_threads(self.config.threads)     # applied when a model that streams from memory loads (logged)
+        request_threads(self.config.threads, serving=True)   # applied when a model that streams from memory loads
         self._loop = asyncio.get_running_loop()
         if self.registry is not None:
             self._demo_target = home_target(self).name

@@ -19,6 +19,9 @@ summary; every view with the same prompt and settings, 64 tokens):
     predicted one for the run);
   - the Race (plain decoding against the method) and the Shoot-out (the method's row).
 
+Both sides run SmolLM2's products on the same number of threads (`--threads`; by default as many as a server's
+default may take here, one core left free for the event loop and the browser).
+
 Goals (issue 29, on a quiet machine): every measured on-screen speed-up within 15% of generate's median and no
 verdict the other way; a run's engine time with a view open within 10% of the same run with the views closed;
 the page's engine tokens/s within 15% of generate's. Results go to docs/benchmarks.md (section `bench views`).
@@ -40,6 +43,7 @@ from cli.bench.browser import CHROMIUM, busy_processes, new_tab, wait_until_quie
 from cli.bench.served import Server
 from cli.bench.smollm2 import SUMMARY_PROMPT
 from engine.experiments.compare import abba_order, run_noise, speedup
+from engine.model.thread_choice import available_cores, candidate_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_TOKENS = 64                  # the Shoot-out's cap: every view runs the same settings
@@ -65,6 +69,8 @@ def add_parser(bench_subparsers) -> None:
                                                            "(default 5, at least 3; the views' comparisons run 3 to 15 each)")
     bp.add_argument("--case", action="append", choices=[str(i) for i in range(len(CASES))],
                     help="only these cases (0: target-mha, 1: SmolLM2 + EAGLE, 2: n-gram on a summary)")
+    bp.add_argument("--threads", type=int, default=None, help="threads of SmolLM2's products, for the server and "
+                    "every generate alike (default: the most a server's default may take here: one core left free)")
     bp.add_argument("--models-dir", default=None)
     bp.add_argument("--json", action="store_true", help="print the results as JSON")
     bp.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
@@ -72,9 +78,10 @@ def add_parser(bench_subparsers) -> None:
 
 
 # --- generate ---------------------------------------------------------------------------------------------------
-def generate_run(prompt: str, settings: dict, models_dir) -> dict:
-    """One `decoding-playground generate --json` process; its engine time per token."""
-    cmd = [sys.executable, "-m", "cli.main", "generate", "--json", "--prompt", prompt, "--max-tokens", str(MAX_TOKENS)]
+def generate_run(prompt: str, settings: dict, models_dir, threads: int) -> dict:
+    """One `decoding-playground generate --json --threads T` process; its engine time per token."""
+    cmd = [sys.executable, "-m", "cli.main", "generate", "--json", "--prompt", prompt, "--max-tokens", str(MAX_TOKENS),
+           "--threads", str(threads)]
     cmd += [x for k, v in settings.items() for x in ("--" + k.replace("_", "-"), str(v))]
     if models_dir:
         cmd += ["--models-dir", str(models_dir)]
@@ -87,12 +94,12 @@ def generate_run(prompt: str, settings: dict, models_dir) -> dict:
             "tokens": s["num_output_tokens"], "text": s["text"]}
 
 
-def generate_comparison(prompt: str, settings: dict, repeats: int, models_dir) -> dict:
+def generate_comparison(prompt: str, settings: dict, repeats: int, models_dir, threads: int) -> dict:
     sides = {"plain": {**settings, "method": "none"}, "method": settings}
-    generate_run(prompt, settings, models_dir)                 # untimed: the weights in the OS's page cache
+    generate_run(prompt, settings, models_dir, threads)        # untimed: the weights in the OS's page cache
     runs = {name: [] for name in sides}
     for name in abba_order(list(sides), repeats):
-        runs[name].append(generate_run(prompt, sides[name], models_dir))
+        runs[name].append(generate_run(prompt, sides[name], models_dir, threads))
     ms = {name: [r["ms_per_token"] for r in v] for name, v in runs.items()}
     s = speedup([a / b for a, b in zip(ms["plain"], ms["method"])], repeats, max(map(run_noise, ms.values())))
     return {"speedup": s, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["method"]),
@@ -190,7 +197,7 @@ def views_case(page, base: str, label: str, settings: dict, prompt: str, repeats
     return r
 
 
-def run_views(models_dir, repeats: int, cases: list) -> dict:
+def run_views(models_dir, repeats: int, cases: list, threads: int) -> dict:
     from playwright.sync_api import sync_playwright
 
     from cli.bench.engine import machine
@@ -201,8 +208,8 @@ def run_views(models_dir, repeats: int, cases: list) -> dict:
     out = []
     for label, settings, prompt in cases:
         out.append({"case": label, "settings": settings, "prompt": prompt,
-                    "generate": generate_comparison(prompt, settings, repeats, models_dir)})
-    with Server("--max-sessions", "4", models_dir=models_dir, start_timeout_s=120) as srv, sync_playwright() as pw:
+                    "generate": generate_comparison(prompt, settings, repeats, models_dir, threads)})
+    with Server("--max-sessions", "4", "--threads", str(threads), models_dir=models_dir, start_timeout_s=120) as srv, sync_playwright() as pw:
         if any(settings["model"] == DEMO_MODEL for _, settings, _ in cases):
             curve(srv.base, DEMO_MODEL)                # the start-up measurement (the demo's) is done first
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
@@ -215,7 +222,8 @@ def run_views(models_dir, repeats: int, cases: list) -> dict:
             browser.close()
     for case in out:
         case["checks"] = checks(case)
-    return {"command": f"decoding-playground bench views --repeats {repeats}", "repeats": repeats,
+    return {"command": f"decoding-playground bench views --repeats {repeats} --threads {threads}", "repeats": repeats,
+            "threads": threads,
             "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": machine(), "cases": out,
             "load_average": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in os.getloadavg()],
             "busy_processes": busy_before, "ok": all(all(c["checks"].values()) for c in out)}
@@ -286,7 +294,8 @@ def markdown(r: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cases = [CASES[int(i)] for i in args.case] if args.case else CASES
-    r = run_views(args.models_dir, max(3, args.repeats), cases)
+    threads = args.threads or candidate_threads(available_cores(), serving=True)
+    r = run_views(args.models_dir, max(3, args.repeats), cases, threads)
     print(json.dumps(r, indent=2) if args.json else markdown(r))
     if not args.no_write:
         from cli.bench.engine import DOCS, write_section

@@ -38,10 +38,12 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def candidate_threads(cores: int) -> int:
+def candidate_threads(cores: int, serving: bool = False) -> int:
     """The most threads a default may use: every core on a 2-3 core machine, one left free from 4 on, at most
-    MAX_THREADS."""
-    return max(1, min(MAX_THREADS, cores if cores <= 3 else cores - 1))
+    MAX_THREADS. A server (`serving`) leaves one core free on every machine, for its event loop and a browser
+    beside it: a helper process holds its core for the whole of a run (on 2 cores with Chromium beside the
+    server, the page gained 6% from a second thread where `generate` gained 40%: docs/benchmarks.md)."""
+    return max(1, min(MAX_THREADS, cores - 1 if serving or cores > 3 else cores))
 
 
 @dataclass
@@ -87,50 +89,62 @@ def measure_threads(model, counts, rounds: int = 5) -> tuple[dict[int, float], d
     return {n: min(v) for n, v in step.items()}, {n: min(v) for n, v in read.items()}
 
 
-def choose_threads(model, cores: int | None = None, rounds: int = 5) -> ThreadChoice:
+def choose_threads(model, cores: int | None = None, rounds: int = 5, serving: bool = False) -> ThreadChoice:
     """The thread count for `model`'s products: the count whose measured step is fastest among
-    1 .. `candidate_threads(cores)`, the fewer threads unless more make the step STEP_GAIN faster and the read
-    of the weights faster too (`rounds` turns)."""
+    1 .. `candidate_threads(cores)` (`rounds` turns each), the fewer threads unless more make the step STEP_GAIN
+    faster and the read of the weights faster too, at most `candidate_threads(cores, serving)`."""
     cores = cores or available_cores()
-    top = candidate_threads(cores)
-    counts = list(range(1, top + 1))
+    counts = list(range(1, candidate_threads(cores) + 1))
     step, read = measure_threads(model, counts, rounds)
     choice = ThreadChoice(1, "", cores, step, read, weight_bytes(model))
+    pick(choice, serving)
+    return choice
+
+
+def pick(choice: ThreadChoice, serving: bool) -> None:
+    """Set `choice.threads` and its reason from its measurements, up to `candidate_threads(cores, serving)`."""
+    step, read, cores = choice.step_ms, choice.read_ms, choice.cores
+    top = candidate_threads(cores, serving)
     gbps = choice.read_gb_per_s()
-    facts = "; ".join(f"{n} thread{'s' * (n > 1)}: step {step[n]:.1f} ms, read {gbps[n]:.1f} GB/s" for n in counts)
+    facts = "; ".join(f"{n} thread{'s' * (n > 1)}: step {step[n]:.1f} ms, read {gbps[n]:.1f} GB/s" for n in step)
     best = 1
-    for n in counts[1:]:              # both must agree: on a busy machine one of five rounds can flatter either
-        if step[n] * STEP_GAIN <= step[best] and read[n] <= read[best]:
+    for n in range(2, top + 1):       # both must agree: on a busy machine one of five rounds can flatter either
+        if n in step and step[n] * STEP_GAIN <= step[best] and read[n] <= read[best]:
             best = n
     choice.threads = best
-    if best == 1:
-        why = (f"more threads did not make the step {STEP_GAIN - 1:.0%} faster and the read faster too" if top > 1
-               else "one core available")
-    else:
+    if best > 1:
         why = f"{best} threads make the step {step[1] / step[best]:.2f}x as fast as one"
-    choice.reason = f"{why} ({cores} cores, up to {top} tried; {facts})"
-    return choice
+    elif top == 1:
+        why = "a server leaves one core for its event loop and a browser" if serving and cores > 1 else \
+            "one core available"
+    else:
+        why = f"more threads did not make the step {STEP_GAIN - 1:.0%} faster and the read faster too"
+    choice.reason = f"{why} ({cores} cores, up to {top} {'for a server ' if serving else ''}tried; {facts})"
 
 
 # The process's choice: `--threads` (None: measure), and what was measured when the first model whose
 # weights stream from memory loaded (engine/model/fetched.py); character models never ask.
 _requested: int | None = None
+_serving = False
 _choice: ThreadChoice | None = None
 _choice_lock = threading.Lock()
 
 
-def request_threads(requested: int | None) -> None:
-    """`--threads N` (None: the measured default). Applies at once to a model already loaded."""
-    global _requested
+def request_threads(requested: int | None, serving: bool = False) -> None:
+    """`--threads N` (None: the measured default, a server's leaving a core free: `candidate_threads`). Applies
+    at once to a model already loaded."""
+    global _requested, _serving
     if requested is not None and not 1 <= requested <= 256:
         raise ValueError(f"threads must be between 1 and 256, got {requested}")
-    _requested = requested
+    _requested, _serving = requested, serving
     with _choice_lock:
         if _choice is not None:
             _settle(_choice)
 
 
 def _settle(choice: ThreadChoice) -> None:
+    pick(choice, _serving)
+    choice.auto_threads, choice.auto_reason = choice.threads, choice.reason
     if _requested is not None:
         choice.threads = _requested
         choice.reason = f"--threads {_requested} (measured here, the default would be {choice.auto_threads}: " \
@@ -148,7 +162,6 @@ def threads_for(model) -> ThreadChoice:
     with _choice_lock:
         if _choice is None:
             choice = choose_threads(model)
-            choice.auto_threads, choice.auto_reason = choice.threads, choice.reason
             _choice = choice
             _settle(choice)
         return _choice

@@ -67,13 +67,14 @@ def test_a_helper_that_dies_is_taken_over_and_products_go_back_to_threads():
     try:
         assert np.array_equal(w.rows(x, pool), expected)
         far = pool.processes()
-        assert far is not None and far.late == 0
+        assert far is not None
+        late = far.late                      # a first share can be late (a helper's first touch of its buffers)
         helper = far.helpers[0].process
         os.kill(helper.pid, signal.SIGKILL)
         helper.join(WAIT_S)
         assert not helper.is_alive()
         assert np.array_equal(w.rows(x, pool), expected)
-        assert far.late == 1 and not far.alive and pool.processes() is None
+        assert far.late == late + 1 and not far.alive and pool.processes() is None
         assert np.array_equal(w.rows(x, pool), expected)                       # on the threads now
     finally:
         pool.close()

@@ -188,10 +188,13 @@ def test_the_choice_is_measured_per_thread_count_and_says_why(make_model, restor
     assert all(v > 0 for v in choice.read_gb_per_s().values())
     one = C.choose_threads(model, cores=1, rounds=1)
     assert one.threads == 1 and "one core" in one.reason and set(one.step_ms) == {1}
+    served = C.choose_threads(model, cores=2, rounds=1, serving=True)        # measured both, takes one
+    assert set(served.step_ms) == {1, 2} and served.threads == 1 and "a server leaves one core" in served.reason
 
 
-def test_a_default_leaves_a_core_free_from_four_cores_on():
+def test_a_default_leaves_a_core_free_from_four_cores_on_and_a_servers_on_every_machine():
     assert [C.candidate_threads(c) for c in (1, 2, 3, 4, 8, 64)] == [1, 2, 3, 3, 7, C.MAX_THREADS]
+    assert [C.candidate_threads(c, serving=True) for c in (1, 2, 3, 4, 8, 64)] == [1, 1, 2, 3, 7, C.MAX_THREADS]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 257])
