@@ -23,7 +23,7 @@ import numpy as np
 
 from .layout import WeightStream, weight_bytes
 from .llama import forward
-from .threads import read_chunked, set_threads, threads
+from .threads import read_chunked, set_threads, stop_other_processes, threads
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +152,7 @@ def _settle(choice: ThreadChoice) -> None:
     else:
         choice.threads, choice.reason = choice.auto_threads, choice.auto_reason
     set_threads(choice.threads)
+    stop_other_processes()                   # the measurement's other pools hold shares of the weights
     logger.info("threads: %d for the weight products of models that stream from memory: %s",
                 choice.threads, choice.reason)
 

@@ -240,7 +240,7 @@ def shared_clock() -> float:
     return time.thread_time() + getattr(_beyond, "seconds", 0.0)
 
 
-_POOLS = {1: ProductPool(1)}      # one pool per thread count used so far: idle helpers block and cost nothing
+_POOLS = {1: ProductPool(1)}      # one pool per thread count used so far: idle helper threads block and cost nothing
 _POOL = _POOLS[1]
 
 
@@ -251,6 +251,15 @@ def set_threads(threads: int) -> ProductPool:
         _POOLS[threads] = ProductPool(threads)
     _POOL = _POOLS[threads]
     return _POOL
+
+
+def stop_other_processes() -> None:
+    """End the helper processes of every pool but the process's current one: each holds a share of the weights
+    (a measurement of several thread counts starts them all); a pool used again starts its own anew."""
+    for pool in _POOLS.values():
+        if pool is not _POOL and pool._processes is not None:
+            pool._processes.close()
+            pool._processes = None
 
 
 def threads() -> int:

@@ -115,3 +115,27 @@ def running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_pools_not_in_use_end_their_helper_processes_and_start_them_anew_when_used():
+    """A measurement over 1 .. N threads starts every pool's helpers; once one count is chosen the others end (they
+    hold shares of the weights), and a pool used again starts new ones."""
+    before = T.threads()
+    w, data = stored("panels", 256, 2048)
+    x = np.random.default_rng(3).standard_normal((2, 256)).astype(np.float32)
+    expected = w.rows(x)
+    pool = T.set_threads(2)
+    pool.share, pool.use_processes = True, True
+    try:
+        assert np.array_equal(T.rows_product(x, w), expected)
+        helper = pool.processes().helpers[0].process
+        T.set_threads(1)
+        T.stop_other_processes()
+        helper.join(WAIT_S)
+        assert not helper.is_alive() and pool._processes is None
+        T.set_threads(2)
+        assert np.array_equal(T.rows_product(x, w), expected)
+        assert pool.processes() is not None and pool.processes().products >= 1
+    finally:
+        pool.share = None
+        T.set_threads(before)
