@@ -8,17 +8,18 @@ microseconds, so every product of a step can be split (docs/benchmarks.md, `benc
 
 Each helper holds its own copy of its share of every weight it has been given, in private memory (huge pages,
 as the engine's own buffer: weights in shared memory sit in small pages and stream 13-22% slower). The weights a
-helper needs are sent once, on the first product that needs them (`attach`). A product then costs a copy of its
+helper needs are sent once, on the first product that needs them (`weight`). A product then costs a copy of its
 few input rows to shared memory, two semaphore posts and a copy of the helper's output columns back.
 
     far = ProductProcesses(helpers=1)
-    far.rows(panels, x, out)        # x [n, C] @ panels [P, C, b] -> out [P, n, b], split by whole panels
-    far.rows(t, x, out)             # x [n, C] @ t.T, t [D, C] -> out [n, D], split by blocks of 256 rows
+    entry = far.weight(panels)      # None where the helpers cannot take it
+    far.rows(entry, x, out)         # x [n, C] @ panels [P, C, b] -> out [P, n, b], split by whole panels
+    far.rows(far.weight(t), x, out) # x [n, C] @ t.T, t [D, C] -> out [n, D], split by blocks of 256 rows
 
 A helper late beyond PATIENCE times the caller's own part (it lost its core) has its part computed by the caller,
-as with threads; a helper that died is noticed there and the far path is switched off (`alive`). Each part is the
-same BLAS call on the same panels or rows as in one thread, so the floats are the same. Helpers exit with this process:
-daemonic, and a helper whose parent has gone stops within a second.
+as with threads; a helper that died is noticed there and the far path is switched off (`alive`). Each part is
+the same BLAS call on the same panels or rows as in one thread, so the floats are the same. Helpers exit with
+this process: daemonic, and a helper whose parent has gone stops within a second.
 """
 from __future__ import annotations
 
@@ -56,6 +57,21 @@ def _segment_views(buf):  # a helper's shared segment -> (ctrl [16] int64, name 
     return ctrl, name, x, out
 
 
+def write_post(ctrl, seq: int, op: int, index: int, rows: int) -> None:
+    """Post `seq`. A helper still on a late part may read meanwhile: SEQ is -1 while the fields change (x86 and
+    CPython keep these stores in order)."""
+    ctrl[SEQ] = -1
+    ctrl[OP], ctrl[INDEX], ctrl[ROWS] = op, index, rows
+    ctrl[SEQ] = seq
+
+
+def read_post(ctrl) -> tuple[int, int, int, int] | None:
+    """(seq, op, index, rows) of the post in `ctrl`, or None where it changed while being read."""
+    seq = int(ctrl[SEQ])
+    op, index, rows = int(ctrl[OP]), int(ctrl[INDEX]), int(ctrl[ROWS])
+    return None if seq < 0 or int(ctrl[SEQ]) != seq else (seq, op, index, rows)
+
+
 def part(w, x, out) -> None:
     """x [n, C] times a share of a weight, into `out`: panels [P, C, b] -> out [P, n, b]; rows of an [out, in]
     matrix [R, C] -> out [n, R], one GEMV (one row) or block by block of BLOCK_ROWS rows, as layout.py does."""
@@ -76,8 +92,7 @@ def _out_shape(w, n: int) -> tuple:
 
 def _wait(work, parent: int) -> bool:
     """Take the next part: spin SPIN_S, then sleep on the semaphore a second at a time while the parent lives.
-    (Yielding the core at each turn of the spin cost 2-thread decoding a tenth of its speed in `bench smollm2`
-    and gave a browser beside the server nothing measurable.)"""
+    The spin does not yield the core: a helper that did started late on every product (docs/benchmarks.md)."""
     end = time.perf_counter() + SPIN_S
     while time.perf_counter() < end:
         if work.acquire(False):
@@ -96,10 +111,10 @@ def serve(segment: str, work, done, parent: int) -> None:
     last = 0
     done.release()                                   # started
     while _wait(work, parent):
-        seq = int(ctrl[SEQ])
-        if seq == last:                              # a post for a part already computed
+        post = read_post(ctrl)
+        if post is None or post[0] == last:          # being written (its release follows), or done
             continue
-        op = int(ctrl[OP])
+        seq, op, index, rows = post
         if op == EXIT:
             break
         if op == ATTACH:
@@ -107,11 +122,11 @@ def serve(segment: str, work, done, parent: int) -> None:
             shape = tuple(int(d) for d in ctrl[SHAPE:SHAPE + int(ctrl[NDIM])])
             share = np.empty(shape, np.float32)      # private: huge pages, like the engine's buffer
             share[...] = np.ndarray(shape, np.float32, src.buf)
-            shares[int(ctrl[INDEX])] = share
+            shares[index] = share
             src.close()
         elif op == PRODUCT:
             cpu = time.thread_time()
-            w, n = shares[int(ctrl[INDEX])], int(ctrl[ROWS])
+            w, n = shares[index], rows
             shape, c = _out_shape(w, n), w.shape[-2 if w.ndim == 3 else 1]
             part(w, xbuf[:n * c].reshape(n, c), obuf[:int(np.prod(shape))].reshape(shape))
             ctrl[CPU_NS] = int((time.thread_time() - cpu) * 1e9)
@@ -151,8 +166,7 @@ class _Helper:
 
     def post(self, op: int, index: int = 0, rows: int = 0) -> int:
         self.seq += 1
-        c = self.ctrl
-        c[OP], c[INDEX], c[ROWS], c[SEQ] = op, index, rows, self.seq
+        write_post(self.ctrl, self.seq, op, index, rows)
         self.work.release()
         return self.seq
 

@@ -82,7 +82,7 @@ class ProductPool:
         self._job = None
         self._closed = False
         self._caller = threading.Lock()
-        self.use_processes = threads > 1      # helper processes for few-row panel products (False: threads only)
+        self.use_processes = threads > 1      # helper processes for few-row products (False: threads only)
         self._processes: ProductProcesses | None = None
         self._wakes = [_thread.allocate_lock() for _ in range(threads - 1)]
         for wake in self._wakes:
@@ -109,7 +109,7 @@ class ProductPool:
 
     def product(self, whole, shared, shape):
         """A product the faster way for its `shape` (a hashable: the weight's shape and the rows): `whole()` in
-        one call on the caller alone, or `shared()` (`chunked` or `panels`). Both give the same floats."""
+        one call on the caller alone, or `shared()` (`chunked` or `split`). Both give the same floats."""
         if not self._wakes or self.share is False:
             return whole()
         if self.share:

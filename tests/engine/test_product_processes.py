@@ -1,5 +1,6 @@
 """Shares of few-row weight products in helper processes (engine/model/product_processes.py): the same floats as
 one thread, a helper that dies taken over, and helpers that end with their process."""
+import itertools
 import os
 import signal
 import subprocess
@@ -49,6 +50,43 @@ def test_shares_computed_in_helper_processes_are_one_threads_floats(far, layout)
             out = np.full_like(one_thread(data, x), np.nan)
             assert np.array_equal(far.rows(entry, x, out), one_thread(data, x))
     assert far.alive
+
+
+def test_a_helper_never_acts_on_a_post_mixed_of_two():
+    """A helper late for a part may read the control block while the next post (a new weight) is written: in
+    every interleaving of the writer's stores with the reader's loads, the reader gets the old post, the new one,
+    or nothing (and the new post's release wakes it again)."""
+    old, new = (5, P.PRODUCT, 1, 3), (6, P.ATTACH, 2, 0)
+    writes = []
+    P.write_post(Recorder(writes), *new)
+    readings = set()
+    for before in itertools.combinations_with_replacement(range(len(writes) + 1), 5):   # writes done by read i
+        ctrl = np.zeros(16, np.int64)
+        P.write_post(ctrl, *old)
+        readings.add(P.read_post(Interleaved(ctrl, writes, before)))
+    assert readings <= {old, new, None} and {old, new, None} <= readings
+
+
+class Recorder:
+    def __init__(self, writes):
+        self.writes = writes
+
+    def __setitem__(self, i, v):
+        self.writes.append((i, v))
+
+
+class Interleaved:
+    """A control block whose writer's stores land between the reader's loads: before the i-th load,
+    `before[i]` of them have landed."""
+    def __init__(self, ctrl, writes, before):
+        self.ctrl, self.writes, self.before, self.done, self.loads = ctrl, writes, before, 0, 0
+
+    def __getitem__(self, i):
+        while self.done < self.before[self.loads]:
+            self.ctrl.__setitem__(*self.writes[self.done])
+            self.done += 1
+        self.loads += 1
+        return self.ctrl[i]
 
 
 def test_a_weight_too_small_to_share_or_not_float32_is_not_taken(far):
