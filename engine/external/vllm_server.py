@@ -22,6 +22,7 @@ import asyncio
 import ctypes
 import json
 import os
+import random
 import re
 import secrets
 import shutil
@@ -83,10 +84,30 @@ def unavailable_reason(venv: Path, model_dir: Path) -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def ephemeral_ports() -> tuple[int, int]:
+    """The ports the kernel hands to bind(0) and to outgoing connections (Linux's default where unreadable)."""
+    try:
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(rng: random.Random | None = None) -> int:
+    """A free port below the ephemeral range. vLLM binds its port only after loading, tens of seconds later;
+    a port from bind(0) may meanwhile go to another process's bind(0) (a second vLLM's internal sockets did:
+    'Address already in use'), one outside that range only to an explicit bind."""
+    rng = rng or random.SystemRandom()
+    low = ephemeral_ports()[0]
+    tries = [rng.randrange(low - 12288, low) for _ in range(200)] if low > 12288 + 1024 else []
+    for port in tries + [0]:                     # 0: the kernel's choice, where nothing below the range is free
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free port")
 
 
 def _die_with_parent() -> None:

@@ -223,9 +223,11 @@ RECORD_CHIPS = """(contrast) => {
 @pytest.mark.parametrize("theme", ["light", "dark"])
 def test_token_statuses_and_chips_keep_aa_contrast(live_server, page, theme):
     chips = {}
+    # paced: each round is a message of its own, so every round's lane is drawn (at full speed a message holds
+    # the rounds of a frame and only the last one's lane is drawn: how many show a rejection is up to timing)
     for method in ("draft_model", "ngram"):            # the n-gram lookup also shows the target's own chips
         open_page(page, url(live_server, "/embed", model=MODEL, theme=theme, presenter=1, method=method, temperature=1,
-                            num_speculative_tokens=4, max_tokens=100, speed="max", prompt=PROMPT))
+                            num_speculative_tokens=4, max_tokens=40, speed=1000, prompt=PROMPT))
         page.evaluate(f"(() => {{ const contrast = {CONTRAST}; ({RECORD_CHIPS})(contrast) }})()")
         page.click("#btn-toggle")
         wait_state(page, "done")
@@ -233,6 +235,8 @@ def test_token_statuses_and_chips_keep_aa_contrast(live_server, page, theme):
         for status, c in page.evaluate("window.chipContrast").items():
             chips[status] = min(chips.get(status, c), c, key=lambda x: x["ratio"])
         if method == "draft_model":
+            page.evaluate("""Promise.all(document.getAnimations()          // the tokens' arrival animations end
+              .filter(a => a.effect.getComputedTiming().endTime !== Infinity).map(a => a.finished))""")
             tokens = page.evaluate(f"""(() => {{ const contrast = {CONTRAST}; const out = {{}}
               document.querySelectorAll('#stream .tok').forEach(t => {{
                 const c = contrast(t), s = t.dataset.tokenStatus

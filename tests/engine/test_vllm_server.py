@@ -4,10 +4,13 @@ and once it failed (the live start and stop: tests/e2e/vllm_live/test_faults.py)
 import asyncio
 import concurrent.futures
 import os
+import random
+import socket
 from pathlib import Path
 
 from engine.experiments.shootout import vllm_row
-from engine.external.vllm_server import VARIANTS, VllmServer, error_excerpt, remove_stale_runs
+from engine.external.vllm_server import (VARIANTS, VllmServer, ephemeral_ports, error_excerpt, free_port,
+                                         remove_stale_runs)
 
 
 def server(tmp_path, key="ngram", **kw):
@@ -26,6 +29,18 @@ def test_it_listens_on_loopback_in_float32_and_its_key_is_not_on_the_command_lin
                                                                 "HOME", "XDG_CACHE_HOME", "VLLM_CONFIG_ROOT"))
     assert s.engine.base_url == f"http://127.0.0.1:{s.port}/v1" and s.engine.kind == "vllm"
     assert s.describe()["ready"] is False and s.describe()["state"] == "stopped"
+
+
+def test_its_port_is_free_and_outside_the_range_other_processes_get_from_the_kernel():
+    """Another process's bind(0) (a second vLLM's internal sockets) cannot take the port before vLLM binds it."""
+    low, high = ephemeral_ports()
+    ports = {free_port(random.Random(seed)) for seed in range(20)}
+    assert all(p < low for p in ports) and len(ports) > 1
+    with socket.socket() as taken:                       # a port in use is never chosen
+        taken.bind(("127.0.0.1", min(ports)))
+        taken.listen()
+        for seed in range(20):
+            assert free_port(random.Random(seed)) != min(ports)
 
 
 def test_the_eagle_variant_names_the_exported_head(tmp_path):
