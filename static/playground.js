@@ -15,7 +15,8 @@
   // --- figures for benchmarks and tests --------------------------------------------------------------
   var stats = window.playgroundStats = {
     run: null, tokens: 0, rejected: 0, messages: 0,
-    firstTokenAt: null, lastTokenAt: null, doneAt: null, longTasks: []
+    firstTokenAt: null, lastTokenAt: null, doneAt: null, longTasks: [],
+    tokenTimes: []        // when new tokens appeared in the stream (ms), one entry per appearance, bounded
   }
   try {
     new PerformanceObserver(function (list) {
@@ -25,12 +26,12 @@
 
   function resetStats(run) {
     stats.run = run; stats.tokens = 0; stats.rejected = 0
-    stats.firstTokenAt = null; stats.lastTokenAt = null; stats.doneAt = null
+    stats.firstTokenAt = null; stats.lastTokenAt = null; stats.doneAt = null; stats.tokenTimes = []
   }
 
   function watchStream(wrap) {
     new MutationObserver(function (mutations) {
-      var now = performance.now()
+      var now = performance.now(), shown = 0
       for (var i = 0; i < mutations.length; i++) {
         var added = mutations[i].addedNodes
         for (var j = 0; j < added.length; j++) {
@@ -41,12 +42,13 @@
           for (var k = 0; k < toks.length; k++) {
             if (!toks[k].classList.contains('tok')) continue
             if (toks[k].dataset.tokenStatus === 'rejected') { stats.rejected++; continue }
-            stats.tokens++
+            stats.tokens++; shown++
             if (stats.firstTokenAt === null) stats.firstTokenAt = now
             stats.lastTokenAt = now
           }
         }
       }
+      if (shown && stats.tokenTimes.length < 100000) stats.tokenTimes.push(now)
     }).observe(wrap, { childList: true, subtree: true })
   }
 

@@ -77,6 +77,8 @@ class Connection(PacedSender, Socket):
         self._wake = anyio.Event()        # set by acknowledgements and by the end of a generation
         self._sent = 0                    # messages sent, and acknowledged by the page (views that ack)
         self._acked = 0
+        self._round_at = 0.0              # when the sender took the last round, and the time since the one before
+        self._round_gap = 0.0
 
     @property
     def delivery_delay_s(self) -> float:

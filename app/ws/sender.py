@@ -2,8 +2,10 @@
 few messages, send them, and pace a page at full speed.
 
 NOTE: at full speed the sender coalesces: what arrives while it waits goes out as one message. For a view
-whose page acknowledges what it has rendered (the htmx page, once per animation frame) it waits at least
-MIN_INTERVAL_S between messages and until the page has caught up, at most ACK_TIMEOUT_S. Other views
+whose page acknowledges what it has rendered (the htmx page, once per animation frame) it waits until the page
+has caught up, at most ACK_TIMEOUT_S, and at least MIN_INTERVAL_S between messages while rounds come faster
+than one every OWN_MESSAGE_S: a slower model's rounds (SmolLM2's, 30-45 ms) go out one a message, so its tokens
+appear as they are made and not in twos and threes ten times a second. Other views
 (programs) get each round as soon as it is computed; what piles up while a send is in progress goes out
 together. This pacing only coalesces: it never holds the engine (only a client that does not read does,
 through the backlog of its SessionLink).
@@ -21,12 +23,16 @@ from app.ws.socket import MIN_INTERVAL_S
 logger = logging.getLogger(__name__)
 
 ACK_TIMEOUT_S = 0.5
+# Rounds at least this far apart go out a message each (at most 40 a second: the page's work per message is
+# bounded by the engine's pace). Above the engine thread's PAGE_DELIVERY_DELAY_S (app/ws/connection.py), so
+# the rounds of a fast model, posted together every 20 ms, stay coalesced.
+OWN_MESSAGE_S = 0.025
 SEND_STALL_S = 30.0             # a send that cannot go out for this long: the client does not read (1008)
 
 
 class PacedSender:
     """Mixed into `Connection` (app/ws/connection.py), whose fields it reads: ws, view, outbox, run, speed,
-    engine_thread, _tg, _sent, _acked, _wake, and its `context()` and `close()`."""
+    engine_thread, _tg, _sent, _acked, _wake, _round_at, _round_gap, and its `context()` and `close()`."""
 
     async def _sender(self) -> None:
         last_send = 0.0
@@ -84,18 +90,20 @@ class PacedSender:
         for item in items:
             link = getattr(item, "link", None)
             if link is not None:
+                now = anyio.current_time()
+                self._round_gap, self._round_at = now - self._round_at, now
                 link.rounds_taken += 1
                 if link.held == "client" and engine_thread is not None:
                     engine_thread.poke()
         return items
 
     async def _pace_messages(self, last_send: float) -> list:
-        """At full speed, wait before the next message until the page has caught up (see MIN_INTERVAL_S);
+        """At full speed, wait before the next message until the page has caught up (see the NOTE above);
         the end of a generation goes out at once (waiting would only delay `done`). Meanwhile it keeps
         taking what the engine delivers (returned, for the next message): this pacing only coalesces, it
         never holds the engine (only a client that does not read does, through the backlog)."""
         deadline = last_send + ACK_TIMEOUT_S
-        earliest = last_send + MIN_INTERVAL_S
+        earliest = last_send + (MIN_INTERVAL_S if self._round_gap < OWN_MESSAGE_S else 0.0)
         taken: list = []
         while self.run is not None and not self.run.ended:
             taken += self._take(self.outbox.take_now())

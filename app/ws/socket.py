@@ -23,8 +23,9 @@ FLOOD_CLOSE_AFTER = 2000        # messages over the rate limit without a pause: 
 RATE_ERROR_EVERY_S = 1.0        # at most one "rate limit" error a second
 CLOSE_WAIT_S = 5.0              # at most this long for a close the server decided (the transport gives up sooner)
 # At full speed a sender coalesces: what arrives while it waits goes out as one message, at most one every
-# MIN_INTERVAL_S for a page (at most 10 a second: each costs the browser a fixed amount of work, taken from
-# the engine when no core is free). Watchers' broadcasters (app/watch/) keep the same pace.
+# MIN_INTERVAL_S for a page while rounds come fast (at most 10 a second: each costs the browser a fixed amount
+# of work, taken from the engine when no core is free; app/ws/sender.py). Watchers' broadcasters (app/watch/)
+# keep the 10 a second.
 MIN_INTERVAL_S = 1 / 10
 
 

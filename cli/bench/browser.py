@@ -107,7 +107,9 @@ def browser_run(page, base_url: str, settings: dict, timeout_s: float = 120, qui
                            statusText: document.getElementById('run-status').textContent})""")
     wall = (s["doneAt"] - s["start"]) / 1e3
     streaming = [t for t in s["longTasks"] if s["start"] <= t["start"] <= s["doneAt"]]
+    times = s["tokenTimes"]
     return {"tokens": s["tokens"], "wall_s": wall, "tokens_per_s": s["tokens"] / wall, "messages": s["messages"],
+            "token_gaps_ms": [b - a for a, b in zip(times, times[1:])],
             "first_token_ms": s["firstTokenAt"] - s["start"], "chromium_cpu_s": cpu_s,
             "long_tasks": len(streaming), "max_long_task_ms": max((t["duration"] for t in streaming), default=0.0)}
 

@@ -357,6 +357,9 @@ def test_full_speed_delivers_every_token_and_the_page_stays_responsive(live_serv
     summary = page.inner_text("#summary")
     arrived = page.evaluate("window.playgroundStats.tokens")
     assert f"{arrived} tokens in" in summary          # every token the engine wrote reached the page
+    # when tokens appeared (bench page's gaps): in order, one entry per appearance, at most one per token
+    times = page.evaluate("window.playgroundStats.tokenTimes")
+    assert 1 <= len(times) <= arrived and times == sorted(times)
     # the page answers at once after streaming (no backlog of swaps)
     t0 = time.monotonic()
     page.select_option("#f-theme", "dark")
