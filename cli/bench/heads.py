@@ -112,8 +112,9 @@ def run(args) -> int:
         write_section("heads", markdown(out))
         (HEADS_DIR / NAME / "bench.json").write_text(json.dumps(out, indent=1))
         write_card(HEADS_DIR / NAME, out)
-        best = {t: heads_threads.best_row(r["rows"]) for t, r in out.get("by_threads", {}).items()}
-        best[out["threads"]] = heads_threads.best_row(out["sets"]["open questions"]["rows"])
+        current = heads_threads.current_defaults(HEADS_DIR / NAME)
+        best = {t: heads_threads.best_row(r["rows"], current.get(t)) for t, r in out.get("by_threads", {}).items()}
+        best[out["threads"]] = heads_threads.best_row(out["sets"]["open questions"]["rows"], current.get(out["threads"]))
         heads_threads.record_defaults(HEADS_DIR / NAME, out["date"], best)
     return 0
 
