@@ -41,8 +41,8 @@ def available_cores() -> int:
 def candidate_threads(cores: int, serving: bool = False) -> int:
     """The most threads a default may use: every core on a 2-3 core machine, one left free from 4 on, at most
     MAX_THREADS. A server (`serving`) leaves one core free on every machine, for its event loop and a browser
-    beside it: a helper process holds its core for the whole of a run (on 2 cores with Chromium beside the
-    server, the page gained 6% from a second thread where `generate` gained 40%: docs/benchmarks.md)."""
+    beside it: a helper process holds its core for the whole of a run, so on 2 cores a second thread gives a page
+    in a browser beside the server nothing (docs/benchmarks.md, `bench page --model`)."""
     return max(1, min(MAX_THREADS, cores - 1 if serving or cores > 3 else cores))
 
 
