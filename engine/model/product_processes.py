@@ -37,9 +37,11 @@ logger = logging.getLogger(__name__)
 
 MAX_ROWS = 9                   # products of more rows (prefill chunks) stay on threads (layout.FEW_ROWS)
 BLOCK_ROWS = 256               # an [out, in] share's rows a few-row product takes at a time (layout.BLOCK_ROWS)
+ARENA_FLOATS = 16 << 20        # 64 MB: a helper's weight shares are carved from allocations of this size
 X_FLOATS = MAX_ROWS * 8192     # a helper's input rows: up to MAX_ROWS rows of 8,192 inputs
 OUT_FLOATS = MAX_ROWS * 65536  # its output: up to MAX_ROWS rows of 65,536 columns
 SPIN_S = 0.02                  # a helper spins this long for the next part before it sleeps (a step's gaps are ~ms)
+CALLER_EXTRA = 0.2             # the caller's share is this much larger than a helper's
 PATIENCE = 3.0                 # a helper's part may take this many times the caller's own part
 MIN_PATIENCE_S = 100e-6
 START_S = 60.0                 # the most a helper may take to start or to take a weight
@@ -103,11 +105,32 @@ def _wait(work, parent: int) -> bool:
     return True
 
 
+class Arena:
+    """Homes for a helper's weight shares, carved in the order they arrive (a step's reading order: each is sent
+    on its first product) from allocations of ARENA_FLOATS. numpy backs allocations of 4 MB or more with huge
+    pages; shares of 0.6-3.5 MB allocated one by one sit in small pages, and a helper streamed them so much
+    slower than the engine thread its own share that the engine thread waited for it on every product."""
+
+    def __init__(self, floats: int = ARENA_FLOATS):
+        self.floats, self.buf, self.used = floats, None, 0
+
+    def take(self, shape: tuple) -> np.ndarray:
+        n = int(np.prod(shape))
+        if n >= self.floats:
+            return np.empty(shape, np.float32)
+        if self.buf is None or self.used + n > self.floats:
+            self.buf, self.used = np.empty(self.floats, np.float32), 0
+        out = self.buf[self.used:self.used + n].reshape(shape)
+        self.used += -(-n // 16) * 16                # the next share starts on a 64-byte line
+        return out
+
+
 def serve(segment: str, work, done, parent: int) -> None:
     """A helper process: attach weights' shares and compute parts until told to exit or the parent is gone."""
     shm = shared_memory.SharedMemory(segment)
     ctrl, name, xbuf, obuf = _segment_views(shm.buf)
     shares: dict[int, np.ndarray] = {}
+    arena = Arena()
     last = 0
     done.release()                                   # started
     while _wait(work, parent):
@@ -120,7 +143,7 @@ def serve(segment: str, work, done, parent: int) -> None:
         if op == ATTACH:
             src = shared_memory.SharedMemory(bytes(name).rstrip(b"\0").decode())
             shape = tuple(int(d) for d in ctrl[SHAPE:SHAPE + int(ctrl[NDIM])])
-            share = np.empty(shape, np.float32)      # private: huge pages, like the engine's buffer
+            share = arena.take(shape)                # private, in huge pages like the engine's buffer
             share[...] = np.ndarray(shape, np.float32, src.buf)
             shares[index] = share
             src.close()

@@ -89,6 +89,18 @@ class Interleaved:
         return self.ctrl[i]
 
 
+def test_a_helpers_shares_are_carved_in_order_from_large_allocations():
+    """Small shares share one allocation (huge pages: numpy madvises from 4 MB), each on a 64-byte line; one that
+    does not fit starts the next allocation; one as large as an allocation gets its own."""
+    arena = P.Arena(floats=1000)
+    a, b = arena.take((3, 7)), arena.take((10, 10))
+    assert a.base is b.base and b.ctypes.data - a.ctypes.data == 32 * 4 and b.ctypes.data % 64 == a.ctypes.data % 64
+    c = arena.take((900,))
+    assert c.base is not a.base and c.shape == (900,)
+    d = arena.take((1000,))
+    assert d.base is None and d.shape == (1000,)
+
+
 def test_a_weight_too_small_to_share_or_not_float32_is_not_taken(far):
     assert far.weight(stored("out_in", 64, 256)[1]) is None                  # one 256-row block, three parts
     assert far.weight(stored("panels", 64, 128)[1].astype(np.float64)) is None
