@@ -26,8 +26,8 @@ number of rows n:
     layout     n = 1                 2 <= n <= 9                          n > 9 (prefill)
     panels     [x; x] @ panel        X @ panel, panel by panel (3 rows    the same
                                      as 4 where that is faster here)
-    out_in     W @ x (GEMV)          block @ x_j for each row, blocks     X @ W.T (one GEMM)
-                                     of 256 rows still in cache
+    out_in     W @ x (GEMV)          block @ x_j for each row, blocks     X @ block.T, a GEMM a block
+                                     of 256 rows still in cache           of 256 rows
 """
 from __future__ import annotations
 
@@ -140,14 +140,12 @@ class OutInWeight:
         n, t = x.shape[0], self.t
         if n == 1:
             return self.vec(x[0], pool)[None]
-        many = n > FEW_ROWS                          # one GEMM; in chunks, one per chunk of output columns
 
         def whole():
-            return np.dot(x, t.T) if many else self.columns(x, 0, self.shape[1])
+            return self.columns(x, 0, self.shape[1])
 
         def chunks():
-            return [(lambda a=a, b=b: np.dot(x, t[a:b].T)) if many else (lambda a=a, b=b: self.columns(x, a, b))
-                    for a, b in self.edges(pool)]
+            return [lambda a=a, b=b: self.columns(x, a, b) for a, b in self.edges(pool)]
         if pool is None:
             return whole()
         out = np.empty((n, self.shape[1]), np.result_type(x, t))
@@ -156,12 +154,19 @@ class OutInWeight:
             return out if parts is None else np.concatenate(parts, axis=1)
         return pool.product(whole, pool.split(t, x, out, chunks, assemble), (self.shape, n))
 
-    def columns(self, x, start: int, stop: int):  # [n, C] -> x @ W[:, start:stop], a few rows
+    def columns(self, x, start: int, stop: int):  # [n, C] -> x @ W[:, start:stop], block by block of rows of W
+        """A few rows: each block's GEMVs for every row while it is in cache. More (a prefill chunk): one GEMM a
+        block, not one for the whole: OpenBLAS's GEMM sums in an order that can depend on the product's width
+        (seen on an AMD EPYC host), and the same calls on the same blocks give every thread count the same floats
+        (chunks fall on blocks: `edges`)."""
         out = np.empty((x.shape[0], stop - start), np.result_type(x, self.t))
-        r = self.block_rows
-        for a in range(start, stop, r):              # a block's GEMVs for every row while it is in cache
+        r, many = self.block_rows, x.shape[0] > FEW_ROWS
+        for a in range(start, stop, r):
             block = self.t[a:min(a + r, stop)]
-            for j in range(x.shape[0]):
+            if many:
+                out[:, a - start:a - start + len(block)] = np.dot(x, block.T)
+                continue
+            for j in range(x.shape[0]):             # a block's GEMVs for every row while it is in cache
                 np.dot(block, x[j], out=out[j, a - start:a - start + len(block)])
         return out
 
