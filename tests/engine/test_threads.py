@@ -8,7 +8,7 @@ import pytest
 from engine.kv.cache import KVCacheManager
 from engine.model import thread_choice as C
 from engine.model import threads as T
-from engine.model.layout import FEW_ROWS, LAYOUTS, use_layout
+from engine.model.layout import FEW_ROWS, LAYOUTS, PanelWeight, use_layout
 from engine.model.llama import forward
 
 WAIT_S = 10.0      # the most a test waits for a helper thread to be scheduled (it is normally microseconds)
@@ -133,10 +133,13 @@ def test_a_shape_measured_slower_shared_runs_on_the_caller_alone():
         pool.close()
 
 
+@pytest.mark.parametrize("padded", [{1: 2}, {2: 4}], ids=["one row as two", "one row as a GEMV"])
 @pytest.mark.parametrize("processes", [True, False], ids=["helper processes", "threads only"])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_products_are_the_same_floats_at_every_thread_count(layout, processes, restore_threads):
-    """Every row count's call pattern (one row, a few, many), shared on 1, 2 and 3 threads: bit for bit."""
+def test_products_are_the_same_floats_at_every_thread_count(layout, processes, padded, restore_threads, monkeypatch):
+    """Every row count's call pattern (one row, a few, many; panels' rows padded or not), shared on 1, 2 and 3
+    threads: bit for bit."""
+    monkeypatch.setattr(PanelWeight, "padded_rows", padded)
     rng = np.random.default_rng(0)
     for c, d in ((576, 960), (128, 704)):
         lw = LAYOUTS[layout](rng.standard_normal((c, d)).astype(np.float32))
