@@ -16,6 +16,11 @@ few input rows to shared memory, two semaphore posts and a copy of the helper's 
     far.rows(entry, x, out)         # x [n, C] @ panels [P, C, b] -> out [P, n, b], split by whole panels
     far.rows(far.weight(t), x, out) # x [n, C] @ t.T, t [D, C] -> out [n, D], split by blocks of 256 rows
 
+A helper starts its part some tens of microseconds after the caller starts its own, and on some hosts streams
+a little slower: equal shares kept the caller waiting a quarter of a 2-thread step. So where the caller's share
+ends moves, per weight shape and row count, inside helper 1's share: a unit (a panel, a block) further after a
+product for which the caller waited, a unit back after one whose helper had finished first.
+
 A helper late beyond PATIENCE times the caller's own part (it lost its core) has its part computed by the caller,
 as with threads; a helper that died is noticed there and the far path is switched off (`alive`). Each part is
 the same BLAS call on the same panels or rows as in one thread, so the floats are the same. Helpers exit with
@@ -41,12 +46,12 @@ ARENA_FLOATS = 16 << 20        # 64 MB: a helper's weight shares are carved from
 X_FLOATS = MAX_ROWS * 8192     # a helper's input rows: up to MAX_ROWS rows of 8,192 inputs
 OUT_FLOATS = MAX_ROWS * 65536  # its output: up to MAX_ROWS rows of 65,536 columns
 SPIN_S = 0.02                  # a helper spins this long for the next part before it sleeps (a step's gaps are ~ms)
-CALLER_EXTRA = 0.2             # the caller's share is this much larger than a helper's
 PATIENCE = 3.0                 # a helper's part may take this many times the caller's own part
 MIN_PATIENCE_S = 100e-6
 START_S = 60.0                 # the most a helper may take to start or to take a weight
 
 SEQ, OP, INDEX, ROWS, DONE, CPU_NS, NDIM, SHAPE = range(8)          # SHAPE: up to 3 slots
+START = SHAPE + 3                                                   # where in its share a part starts
 PRODUCT, ATTACH, EXIT = 1, 2, 3
 CTRL_BYTES, NAME_BYTES = 128, 128
 
@@ -59,19 +64,19 @@ def _segment_views(buf):  # a helper's shared segment -> (ctrl [16] int64, name 
     return ctrl, name, x, out
 
 
-def write_post(ctrl, seq: int, op: int, index: int, rows: int) -> None:
+def write_post(ctrl, seq: int, op: int, index: int, rows: int, start: int = 0) -> None:
     """Post `seq`. A helper still on a late part may read meanwhile: SEQ is -1 while the fields change (x86 and
     CPython keep these stores in order)."""
     ctrl[SEQ] = -1
-    ctrl[OP], ctrl[INDEX], ctrl[ROWS] = op, index, rows
+    ctrl[OP], ctrl[INDEX], ctrl[ROWS], ctrl[START] = op, index, rows, start
     ctrl[SEQ] = seq
 
 
-def read_post(ctrl) -> tuple[int, int, int, int] | None:
-    """(seq, op, index, rows) of the post in `ctrl`, or None where it changed while being read."""
+def read_post(ctrl) -> tuple[int, int, int, int, int] | None:
+    """(seq, op, index, rows, start) of the post in `ctrl`, or None where it changed while being read."""
     seq = int(ctrl[SEQ])
-    op, index, rows = int(ctrl[OP]), int(ctrl[INDEX]), int(ctrl[ROWS])
-    return None if seq < 0 or int(ctrl[SEQ]) != seq else (seq, op, index, rows)
+    op, index, rows, start = int(ctrl[OP]), int(ctrl[INDEX]), int(ctrl[ROWS]), int(ctrl[START])
+    return None if seq < 0 or int(ctrl[SEQ]) != seq else (seq, op, index, rows, start)
 
 
 def part(w, x, out) -> None:
@@ -137,7 +142,7 @@ def serve(segment: str, work, done, parent: int) -> None:
         post = read_post(ctrl)
         if post is None or post[0] == last:          # being written (its release follows), or done
             continue
-        seq, op, index, rows = post
+        seq, op, index, rows, start = post
         if op == EXIT:
             break
         if op == ATTACH:
@@ -149,7 +154,7 @@ def serve(segment: str, work, done, parent: int) -> None:
             src.close()
         elif op == PRODUCT:
             cpu = time.thread_time()
-            w, n = shares[index], rows
+            w, n = shares[index][start:], rows
             shape, c = _out_shape(w, n), w.shape[-2 if w.ndim == 3 else 1]
             part(w, xbuf[:n * c].reshape(n, c), obuf[:int(np.prod(shape))].reshape(shape))
             ctrl[CPU_NS] = int((time.thread_time() - cpu) * 1e9)
@@ -187,21 +192,24 @@ class _Helper:
             elif not self.process.is_alive() or time.perf_counter() > deadline:
                 return False
 
-    def post(self, op: int, index: int = 0, rows: int = 0) -> int:
+    def post(self, op: int, index: int = 0, rows: int = 0, start: int = 0) -> int:
         self.seq += 1
-        write_post(self.ctrl, self.seq, op, index, rows)
+        write_post(self.ctrl, self.seq, op, index, rows, start)
         self.work.release()
         return self.seq
 
-    def finished(self, seq: int, deadline: float) -> bool:
-        """Whether part `seq` is done by `deadline` (perf_counter), spinning; a stale part's post is consumed."""
+    def finished(self, seq: int, deadline: float) -> int:
+        """How many looks part `seq` took to be done (1: done when first looked at), spinning, or 0 where it was
+        not done by `deadline` (perf_counter); a stale part's post is consumed."""
+        looks = 0
         while True:
+            looks += 1
             if self.done.acquire(False):
                 if self.ctrl[DONE] == seq:
-                    return True
+                    return looks
                 continue
             if time.perf_counter() > deadline:
-                return False
+                return 0
 
 
 @dataclass
@@ -226,6 +234,7 @@ class ProductProcesses:
         self.late = 0
         self.cpu_beyond = 0.0        # seconds of the helpers' CPU beyond the caller's, summed (a shared clock)
         self._weights: dict[int, tuple] = {}    # id(w) -> (w, index, edges); the reference keeps ids unique
+        self._mids: dict[tuple, int] = {}       # (weight's shape, rows) -> where the caller's share ends now
         self._lock = threading.Lock()
 
     def weight(self, w) -> SharedWeight | None:
@@ -267,22 +276,29 @@ class ProductProcesses:
         w, edges, n = entry.w, entry.edges, x.shape[0]      # n <= entry.max_rows, x float32 and contiguous
         flat = x.reshape(-1)
         panels = w.ndim == 3
+        unit = 1 if panels else BLOCK_ROWS
+        key = (w.shape, n)
         with self._lock:
             self.products += 1
+            mid = self._mids.get(key, edges[1])              # the caller's share ends here, in helper 1's share
+            starts = [mid] + edges[2:-1]
             seqs = []
-            for h in self.helpers:
+            for i, h in enumerate(self.helpers):
                 h.x[:flat.size] = flat
-                seqs.append(h.post(PRODUCT, entry.index, n))
+                seqs.append(h.post(PRODUCT, entry.index, n, starts[i] - edges[i + 1]))
             t = time.perf_counter()
-            part(w[:edges[1]], x, out[:edges[1]] if panels else out[:, :edges[1]])
+            part(w[:mid], x, out[:mid] if panels else out[:, :mid])
             own = time.perf_counter() - t
             deadline = t + own + max(MIN_PATIENCE_S, PATIENCE * own)
             helper_cpu = 0.0
-            for h, seq, a, e in zip(self.helpers, seqs, edges[1:], edges[2:]):
+            for i, (h, seq, a, e) in enumerate(zip(self.helpers, seqs, starts, edges[2:])):
                 mine = out[a:e] if panels else out[:, a:e]
-                if h.finished(seq, deadline):
+                looks = h.finished(seq, deadline)
+                if looks:
                     mine[...] = h.out[:mine.size].reshape(mine.shape)
                     helper_cpu = max(helper_cpu, h.ctrl[CPU_NS] / 1e9)
+                    if i == 0:                        # move a unit towards the side that finished first
+                        self._mids[key] = max(edges[1], mid - unit) if looks == 1 else min(edges[2] - unit, mid + unit)
                 else:                                 # late: this share here; the helper's result is dropped
                     self.late += 1
                     part(w[a:e], x, mine)

@@ -52,15 +52,35 @@ def test_shares_computed_in_helper_processes_are_one_threads_floats(far, layout)
     assert far.alive
 
 
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_the_callers_share_moves_inside_the_first_helpers_and_the_floats_stay(layout):
+    """Where the caller's share ends moves a unit a product, never out of helper 1's share (helper 1 keeps at
+    least a unit), and every product on the way gives one thread's floats."""
+    far = P.ProductProcesses(1)
+    try:
+        _, data = stored(layout, 256, 4096)
+        entry = far.weight(data)
+        unit = 1 if data.ndim == 3 else P.BLOCK_ROWS
+        x = np.random.default_rng(3).standard_normal((2, 256)).astype(np.float32)
+        expected, ends = one_thread(data, x), set()
+        for _ in range(40):
+            out = np.full_like(expected, np.nan)
+            assert np.array_equal(far.rows(entry, x, out), expected)
+            ends.add(far._mids[(data.shape, 2)])
+        assert all(entry.edges[1] <= e <= entry.edges[2] - unit and (e - entry.edges[1]) % unit == 0 for e in ends)
+    finally:
+        far.close()
+
+
 def test_a_helper_never_acts_on_a_post_mixed_of_two():
     """A helper late for a part may read the control block while the next post (a new weight) is written: in
     every interleaving of the writer's stores with the reader's loads, the reader gets the old post, the new one,
     or nothing (and the new post's release wakes it again)."""
-    old, new = (5, P.PRODUCT, 1, 3), (6, P.ATTACH, 2, 0)
+    old, new = (5, P.PRODUCT, 1, 3, 2), (6, P.ATTACH, 2, 0, 0)
     writes = []
     P.write_post(Recorder(writes), *new)
     readings = set()
-    for before in itertools.combinations_with_replacement(range(len(writes) + 1), 5):   # writes done by read i
+    for before in itertools.combinations_with_replacement(range(len(writes) + 1), 6):   # writes done by read i
         ctrl = np.zeros(16, np.int64)
         P.write_post(ctrl, *old)
         readings.add(P.read_post(Interleaved(ctrl, writes, before)))
