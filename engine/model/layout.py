@@ -25,8 +25,8 @@ piece by piece, each piece reused from the cache for every row; the pattern is c
 number of rows n:
 
     layout     n = 1                 2 <= n <= 9                          n > 9 (prefill)
-    panels     x @ panel, or as two  X @ panel, panel by panel (3 rows    the same
-               rows (`pad_rows`)     as 4 where that is faster here)
+    panels     x @ panel, or as two  X @ panel, panel by panel (padded    the same
+               rows (`pad_rows`)     to more rows where that is faster)
     out_in     W @ x (GEMV)          block @ x_j for each row, blocks     X @ block.T, a GEMM a block
                                      of 256 rows still in cache           of 256 rows
 """

@@ -297,7 +297,7 @@ class ProductProcesses:
                 if looks:
                     mine[...] = h.out[:mine.size].reshape(mine.shape)
                     helper_cpu = max(helper_cpu, h.ctrl[CPU_NS] / 1e9)
-                    if i == 0:                        # move a unit towards the side that finished first
+                    if i == 0:                        # waited: a unit more for the caller; else a unit less
                         self._mids[key] = max(edges[1], mid - unit) if looks == 1 else min(edges[2] - unit, mid + unit)
                 else:                                 # late: this share here; the helper's result is dropped
                     self.late += 1

@@ -18,6 +18,8 @@ from urllib.request import urlopen
 import pytest
 import websockets
 
+from engine.model.threads import threads
+from engine.spec_decode.heads import demo_settings
 from live_server import serve
 from test_page import Form
 from test_ws_api import connect, run, ws_url
@@ -99,10 +101,16 @@ def test_a_link_naming_smollm2_and_a_method_it_cannot_do_keeps_the_model_and_say
     assert len(warnings) == 1 and warnings[0].startswith("ignored method='draft_model' from the URL"), warnings
 
 
+def demo_drafting() -> tuple[int, float]:
+    """SmolLM2's EAGLE setting as `bench heads` last measured it for the servers' thread count (demo.json)."""
+    d = demo_settings(SMOLLM2, threads())
+    return d["num_speculative_tokens"], d["draft_confidence_threshold"]
+
+
 def test_a_link_without_settings_opens_on_each_servers_default_demo(with_smollm2, without_smollm2):
     form, warnings, notes = page(with_smollm2 + "/")
     assert (form["model"], form["method"], form["num_speculative_tokens"], form["chat"]) == (
-        SMOLLM2, "eagle", "5", "true") and not warnings and not notes
+        SMOLLM2, "eagle", str(demo_drafting()[0]), "true") and not warnings and not notes
     form, warnings, notes = page(without_smollm2 + "/")
     assert (form["model"], form["method"], form["num_speculative_tokens"]) == ("", "draft_model", "4")
 
@@ -139,7 +147,7 @@ def test_api_start_messages_with_and_without_model_for_each_method(request, smol
     expected_method = method or ("eagle" if model == SMOLLM2 else "draft_model")
     assert started["model"]["name"] == expected_model and started["settings"]["method"] == expected_method, started
     drafting = started["settings"]["num_speculative_tokens"], started["settings"]["draft_confidence_threshold"]
-    assert drafting == ((5, 0.5) if model == SMOLLM2 else (4, 0.0)), drafting    # SmolLM2's head's measured best
+    assert drafting == (demo_drafting() if model == SMOLLM2 else (4, 0.0)), drafting    # SmolLM2's head's measured best
     settings = {**settings, "num_speculative_tokens": 2, "draft_confidence_threshold": 0.25}
     if model == SMOLLM2 and method is None:                   # what a program names is kept, the rest filled in
         started = next(m for m in start(base, settings) if m["type"] == "started")
