@@ -186,13 +186,13 @@ MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")      # the matrices of an eng
 weight_rows, weight_vec = rows_product, vec_product
 
 
-def step_ms(w, repeats: int = 5) -> dict[str, float]:
-    """Per layout of the [C, D] weight w, the fastest ms of one row plus the fastest of VERIFY_ROWS rows: a
-    decode step's product and a verification's, the two a speed-up compares. The layouts take turns (on a
-    shared machine interference only adds time)."""
-    weights = {name: layout(w) for name, layout in LAYOUTS.items()}
+def step_ms(weights: dict, repeats: int = 5) -> dict[str, float]:
+    """Per layout of one [C, D] weight ({layout name: the weight in it}), the fastest ms of one row plus the
+    fastest of VERIFY_ROWS rows: a decode step's product and a verification's, the two a speed-up compares. The
+    layouts take turns (on a shared machine interference only adds time)."""
+    first = next(iter(weights.values()))
     rng = np.random.default_rng(0)
-    xs = [rng.standard_normal((n, w.shape[0])).astype(w.dtype) for n in (1, VERIFY_ROWS)]
+    xs = [rng.standard_normal((n, first.shape[0])).astype(first.dtype) for n in (1, VERIFY_ROWS)]
     times = {(name, i): [] for name in weights for i in range(len(xs))}
     for _ in range(repeats):
         for name, lw in weights.items():
@@ -303,8 +303,10 @@ def use_fastest_layout(model):
     """`use_layout` with the layout whose products over the LM head, one row and a verification's rows
     (`step_ms`), are faster here, the panels' row counts padded where that is faster (`pad_rows`, measured
     first so that the panels are compared at their best)."""
-    pad_rows(PanelWeight(model.lm_head))
-    ms = step_ms(model.lm_head)
+    heads = {name: layout(model.lm_head) for name, layout in LAYOUTS.items()}
+    pad_rows(heads["panels"])
+    ms = step_ms(heads)
+    del heads                                        # before the model's own copy: a lower peak
     use_layout(model, min(ms, key=ms.get))
     model.layout_ms = ms
     return model
