@@ -22,13 +22,16 @@ ends moves, per weight shape and row count, inside helper 1's share: a unit (a p
 product for which the caller waited, a unit back after one whose helper had finished first.
 
 A helper late beyond PATIENCE times the caller's own part (it lost its core) has its part computed by the caller,
-as with threads; a helper that died is noticed there and the far path is switched off (`alive`). Each part is
+as with threads; a helper that died is noticed there and the far path is switched off (`alive`). Where the caller
+waited longer than its own part took in more than SLOW of recent products (the helpers share their cores with
+something), the next REST products run on the caller alone (`keeping_up`), then sharing is tried again. Each part is
 the same BLAS call on the same panels or rows as in one thread, so the floats are the same. Helpers exit with
 this process: daemonic, and a helper whose parent has gone stops within a second.
 """
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import threading
@@ -49,6 +52,8 @@ SPIN_S = 0.02                  # a helper spins this long for the next part befo
 PATIENCE = 3.0                 # a helper's part may take this many times the caller's own part
 MIN_PATIENCE_S = 100e-6
 START_S = 60.0                 # the most a helper may take to start or to take a weight
+SLOW, SLOW_AVERAGING = 0.25, 1 / 32   # beyond this share of recent products slow, the caller rests its helpers
+REST = 256                     # products (about two decode steps) run alone before sharing is tried again
 
 SEQ, OP, INDEX, ROWS, DONE, CPU_NS, NDIM, SHAPE = range(8)          # SHAPE: up to 3 slots
 START = SHAPE + 3                                                   # where in its share a part starts
@@ -57,7 +62,7 @@ CTRL_BYTES, NAME_BYTES = 128, 128
 
 
 def _segment_views(buf):  # a helper's shared segment -> (ctrl [16] int64, name bytes, x, out)
-    ctrl = np.ndarray(16, np.int64, buf, 0)
+    ctrl = buf[:CTRL_BYTES].cast("q")     # a memoryview: its items are Python ints, read and written in ~30 ns
     name = np.ndarray(NAME_BYTES, np.uint8, buf, CTRL_BYTES)
     x = np.ndarray(X_FLOATS, np.float32, buf, CTRL_BYTES + NAME_BYTES)
     out = np.ndarray(OUT_FLOATS, np.float32, buf, CTRL_BYTES + NAME_BYTES + X_FLOATS * 4)
@@ -93,8 +98,12 @@ def part(w, x, out) -> None:
                 np.dot(block, x[j], out=out[j, a:a + len(block)])
 
 
-def _out_shape(w, n: int) -> tuple:
-    return (w.shape[0], n, w.shape[2]) if w.ndim == 3 else (n, w.shape[0])
+def part_views(w, n: int, xbuf, obuf) -> tuple:
+    """`part`'s arguments for n rows times `w` (a share from where it starts): w, x [n, C] and out as views of
+    a helper's input and output buffers."""
+    shape = (w.shape[0], n, w.shape[2]) if w.ndim == 3 else (n, w.shape[0])
+    c = w.shape[-2] if w.ndim == 3 else w.shape[1]
+    return w, xbuf[:n * c].reshape(n, c), obuf[:math.prod(shape)].reshape(shape)
 
 
 def _wait(work, parent: int) -> bool:
@@ -135,6 +144,7 @@ def serve(segment: str, work, done, parent: int) -> None:
     shm = shared_memory.SharedMemory(segment)
     ctrl, name, xbuf, obuf = _segment_views(shm.buf)
     shares: dict[int, np.ndarray] = {}
+    views: dict[tuple, tuple] = {}                   # (index, start, rows) -> `part`'s arguments (`part_views`)
     arena = Arena()
     last = 0
     done.release()                                   # started
@@ -147,16 +157,17 @@ def serve(segment: str, work, done, parent: int) -> None:
             break
         if op == ATTACH:
             src = shared_memory.SharedMemory(bytes(name).rstrip(b"\0").decode())
-            shape = tuple(int(d) for d in ctrl[SHAPE:SHAPE + int(ctrl[NDIM])])
+            shape = tuple(ctrl[SHAPE:SHAPE + ctrl[NDIM]])
             share = arena.take(shape)                # private, in huge pages like the engine's buffer
             share[...] = np.ndarray(shape, np.float32, src.buf)
             shares[index] = share
             src.close()
         elif op == PRODUCT:
             cpu = time.thread_time()
-            w, n = shares[index][start:], rows
-            shape, c = _out_shape(w, n), w.shape[-2 if w.ndim == 3 else 1]
-            part(w, xbuf[:n * c].reshape(n, c), obuf[:int(np.prod(shape))].reshape(shape))
+            args = views.get((index, start, rows))
+            if args is None:
+                args = views[index, start, rows] = part_views(shares[index][start:], rows, xbuf, obuf)
+            part(*args)
             ctrl[CPU_NS] = int((time.thread_time() - cpu) * 1e9)
         last = seq
         ctrl[DONE] = seq
@@ -169,8 +180,7 @@ class _Helper:
     def __init__(self, ctx, number: int):
         size = CTRL_BYTES + NAME_BYTES + (X_FLOATS + OUT_FLOATS) * 4
         self.shm = shared_memory.SharedMemory(create=True, size=size)
-        self.ctrl, self.name, self.x, self.out = _segment_views(self.shm.buf)
-        self.ctrl[:] = 0
+        self.ctrl, self.name, self.x, self.out = _segment_views(self.shm.buf)     # a new segment is zeros
         self.work, self.done = ctx.Semaphore(0), ctx.Semaphore(0)
         self.process = ctx.Process(target=serve, args=(self.shm.name, self.work, self.done, os.getpid()),
                                    name=f"products-far-{number}", daemon=True)
@@ -233,8 +243,11 @@ class ProductProcesses:
         self.products = 0            # products shared so far, and how many of them a helper was late for
         self.late = 0
         self.cpu_beyond = 0.0        # seconds of the helpers' CPU beyond the caller's, summed (a shared clock)
+        self.slow = 0.0              # recent products' share in which the caller waited longer than its own part
+        self.resting = 0             # products left to run on the caller alone (`keeping_up`)
         self._weights: dict[int, tuple] = {}    # id(w) -> (w, index, edges); the reference keeps ids unique
         self._mids: dict[tuple, int] = {}       # (weight's shape, rows) -> where the caller's share ends now
+        self._plans: dict[tuple, tuple] = {}    # (weight's index, rows, mid) -> `_plan`
         self._lock = threading.Lock()
 
     def weight(self, w) -> SharedWeight | None:
@@ -260,7 +273,8 @@ class ProductProcesses:
                 h.name[:] = 0
                 h.name[:len(src.name)] = np.frombuffer(src.name.encode(), np.uint8)
                 h.ctrl[NDIM] = share.ndim
-                h.ctrl[SHAPE:SHAPE + share.ndim] = share.shape
+                for i, d in enumerate(share.shape):
+                    h.ctrl[SHAPE + i] = d
                 if not h.answered(h.post(ATTACH, index), time.perf_counter() + START_S):
                     self.alive = False
                     raise RuntimeError(f"helper process {h.process.name} did not take a weight (exit code "
@@ -276,41 +290,71 @@ class ProductProcesses:
         w, edges, n = entry.w, entry.edges, x.shape[0]      # n <= entry.max_rows, x float32 and contiguous
         flat = x.reshape(-1)
         panels = w.ndim == 3
-        unit = 1 if panels else BLOCK_ROWS
         key = (w.shape, n)
         with self._lock:
             self.products += 1
             mid = self._mids.get(key, edges[1])              # the caller's share ends here, in helper 1's share
-            starts = [mid] + edges[2:-1]
+            mine, theirs = self._plan(entry, n, mid)
             seqs = []
-            for i, h in enumerate(self.helpers):
+            for h, start, _, _, _ in theirs:
                 h.x[:flat.size] = flat
-                seqs.append(h.post(PRODUCT, entry.index, n, starts[i] - edges[i + 1]))
+                seqs.append(h.post(PRODUCT, entry.index, n, start))
             t = time.perf_counter()
-            part(w[:mid], x, out[:mid] if panels else out[:, :mid])
+            part(mine, x, out[:mid] if panels else out[:, :mid])
             own = time.perf_counter() - t
             deadline = t + own + max(MIN_PATIENCE_S, PATIENCE * own)
             helper_cpu = 0.0
-            for i, (h, seq, a, e) in enumerate(zip(self.helpers, seqs, starts, edges[2:])):
-                mine = out[a:e] if panels else out[:, a:e]
+            for i, ((h, _, a, e, result), seq) in enumerate(zip(theirs, seqs)):
                 looks = h.finished(seq, deadline)
                 if looks:
-                    mine[...] = h.out[:mine.size].reshape(mine.shape)
+                    if panels:
+                        out[a:e] = result
+                    else:
+                        out[:, a:e] = result
                     helper_cpu = max(helper_cpu, h.ctrl[CPU_NS] / 1e9)
                     if i == 0:                        # waited: a unit more for the caller; else a unit less
+                        unit = 1 if panels else BLOCK_ROWS
                         self._mids[key] = max(edges[1], mid - unit) if looks == 1 else min(edges[2] - unit, mid + unit)
                 else:                                 # late: this share here; the helper's result is dropped
                     self.late += 1
-                    part(w[a:e], x, mine)
+                    part(w[a:e], x, out[a:e] if panels else out[:, a:e])
                     if not h.process.is_alive():
                         self.alive = False
                         logger.warning("helper process %s has died: products run on threads from now on",
                                        h.process.name)
             # the caller spins while it waits, so its CPU time is its wall time here
-            self.cpu_beyond += max(0.0, helper_cpu - (time.perf_counter() - t))
+            wall = time.perf_counter() - t
+            self.cpu_beyond += max(0.0, helper_cpu - wall)
+            self.slow += ((wall > 2 * own) - self.slow) * SLOW_AVERAGING
+            if self.slow > SLOW:
+                self.resting, self.slow = REST, 0.0
             return out
 
+    def keeping_up(self) -> bool:
+        """Whether the next product should be shared: not while resting after the helpers fell behind."""
+        if self.resting:
+            self.resting -= 1
+            return False
+        return True
+
+    def _plan(self, entry: SharedWeight, n: int, mid: int) -> tuple:
+        """The caller's share of `entry` for n rows when its share ends at `mid`, and per helper (helper, where
+        its part starts in its share, the part's first and last unit in the weight, its output as a view of
+        the helper's buffer shaped as that part of `out`). Kept: a product's Python costs microseconds too."""
+        plan = self._plans.get((entry.index, n, mid))
+        if plan is None:
+            w, edges = entry.w, entry.edges
+            starts = [mid] + edges[2:-1]
+            theirs = []
+            for i, h in enumerate(self.helpers):
+                a, e = starts[i], edges[i + 2]
+                result = part_views(w[a:e], n, h.x, h.out)[2]
+                theirs.append((h, a - edges[i + 1], a, e, result))
+            plan = self._plans[entry.index, n, mid] = (w[:mid], theirs)
+        return plan
+
     def close(self) -> None:
+        self._plans.clear()                           # views of the segments: they must go before the segments
         for h in self.helpers:
             if h.process.is_alive():
                 h.post(EXIT)

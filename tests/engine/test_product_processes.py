@@ -150,6 +150,34 @@ def test_a_helper_that_dies_is_taken_over_and_products_go_back_to_threads():
         pool.close()
 
 
+def test_products_run_alone_while_the_helper_has_no_core_and_shared_again_after_it_has():
+    """A stopped helper (as one whose core is taken) makes the caller take its share over: the products then run
+    on the caller alone for REST products, none posted to the helper, and are shared again once it runs."""
+    pool = T.ProductPool(2)                          # share None: as decided at run time
+    w, data = stored("panels", 256, 2048)
+    x = np.random.default_rng(2).standard_normal((1, 256)).astype(np.float32)
+    expected = w.rows(x)
+    try:
+        assert np.array_equal(w.rows(x, pool), expected)
+        far = pool.processes()
+        posted = far.products
+        os.kill(far.helpers[0].process.pid, signal.SIGSTOP)
+        try:
+            for _ in range(P.REST):
+                assert np.array_equal(w.rows(x, pool), expected)
+            assert far.late > 0 and far.resting > 0
+            slow = far.products - posted              # shared until the caller rests its helper
+            assert slow < P.REST // 2
+        finally:
+            os.kill(far.helpers[0].process.pid, signal.SIGCONT)
+        for _ in range(P.REST):
+            assert np.array_equal(w.rows(x, pool), expected)
+        assert far.products > posted + slow            # shared again
+        assert far.alive
+    finally:
+        pool.close()
+
+
 def test_helpers_end_when_the_process_that_started_them_is_killed(tmp_path):
     """A server killed with SIGKILL runs no clean-up: its helpers notice that their parent is gone and exit."""
     script = tmp_path / "parent.py"
