@@ -18,8 +18,8 @@ few input rows to shared memory, two semaphore posts and a copy of the helper's 
 
 A helper starts its part some tens of microseconds after the caller starts its own, and on some hosts streams
 a little slower: equal shares kept the caller waiting a quarter of a 2-thread step. So where the caller's share
-ends moves, per weight shape and row count, inside helper 1's share: a unit (a panel, a block) further after a
-product for which the caller waited, a unit back after one whose helper had finished first.
+ends moves, per weight shape and row count, inside helper 1's share, by whole units (panels, blocks), half-way
+after each product to where both would have finished together at the rates they had (`_next_mid`).
 
 A helper late beyond PATIENCE times the caller's own part (it lost its core) has its part computed by the caller,
 as with threads; a helper that died is noticed there and the far path is switched off (`alive`). Where the caller
@@ -296,25 +296,26 @@ class ProductProcesses:
             mid = self._mids.get(key, edges[1])              # the caller's share ends here, in helper 1's share
             mine, theirs = self._plan(entry, n, mid)
             seqs = []
-            for h, start, _, _, _ in theirs:
-                h.x[:flat.size] = flat
+            for h, start, _, _, _, xs in theirs:
+                xs[...] = flat
                 seqs.append(h.post(PRODUCT, entry.index, n, start))
             t = time.perf_counter()
             part(mine, x, out[:mid] if panels else out[:, :mid])
             own = time.perf_counter() - t
             deadline = t + own + max(MIN_PATIENCE_S, PATIENCE * own)
             helper_cpu = 0.0
-            for i, ((h, _, a, e, result), seq) in enumerate(zip(theirs, seqs)):
+            for i, ((h, _, a, e, result, _), seq) in enumerate(zip(theirs, seqs)):
                 looks = h.finished(seq, deadline)
                 if looks:
+                    cpu = h.ctrl[CPU_NS] / 1e9
+                    if i == 0:                        # its time: till the caller saw it done, if it waited
+                        took = time.perf_counter() - t if looks > 1 else cpu
+                        self._mids[key] = self._next_mid(edges, mid, panels, own, took)
                     if panels:
                         out[a:e] = result
                     else:
                         out[:, a:e] = result
-                    helper_cpu = max(helper_cpu, h.ctrl[CPU_NS] / 1e9)
-                    if i == 0:                        # waited: a unit more for the caller; else a unit less
-                        unit = 1 if panels else BLOCK_ROWS
-                        self._mids[key] = max(edges[1], mid - unit) if looks == 1 else min(edges[2] - unit, mid + unit)
+                    helper_cpu = max(helper_cpu, cpu)
                 else:                                 # late: this share here; the helper's result is dropped
                     self.late += 1
                     part(w[a:e], x, out[a:e] if panels else out[:, a:e])
@@ -330,6 +331,19 @@ class ProductProcesses:
                 self.resting, self.slow = REST, 0.0
             return out
 
+    @staticmethod
+    def _next_mid(edges: list[int], mid: int, panels: bool, own: float, helper: float) -> int:
+        """Where the caller's share ends next time: half-way to where the caller (`own` seconds for its share)
+        and helper 1 (`helper` seconds for the rest of its share) would have finished together at their rates
+        this time, by whole units, inside helper 1's share. Half-way: one product's times are noisy; whole
+        way at once: a weight in one product a step, the LM head, would take hundreds of steps a unit at a
+        time."""
+        unit = 1 if panels else BLOCK_ROWS
+        caller_rate, helper_rate = mid / max(own, 1e-9), (edges[2] - mid) / max(helper, 1e-9)
+        balanced = edges[2] * caller_rate / (caller_rate + helper_rate)
+        units = int((balanced - mid) / 2 / unit)     # toward zero: no move for less than two units off
+        return min(edges[2] - unit, max(edges[1], mid + units * unit))
+
     def keeping_up(self) -> bool:
         """Whether the next product should be shared: not while resting after the helpers fell behind."""
         if self.resting:
@@ -340,7 +354,8 @@ class ProductProcesses:
     def _plan(self, entry: SharedWeight, n: int, mid: int) -> tuple:
         """The caller's share of `entry` for n rows when its share ends at `mid`, and per helper (helper, where
         its part starts in its share, the part's first and last unit in the weight, its output as a view of
-        the helper's buffer shaped as that part of `out`). Kept: a product's Python costs microseconds too."""
+        the helper's buffer shaped as that part of `out`, its input as a flat view of its buffer). Kept: a
+        product's Python costs microseconds too."""
         plan = self._plans.get((entry.index, n, mid))
         if plan is None:
             w, edges = entry.w, entry.edges
@@ -348,8 +363,8 @@ class ProductProcesses:
             theirs = []
             for i, h in enumerate(self.helpers):
                 a, e = starts[i], edges[i + 2]
-                result = part_views(w[a:e], n, h.x, h.out)[2]
-                theirs.append((h, a - edges[i + 1], a, e, result))
+                _, xs, result = part_views(w[a:e], n, h.x, h.out)
+                theirs.append((h, a - edges[i + 1], a, e, result, xs.reshape(-1)))
             plan = self._plans[entry.index, n, mid] = (w[:mid], theirs)
         return plan
 
