@@ -80,6 +80,8 @@ class PanelWeight:
             x = np.concatenate([x, np.zeros((padded - n, x.shape[1]), x.dtype)])
         out = np.empty((padded, self.shape[1]), np.result_type(x, self.panels))
         view = out.reshape(padded, num_panels, -1).transpose(1, 0, 2)              # [P, rows, b]
+        if pool is not None and pool.few_rows(self.panels, x, view):              # helper processes took it
+            return out[:n]
 
         def whole():
             np.matmul(x, self.panels, out=view)
@@ -89,13 +91,12 @@ class PanelWeight:
             edges = chunk_edges(num_panels, self.panels[0].nbytes, 1, pool.threads)   # runs of whole panels
             return [lambda a=a, b=b: np.matmul(x, self.panels[a:b]) for a, b in zip(edges, edges[1:])]
 
-        def assemble(parts):  # None: the parts are already in `view`
-            if parts is not None:
-                np.concatenate(parts, out=view)
+        def assemble(parts):
+            np.concatenate(parts, out=view)
             return out[:n]
         if pool is None:
             return whole()
-        return pool.product(whole, pool.split(self.panels, x, view, chunks, assemble), (self.shape, padded))
+        return pool.product(whole, pool.chunked(chunks, assemble), (self.shape, padded))
 
     def to_array(self):  # -> [C, D]
         return self.panels.transpose(1, 0, 2).reshape(self.shape)
@@ -127,13 +128,12 @@ class OutInWeight:
         if pool is None:
             return np.dot(t, x)
         out = np.empty((1, self.shape[1]), np.result_type(x, t))
+        if pool.few_rows(t, x[None], out):                                         # helper processes took it
+            return out[0]
 
         def chunks():
             return [lambda a=a, b=b: np.dot(t[a:b], x) for a, b in self.edges(pool)]
-
-        def assemble(parts):  # None: the result is already in `out`
-            return out[0] if parts is None else np.concatenate(parts)
-        return pool.product(lambda: np.dot(t, x), pool.split(t, x[None], out, chunks, assemble), (self.shape, 1))
+        return pool.product(lambda: np.dot(t, x), pool.chunked(chunks, np.concatenate), (self.shape, 1))
 
     def rows(self, x, pool=None):  # [n, C] -> [n, D]
         n, t = x.shape[0], self.t
@@ -142,16 +142,16 @@ class OutInWeight:
 
         def whole():
             return self.columns(x, 0, self.shape[1])
-
-        def chunks():
-            return [lambda a=a, b=b: self.columns(x, a, b) for a, b in self.edges(pool)]
         if pool is None:
             return whole()
         out = np.empty((n, self.shape[1]), np.result_type(x, t))
+        if pool.few_rows(t, x, out):                                               # helper processes took it
+            return out
 
-        def assemble(parts):  # None: the result is already in `out`
-            return out if parts is None else np.concatenate(parts, axis=1)
-        return pool.product(whole, pool.split(t, x, out, chunks, assemble), (self.shape, n))
+        def chunks():
+            return [lambda a=a, b=b: self.columns(x, a, b) for a, b in self.edges(pool)]
+        return pool.product(whole, pool.chunked(chunks, lambda parts: np.concatenate(parts, axis=1)),
+                            (self.shape, n))
 
     def columns(self, x, start: int, stop: int):  # [n, C] -> x @ W[:, start:stop], block by block of rows of W
         """A few rows: each block's GEMVs for every row while it is in cache. More (a prefill chunk): one GEMM a

@@ -41,7 +41,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .product_processes import MAX_ROWS, X_FLOATS, ProductProcesses
+from .product_processes import MAX_ROWS, X_FLOATS, ProductProcesses, part
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ CHUNK_BYTES = 4 << 20          # of weights per chunk (~0.2 ms of streaming): 1 
 
 class ProductPool:
     """`threads - 1` helpers that share a product with the calling thread: helper processes for few rows
-    (`split`, `processes`), helper threads for chunks (`run`, `chunked`).
+    (`few_rows`, `processes`), helper threads for chunks (`run`, `chunked`).
 
     `run(tasks)` calls every callable in `tasks` once and returns their results in order; the caller runs
     chunks too. When the caller has taken the last chunk it waits for the helpers' unfinished chunks until
@@ -112,14 +112,11 @@ class ProductPool:
 
     def product(self, whole, shared, shape):
         """A product the faster way for its `shape` (a hashable: the weight's shape and the rows): `whole()` in
-        one call on the caller alone, or `shared()` (`chunked` or `split`). Both give the same floats."""
+        one call on the caller alone, or `shared()` (`chunked`). Both give the same floats."""
         if not self._wakes or self.share is False:
             return whole()
         if self.share:
             return shared()
-        far = getattr(shared, "far", None)
-        if far is not None:                      # helper processes: shared while they keep up
-            return shared() if far.keeping_up() else whole()
         timing = self.timings.setdefault(shape, [0, None, None])
         sharing = share_next(timing, self.EXPLORE)
         t = time.perf_counter()
@@ -132,23 +129,23 @@ class ProductPool:
         """The shared way of a product cut into chunks: `assemble(run(chunks()))`."""
         return lambda: assemble(self.run(chunks()))
 
-    def split(self, w, x, out, chunks, assemble):
-        """The shared way of x [n, C] times a stored weight `w` (panels or [out, in]) into `out`: shares in helper
-        processes where they take it (few rows: engine/model/product_processes.py), else `chunked`.
-        `assemble(None)` gives the result once `out` holds it."""
-        far = self.processes() if x.shape[0] <= MAX_ROWS else None
-        entry = far.weight(w) if far is not None and x.dtype == np.float32 else None
-        if entry is None or x.shape[0] > entry.max_rows or x.shape[0] * x.shape[1] > X_FLOATS:
-            return self.chunked(chunks, assemble)
-        x = np.ascontiguousarray(x)
-
-        def shared():
-            before = far.cpu_beyond
-            far.rows(entry, x, out)
-            _beyond.seconds = getattr(_beyond, "seconds", 0.0) + far.cpu_beyond - before
-            return assemble(None)
-        shared.far = far
-        return shared
+    def few_rows(self, w, x, out) -> bool:
+        """x [n, C] times a stored weight `w` (panels or [out, in]) into `out` where helper processes take it (few
+        rows: engine/model/product_processes.py): shared while they keep up, else on the caller alone, the same
+        floats either way. False where they cannot take it: the caller then goes through `product`."""
+        if self.share is False or x.shape[0] > MAX_ROWS or x.dtype != np.float32:
+            return False
+        far = self.processes()
+        entry = far.weight(w) if far is not None else None
+        if entry is None or x.shape[0] > entry.max_rows or x.size > X_FLOATS:
+            return False
+        if not (self.share or far.keeping_up()):
+            part(w, x, out)
+            return True
+        before = far.cpu_beyond
+        far.rows(entry, np.ascontiguousarray(x), out)
+        _beyond.seconds = getattr(_beyond, "seconds", 0.0) + far.cpu_beyond - before
+        return True
 
     def processes(self) -> ProductProcesses | None:
         """The pool's helper processes (started on first use), or None: turned off (`use_processes`), dead, or
