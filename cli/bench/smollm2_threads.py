@@ -1,10 +1,10 @@
 """`bench smollm2`'s threads section: SmolLM2 at 1 .. N threads (engine/model/threads.py), side by side.
 
-Per thread count, round-robin in one process (a shared machine's noise hits every count alike): one pass over
-the weight bytes split across the threads (the floor of a step at that count: the roofline), a forward over
-n = 1 .. 9 rows at a context of 256 (the verification cost curve t(n)/t(1) at that count). Then, as a user
-sees it, fresh `generate --threads N --json` processes alternated between the counts (chat, greedy, plain
-decoding): decode tokens/s (1 / TPOT), the figure the issue's targets name.
+Per thread count, round-robin in one process, each count first in half the rounds (a shared machine's noise
+hits every count alike): one pass over the weight bytes split across the threads (the floor of a step at that
+count: the roofline), a forward over n = 1 .. 9 rows at a context of 256 (the verification cost curve t(n)/t(1)
+at that count). Then, as a user sees it, fresh `generate --threads N --json` processes alternated between the
+counts the same way (chat, greedy, plain decoding): decode tokens/s (1 / TPOT), the figure the issue's targets name.
 
 Targets (issue 33): decode at 2 threads >= 1.25x as fast as at 1 (`generate`), and within 1.25x of the
 2-thread floor.
@@ -69,8 +69,8 @@ def thread_costs(model, tokens, counts, repeats: int) -> dict:
     small = character_step()
     times = {c: {"read_ms": [], "character_ms": [], **{n: [] for n in ROWS}} for c in counts}
     try:
-        for _ in range(repeats):
-            for c in counts:
+        for r in range(repeats):
+            for c in (counts if r % 2 == 0 else counts[::-1]):     # each count first in half the rounds
                 pool = set_threads(c)
                 t = time.perf_counter()
                 read_chunked(flat, pool)
@@ -139,8 +139,8 @@ def run_threads(lm, tokens, counts, repeats: int, generate_repeats: int) -> dict
     in_process_s = time.perf_counter() - t0
     c1 = cpu_seconds()
     runs = {c: [] for c in counts}
-    for _ in range(generate_repeats):
-        for c in counts:
+    for r in range(generate_repeats):
+        for c in (counts if r % 2 == 0 else counts[::-1]):
             runs[c].append(generate_tokens_per_s(c))
     c2 = cpu_seconds()
     gen = {c: statistics.median(r["tokens_per_s"] for r in v) for c, v in runs.items()}
@@ -161,7 +161,8 @@ def run_threads(lm, tokens, counts, repeats: int, generate_repeats: int) -> dict
 def markdown(r: dict) -> list[str]:
     counts = r["counts"]
     lines = ["", f"Threads (engine/model/threads.py): SmolLM2 at {', '.join(map(str, counts))} threads, round-robin in "
-             f"one process ({r['repeats']} rounds, medians), then fresh `generate --threads N` processes alternated. "
+             f"one process ({r['repeats']} rounds, medians, each count first in half of them), then fresh "
+             "`generate --threads N` processes alternated the same way. "
              f"Other processes kept {r['others_cores']['in_process']:.2f} cores busy during the first part and "
              f"{r['others_cores']['generate']:.2f} during the second (load average {r['loadavg']:.1f}): with 2 "
              "cores, 2-thread figures mean little unless both are near 0.", ""]
