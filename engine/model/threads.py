@@ -19,7 +19,7 @@ How: a pool of N - 1 helpers, two kinds by the size of the product.
 
 A helper that gets no core (a browser, the event loop, another process) is taken over: the caller computes
 what it has not, and the step falls back towards one thread's time instead of waiting for it; where helpers fall
-behind often, products run on the caller alone for a while (`ProductPool.product`). OpenBLAS's own threads
+behind often, products run on the caller alone for a while (`ProductPool`). OpenBLAS's own threads
 split every product into fixed halves and wait for both: on a busy machine that made steps 5-7x slower
 (docs/benchmarks.md, `bench smollm2`), and OpenBLAS's thread count is the whole process's, small models included.
 
@@ -58,15 +58,15 @@ class ProductPool:
     a helper that lost its core in mid-chunk (another process, the browser) costs a few chunks' time, not the
     scheduler's time slice. Its late result is dropped.
 
-    Whether sharing pays is decided as it runs (`product`). A product in helper processes is shared while they
+    Whether sharing pays is decided as it runs. A product in helper processes (`few_rows`) is shared while they
     keep up (`ProductProcesses.keeping_up`: a helper that loses its core makes the caller wait, and the products
     then run alone for a while). Per-shape averages of both ways misled there: noise pushed a shape's shared
     average up, and the step ran 7-8% slower than with every product shared (docs/benchmarks.md, `bench
-    smollm2`). A product in chunks on helper threads runs the way measured faster for its shape (the weight's
-    and the rows): an average of the wall time shared and one of the caller alone in one call, and one run in
-    EXPLORE the other way, so that both averages follow the machine. On a machine whose other core is busy, a
-    helper thread preempted while it holds the GIL stalls the caller for a time slice, which no chunk's lateness
-    shows: the averages do, and the products then run on the caller alone.
+    smollm2`). A product in chunks on helper threads (`product`) runs the way measured faster for its shape (the
+    weight's and the rows): an average of the wall time shared and one of the caller alone in one call, and one
+    run in EXPLORE the other way, so that both averages follow the machine. On a machine whose other core is
+    busy, a helper thread preempted while it holds the GIL stalls the caller for a time slice, which no chunk's
+    lateness shows: the averages do, and the products then run on the caller alone.
     One caller at a time (the engine thread); a second caller waits.
     """
 
