@@ -3,8 +3,11 @@
 
 The measurement times, per thread count and taking turns, a one-token forward of the model (a decode step's
 products) and one pass over its weight bytes (the step's floor: the roofline per thread count that the Cost
-model view shows), and keeps the fewest threads unless more make the step STEP_GAIN faster and the read
-faster too. A default takes every core of a 2-3 core machine (a helper that finds its core busy takes no
+model view shows), and keeps the fewest threads unless more make the step STEP_GAIN faster in the median
+round: each round's step times are a pair taken moments apart, so one round that flatters either count does
+not decide, and the bandwidth a shared machine lends or withdraws over seconds cancels out. The read does not
+decide: where the pool's threads read (engine/model/threads.py) it gained 1.0-1.3x while the step, whose
+products are shared with helper processes, gained 1.2-1.3x. A default takes every core of a 2-3 core machine (a helper that finds its core busy takes no
 chunks: the browser and the event loop cost the step its speed-up, not a stall) and leaves one core free from 4
 cores on. The choice is logged with the figures that made it.
 
@@ -53,6 +56,7 @@ class ThreadChoice:
     cores: int = 1
     step_ms: dict[int, float] = field(default_factory=dict)     # threads -> fastest decode step's products
     read_ms: dict[int, float] = field(default_factory=dict)     # threads -> fastest pass over the weights
+    gain: dict[int, float] = field(default_factory=dict)        # threads -> median of rounds' step(1) / step(n)
     weight_bytes: int = 0
     auto_threads: int = 1                                        # what the measurement chose, --threads aside
     auto_reason: str = ""
@@ -62,14 +66,15 @@ class ThreadChoice:
 
     def as_dict(self) -> dict:
         return {"threads": self.threads, "reason": self.reason, "cores": self.cores, "step_ms": self.step_ms,
-                "read_ms": self.read_ms, "read_gb_per_s": self.read_gb_per_s(), "weight_bytes": self.weight_bytes,
+                "read_ms": self.read_ms, "read_gb_per_s": self.read_gb_per_s(), "gain": self.gain,
+                "weight_bytes": self.weight_bytes,
                 "auto_threads": self.auto_threads}
 
 
-def measure_threads(model, counts, rounds: int = 5) -> tuple[dict[int, float], dict[int, float]]:
-    """Fastest ms, per thread count, of a one-token forward of `model` (a layout model: its products are a decode
-    step's) and of one pass over its weight bytes, the counts taking turns round by round (on a shared machine
-    interference only adds time). Leaves the pool as it was."""
+def measure_threads(model, counts, rounds: int = 5) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """Ms per round, per thread count, of a one-token forward of `model` (a layout model: its products are a
+    decode step's) and of one pass over its weight bytes, the counts taking turns round by round. Leaves the
+    pool as it was."""
     before = threads()
     stream = WeightStream(model)
     token = np.array([min(2, model.cfg.vocab_size - 1)])
@@ -86,39 +91,43 @@ def measure_threads(model, counts, rounds: int = 5) -> tuple[dict[int, float], d
                 read[n].append((time.perf_counter() - t) * 1e3)
     finally:
         set_threads(before)
-    return {n: min(v) for n, v in step.items()}, {n: min(v) for n, v in read.items()}
+    return step, read
 
 
 def choose_threads(model, cores: int | None = None, rounds: int = 5, serving: bool = False) -> ThreadChoice:
-    """The thread count for `model`'s products: the count whose measured step is fastest among
-    1 .. `candidate_threads(cores)` (`rounds` turns each), the fewer threads unless more make the step STEP_GAIN
-    faster and the read of the weights faster too, at most `candidate_threads(cores, serving)`."""
+    """The thread count for `model`'s products, measured for 1 .. `candidate_threads(cores)` (`rounds` turns
+    each): the fewer threads unless more make the step STEP_GAIN faster (`pick`), at most
+    `candidate_threads(cores, serving)`."""
     cores = cores or available_cores()
     counts = list(range(1, candidate_threads(cores) + 1))
     step, read = measure_threads(model, counts, rounds)
-    choice = ThreadChoice(1, "", cores, step, read, weight_bytes(model))
+    gain = {n: float(np.median([a / b for a, b in zip(step[1], step[n])])) for n in counts}
+    choice = ThreadChoice(1, "", cores, {n: min(v) for n, v in step.items()}, {n: min(v) for n, v in read.items()},
+                          gain, weight_bytes(model))
     pick(choice, serving)
     return choice
 
 
 def pick(choice: ThreadChoice, serving: bool) -> None:
-    """Set `choice.threads` and its reason from its measurements, up to `candidate_threads(cores, serving)`."""
-    step, read, cores = choice.step_ms, choice.read_ms, choice.cores
+    """Set `choice.threads` and its reason from its measurements, up to `candidate_threads(cores, serving)`: more
+    threads where their median gain over one thread beats the fewer threads' by STEP_GAIN."""
+    step, gain, cores = choice.step_ms, choice.gain, choice.cores
     top = candidate_threads(cores, serving)
     gbps = choice.read_gb_per_s()
     facts = "; ".join(f"{n} thread{'s' * (n > 1)}: step {step[n]:.1f} ms, read {gbps[n]:.1f} GB/s" for n in step)
     best = 1
-    for n in range(2, top + 1):       # both must agree: on a busy machine one of five rounds can flatter either
-        if n in step and step[n] * STEP_GAIN <= step[best] and read[n] <= read[best]:
+    for n in range(2, top + 1):
+        if gain.get(n, 0.0) >= gain.get(best, 1.0) * STEP_GAIN:
             best = n
     choice.threads = best
     if best > 1:
-        why = f"{best} threads make the step {step[1] / step[best]:.2f}x as fast as one"
+        why = f"{best} threads make the step {gain[best]:.2f}x as fast as one (the median round)"
     elif top == 1:
         why = "a server leaves one core for its event loop and a browser" if serving and cores > 1 else \
             "one core available"
     else:
-        why = f"more threads did not make the step {STEP_GAIN - 1:.0%} faster and the read faster too"
+        why = f"more threads did not make the step {STEP_GAIN - 1:.0%} faster in the median round (" + ", ".join(
+            f"{n} threads {g:.2f}x" for n, g in gain.items() if n > 1) + ")"
     choice.reason = f"{why} ({cores} cores, up to {top} {'for a server ' if serving else ''}tried; {facts})"
 
 

@@ -195,6 +195,21 @@ def test_the_choice_is_measured_per_thread_count_and_says_why(make_model, restor
     assert set(served.step_ms) == {1, 2} and served.threads == 1 and "a server leaves one core" in served.reason
 
 
+def test_more_threads_are_chosen_on_the_median_rounds_step_gain_and_not_on_the_read():
+    def picked(gain, cores=4, serving=False):
+        counts = range(1, len(gain) + 2)
+        choice = C.ThreadChoice(1, "", cores, {n: 30.0 for n in counts}, {n: 20.0 + n for n in counts},
+                                {1: 1.0, **{n: g for n, g in zip(counts[1:], gain)}}, 540_000_000)
+        C.pick(choice, serving)
+        return choice
+    two = picked([1.28, 1.30])                  # the read slower at 2 and 3 threads: the step decides
+    assert two.threads == 2 and "1.28x as fast as one (the median round)" in two.reason
+    assert picked([1.28, 1.36]).threads == 3    # 1.36 / 1.28 >= STEP_GAIN
+    assert picked([1.04, 1.03]).threads == 1    # below STEP_GAIN
+    one = picked([1.04], cores=2)
+    assert one.threads == 1 and "2 threads 1.04x" in one.reason
+    assert picked([1.3], cores=2, serving=True).threads == 1
+
 def test_a_default_leaves_a_core_free_from_four_cores_on_and_a_servers_on_every_machine():
     assert [C.candidate_threads(c) for c in (1, 2, 3, 4, 8, 64)] == [1, 2, 3, 3, 7, C.MAX_THREADS]
     assert [C.candidate_threads(c, serving=True) for c in (1, 2, 3, 4, 8, 64)] == [1, 1, 2, 3, 7, C.MAX_THREADS]
