@@ -24,7 +24,10 @@ after each product to where both would have finished together at the rates they 
 A helper late beyond PATIENCE times the caller's own part (it lost its core) has its part computed by the caller,
 as with threads; a helper that died is noticed there and the far path is switched off (`alive`). Where the caller
 waited longer than its own part took in more than SLOW of recent products (the helpers share their cores with
-something), the next REST products run on the caller alone (`keeping_up`), then sharing is tried again. Each part is
+something), the next products run on the caller alone (`keeping_up`), then sharing is tried again: REST of them,
+twice as many as last time where the helpers fell behind again within RECENT shared products (a core taken for
+seconds, by a browser beside the server, would otherwise cost the caller a wait every few steps), at most
+MAX_REST. Each part is
 the same BLAS call on the same panels or rows as in one thread, so the floats are the same. Helpers exit with
 this process: daemonic, and a helper whose parent has gone stops within a second.
 """
@@ -54,6 +57,7 @@ MIN_PATIENCE_S = 100e-6
 START_S = 60.0                 # the most a helper may take to start or to take a weight
 SLOW, SLOW_AVERAGING = 0.25, 1 / 32   # beyond this share of recent products slow, the caller rests its helpers
 REST = 256                     # products (about two decode steps) run alone before sharing is tried again
+RECENT, MAX_REST = 1024, 8192  # falling behind again within RECENT shared products doubles the rest, up to this
 
 SEQ, OP, INDEX, ROWS, DONE, CPU_NS, NDIM, SHAPE = range(8)          # SHAPE: up to 3 slots
 START = SHAPE + 3                                                   # where in its share a part starts
@@ -245,6 +249,8 @@ class ProductProcesses:
         self.cpu_beyond = 0.0        # seconds of the helpers' CPU beyond the caller's, summed (a shared clock)
         self.slow = 0.0              # recent products' share in which the caller waited longer than its own part
         self.resting = 0             # products left to run on the caller alone (`keeping_up`)
+        self.rest = REST             # the last rest's length
+        self.shared = RECENT         # products shared since the last rest
         self._weights: dict[int, tuple] = {}    # id(w) -> (w, index, edges); the reference keeps ids unique
         self._mids: dict[tuple, int] = {}       # (weight's shape, rows) -> where the caller's share ends now
         self._plans: dict[tuple, tuple] = {}    # (weight's index, rows, mid) -> `_plan`
@@ -327,8 +333,10 @@ class ProductProcesses:
             wall = time.perf_counter() - t
             self.cpu_beyond += max(0.0, helper_cpu - wall)
             self.slow += ((wall > 2 * own) - self.slow) * SLOW_AVERAGING
+            self.shared += 1
             if self.slow > SLOW:
-                self.resting, self.slow = REST, 0.0
+                self.rest = min(MAX_REST, 2 * self.rest) if self.shared < RECENT else REST
+                self.resting, self.slow, self.shared = self.rest, 0.0, 0
             return out
 
     @staticmethod

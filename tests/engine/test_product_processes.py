@@ -178,6 +178,47 @@ def test_products_run_alone_while_the_helper_has_no_core_and_shared_again_after_
         pool.close()
 
 
+def test_a_helper_that_falls_behind_again_soon_after_a_rest_rests_twice_as_long():
+    """A core taken for seconds (a browser beside the server): each rest that ends with the helper still behind is
+    followed by one twice as long, up to MAX_REST; once sharing has kept up for RECENT products, REST again."""
+    pool = T.ProductPool(2)
+    w, _ = stored("panels", 256, 2048)
+    x = np.random.default_rng(2).standard_normal((1, 256)).astype(np.float32)
+    expected = w.rows(x)
+
+    def until(done, most):
+        for _ in range(most):
+            if done():
+                return True
+            assert np.array_equal(w.rows(x, pool), expected)
+        return done()
+
+    try:
+        assert np.array_equal(w.rows(x, pool), expected)
+        far = pool.processes()
+        pid = far.helpers[0].process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            rests = []
+            for _ in range(3):
+                assert until(lambda: far.resting > 0, P.REST)                # fell behind: a rest starts
+                rests.append(far.rest)
+                assert until(lambda: far.resting == 0, far.rest)            # it ends, the helper still stopped
+            assert rests == [P.REST, 2 * P.REST, 4 * P.REST]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert until(lambda: far.resting == 0 and far.shared >= P.RECENT, 4 * P.REST + 4 * P.RECENT)  # kept up
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert until(lambda: far.resting > 0, P.REST)
+            assert far.rest == P.REST
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert far.alive
+    finally:
+        pool.close()
+
+
 def test_helpers_end_when_the_process_that_started_them_is_killed(tmp_path):
     """A server killed with SIGKILL runs no clean-up: its helpers notice that their parent is gone and exit."""
     script = tmp_path / "parent.py"
