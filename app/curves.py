@@ -1,9 +1,11 @@
 """This machine's verify-cost curves (engine/experiments/measure.py's `verify_cost_steps`), one per model, measured
 on the engine thread as a job, which takes the thread when the sessions leave it idle (app/ws/engine_thread.py):
-a curve never runs inside a live run's timing. `serve` measures the page's demo model's at start-up; any other
-is measured when a view first asks for it.
+a curve never runs inside a live run's timing. `serve` measures the page's demo model's at start-up, as a patient
+job (only while no run moves: nobody waits for it yet); any other is measured when a view first asks for it, and
+a view that asks for one under way hurries it.
 
     curves.start(playground, lm)      # begin measuring (no-op when measured or under way); event loop only
+    curves.start(playground, lm, patient=True)    # the same, in idle moments only (start-up)
     curves.peek(playground, lm)       # the curve, or None while it is measured (the Theory view, polled)
     await curves.get(playground, lm)  # the curve, waiting for it (the Cost card, /teach/curve.json)
 
@@ -28,21 +30,30 @@ class VerifyCurves:
     def __init__(self):
         self.curves: dict[tuple[str, int], dict] = {}        # (model, weight-product threads) -> its curve
         self.jobs: dict[tuple[str, int], asyncio.Future] = {}
+        self.patient: set[tuple[str, int]] = set()               # jobs under way that nobody waits for yet
 
-    def start(self, playground, lm) -> asyncio.Future | None:
-        """The measurement of `lm`'s curve under way, started if needed (None: a good curve is kept)."""
+    def start(self, playground, lm, patient: bool = False) -> asyncio.Future | None:
+        """The measurement of `lm`'s curve under way, started if needed (None: a good curve is kept); patient:
+        nobody waits for it yet (app/ws/engine_thread.py)."""
         key = (lm.name, threads())
         kept = self.curves.get(key)
         if kept is not None and (kept["physical"] or time.time() - kept["taken_at"] < RETRY_S):
             return None
         job = self.jobs.get(key)
         if job is None:
-            job = self.jobs[key] = playground.engine_thread.submit(verify_cost_steps(playground.engine.registry, lm))
+            job = self.jobs[key] = playground.engine_thread.submit(verify_cost_steps(playground.engine.registry, lm),
+                                                                   patient)
             job.add_done_callback(lambda f: self._done(key, f))
+            if patient:
+                self.patient.add(key)
+        elif not patient and key in self.patient:
+            self.patient.discard(key)
+            playground.engine_thread.hurry(job)
         return job
 
     def _done(self, key: tuple, future: asyncio.Future) -> None:
         self.jobs.pop(key, None)
+        self.patient.discard(key)
         if future.cancelled():
             return
         if future.exception() is not None:

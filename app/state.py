@@ -142,7 +142,7 @@ class Playground:
         if self.engine_thread is None:
             self._curve_waiting = lm
         elif not self._stopped.is_set():
-            self.curves.start(self, lm)
+            self.curves.start(self, lm, patient=True)
 
     async def start(self) -> None:
         request_threads(self.config.threads, serving=True)   # applied when a model that streams from memory loads

@@ -354,3 +354,45 @@ def test_a_teaching_job_runs_between_the_sessions_steps_and_they_keep_generating
     assert result["divergence"] == alone["divergence"]
     assert rounds >= 2, "the session delivered no round while the job ran"
     assert left == 0 and blocks_used(engine) == 0
+
+
+def test_a_patient_job_waits_for_an_idle_thread_and_takes_steps_once_hurried(registry):
+    """The curve `serve` measures at start-up nobody waits for yet: a step of it forced between a run's rounds
+    would stall that run's stream. It takes none while a session moves, even past job_max_wait_s, and runs once
+    the thread is idle; hurried (a view asks for it), it takes steps between the session's rounds."""
+    engine = InferenceEngine(registry, max_sessions=8)
+    steps = []                                          # per job step: whether a session was in the scheduler
+
+    async def scenario():
+        thread = EngineThread(engine, asyncio.get_running_loop(), ServerMetrics(), chunk_seconds=None,
+                              job_max_wait_s=0.0)
+
+        def job():
+            while True:                                 # until its future is cancelled
+                steps.append(bool(thread.scheduler.entries))
+                yield
+
+        thread.start()
+        counts = []
+        for hurry in (False, True):
+            session = GenerationSession(engine, PROMPTS[1], {"max_tokens": 40, "method": "none"})
+            collector = Collector()
+            await thread.add(session, SessionLink(session, pacing(), collector, max_backlog=10_000))
+            future = thread.submit(job(), patient=True)
+            if hurry:
+                thread.hurry(future)
+            await asyncio.wait_for(collector.ended.wait(), 60)
+            for _ in range(100):                        # idle now: the job runs
+                if len(steps) >= 5 and not steps[-1]:
+                    break
+                await asyncio.sleep(0.02)
+            future.cancel()
+            await asyncio.sleep(0.05)
+            counts.append((sum(steps), len(steps)))
+            steps.clear()
+        await thread.stop()
+        return counts
+
+    (patient_during, patient_all), (hurried_during, _) = run(scenario())
+    assert patient_during == 0 and patient_all >= 5
+    assert hurried_during >= 10, "a hurried job took no steps between the session's rounds"

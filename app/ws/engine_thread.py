@@ -5,6 +5,8 @@
     await engine_thread.add(session, link)          # events now reach deliver(), a round at a time
     await engine_thread.remove(session)             # stop it now and free its KV blocks (idempotent)
     result = await engine_thread.submit(job)        # a teaching experiment (engine/serving/jobs.py), step by step
+    engine_thread.submit(job, patient=True)         # one nobody waits for yet: only when the thread is idle
+    engine_thread.hurry(future)                     # someone waits for it now
 
 The thread runs the engine's `Scheduler` (engine/serving/scheduler.py): every admitted session advances to its
 next forward, and the forwards of the same model run as one batched computation. Between steps it runs
@@ -30,7 +32,9 @@ NOTE (invariants):
   jobs take the thread when the sessions leave it idle, because a job's forwards between two rounds of a
   small model evict its weights from the CPU caches (a draft-model run of target-mha took 34% more engine
   time per token with SmolLM2's verify curve measured between its rounds). A job that waited
-  `job_max_wait_s` for an idle moment takes one step anyway, so a busy server still answers teaching views.
+  `job_max_wait_s` for an idle moment takes one step anyway, so a busy server still answers teaching views;
+  a patient job (one nobody waits for yet: the curve `serve` measures at start-up) never does, because such a
+  step stalls every run's stream (SmolLM2's 17-token forward: 70-160 ms once a second at one thread).
 """
 from __future__ import annotations
 
@@ -192,17 +196,22 @@ class EngineThread:
         self._wake.set()
         return future
 
-    def submit(self, job) -> asyncio.Future:
+    def submit(self, job, patient: bool = False) -> asyncio.Future:
         """Run a job (engine/serving/jobs.py) in the engine thread, one step between two scheduler steps, so that
         every session keeps generating meanwhile; the future gets its result (or its exception). A job whose
-        future is cancelled (its request went away) is closed at its next step."""
+        future is cancelled (its request went away) is closed at its next step. A patient job takes steps only
+        when no session can move, until `hurry`."""
         future = self._loop.create_future()
         if self._stopping or not self._thread.is_alive():
             job.close()
             future.set_exception(RuntimeError("the engine thread has stopped (the server is shutting down)"))
         else:
-            self.call(self._add_job, job, future)
+            self.call(self._add_job, job, future, patient)
         return future
+
+    def hurry(self, future: asyncio.Future) -> None:
+        """The patient job of `future` (from `submit`) is now waited for: it may take steps as any job."""
+        self.call(self._hurry, future)
 
     async def add(self, session, link: SessionLink) -> None:
         await self.call(self._add, session, link)
@@ -246,15 +255,21 @@ class EngineThread:
         else:
             session.close()                        # never added, or already ended (idempotent)
 
-    def _add_job(self, job, future) -> None:
+    def _add_job(self, job, future, patient: bool) -> None:
         if not self._jobs:                         # it waits for an idle moment from now on
             self._job_step_at = time.perf_counter()
-        self._jobs.append((job, future))
+        self._jobs.append([job, future, patient])
+
+    def _hurry(self, future) -> None:
+        for entry in self._jobs:
+            if entry[1] is future and entry[2]:
+                entry[2] = False
+                self._job_step_at = time.perf_counter()
 
     def _remove_all(self) -> None:
         for entry in list(self.scheduler.entries.values()):
             self._remove(entry.session.session)
-        for job, future in self._jobs:
+        for job, future, _ in self._jobs:
             job.close()
             self._post(_settle, future, False, RuntimeError("the server is shutting down"))
         self._jobs.clear()
@@ -274,9 +289,10 @@ class EngineThread:
             if moved:
                 self.steps += 1
                 self.busy_s += time.perf_counter() - t
-            if self._jobs and (not moved or time.perf_counter() - self._job_step_at >= self.job_max_wait_s):
+            waited = time.perf_counter() - self._job_step_at >= self.job_max_wait_s
+            if self._jobs and (not moved or waited and not all(patient for _, _, patient in self._jobs)):
                 self._job_step_at = time.perf_counter()
-                moved = self._step_jobs() or moved
+                moved = self._step_jobs(idle=not moved) or moved
             for session_id in [s for s in self.links if s not in self.scheduler.entries]:
                 del self.links[session_id]         # ended by itself (done or error)
             self._flush(at_once=not moved)
@@ -284,14 +300,16 @@ class EngineThread:
                 timeout = min(MAX_IDLE_WAIT_S, max(0.0, self._next_wake - time.perf_counter()))
                 self._wake.wait(timeout)
 
-    def _step_jobs(self) -> bool:
+    def _step_jobs(self, idle: bool) -> bool:
         """One step of the oldest submitted job (one at a time: a job's forwards between another's timed ones
-        would slow them as they slow a run); jobs whose caller went away are dropped. True if any is left."""
+        would slow them as they slow a run), of the oldest one someone waits for unless the thread is `idle`;
+        jobs whose caller went away are dropped. True if any is left."""
         for entry in [e for e in self._jobs if e[1].done()]:
             entry[0].close()
             self._jobs.remove(entry)
-        if self._jobs:
-            job, future = entry = self._jobs[0]
+        entry = next((e for e in self._jobs if idle or not e[2]), None)
+        if entry is not None:
+            job, future, _ = entry
             try:
                 with self.engine.lock:
                     next(job)
