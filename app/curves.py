@@ -1,12 +1,12 @@
 """This machine's verify-cost curves (engine/experiments/measure.py's `verify_cost_steps`), one per model, measured
 on the engine thread as a job, which takes the thread when the sessions leave it idle (app/ws/engine_thread.py):
 a curve never runs inside a live run's timing. `serve` measures the page's demo model's at start-up, as a patient
-job (only while no run moves: nobody waits for it yet); any other is measured when a view first asks for it, and
-a view that asks for one under way hurries it.
+job (only while no run moves: nobody waits for it yet), and so does the Theory view, which says so while it waits;
+the Cost card and /teach/curve.json wait for theirs, and hurry one under way.
 
     curves.start(playground, lm)      # begin measuring (no-op when measured or under way); event loop only
     curves.start(playground, lm, patient=True)    # the same, in idle moments only (start-up)
-    curves.peek(playground, lm)       # the curve, or None while it is measured (the Theory view, polled)
+    curves.peek(playground, lm)       # the curve, or None while it is measured, patiently (the Theory view, polled)
     await curves.get(playground, lm)  # the curve, waiting for it (the Cost card, /teach/curve.json)
 
 A curve that is not physical (t(n) < t(1) beyond its noise, twice) is kept, flagged, and measured again when
@@ -62,7 +62,7 @@ class VerifyCurves:
         self.curves[key] = future.result()
 
     def peek(self, playground, lm) -> dict | None:
-        self.start(playground, lm)
+        self.start(playground, lm, patient=True)   # the Theory view says it comes once the engine is idle
         return self.curves.get((lm.name, threads()))
 
     async def get(self, playground, lm) -> dict:
