@@ -27,7 +27,8 @@ waited longer than its own part took in more than SLOW of recent products (the h
 something), the next products run on the caller alone (`keeping_up`), then sharing is tried again: REST of them,
 twice as many as last time where the helpers fell behind again within RECENT shared products (a core taken for
 seconds, by a browser beside the server, would otherwise cost the caller a wait every few steps), at most
-MAX_REST. Each part is
+MAX_REST; not where they slept meanwhile (no part for SPIN_S: a prefill, a bench's other thread count), as
+their first parts after a wake are slow anyway. Each part is
 the same BLAS call on the same panels or rows as in one thread, so the floats are the same. Helpers exit with
 this process: daemonic, and a helper whose parent has gone stops within a second.
 """
@@ -57,7 +58,7 @@ MIN_PATIENCE_S = 100e-6
 START_S = 60.0                 # the most a helper may take to start or to take a weight
 SLOW, SLOW_AVERAGING = 0.25, 1 / 32   # beyond this share of recent products slow, the caller rests its helpers
 REST = 256                     # products (about two decode steps) run alone before sharing is tried again
-RECENT, MAX_REST = 1024, 8192  # falling behind again within RECENT shared products doubles the rest, up to this
+RECENT, MAX_REST = 256, 2048    # falling behind again within RECENT shared products doubles the rest, up to this
 
 SEQ, OP, INDEX, ROWS, DONE, CPU_NS, NDIM, SHAPE = range(8)          # SHAPE: up to 3 slots
 START = SHAPE + 3                                                   # where in its share a part starts
@@ -251,6 +252,8 @@ class ProductProcesses:
         self.resting = 0             # products left to run on the caller alone (`keeping_up`)
         self.rest = REST             # the last rest's length
         self.shared = RECENT         # products shared since the last rest
+        self.slept = False           # and whether the helpers have slept in between (no part for SPIN_S)
+        self.posted_at = 0.0
         self._weights: dict[int, tuple] = {}    # id(w) -> (w, index, edges); the reference keeps ids unique
         self._mids: dict[tuple, int] = {}       # (weight's shape, rows) -> where the caller's share ends now
         self._plans: dict[tuple, tuple] = {}    # (weight's index, rows, mid) -> `_plan`
@@ -301,6 +304,10 @@ class ProductProcesses:
             self.products += 1
             mid = self._mids.get(key, edges[1])              # the caller's share ends here, in helper 1's share
             mine, theirs = self._plan(entry, n, mid)
+            now = time.perf_counter()
+            if self.shared and now - self.posted_at > SPIN_S:
+                self.slept = True
+            self.posted_at = now
             seqs = []
             for h, start, _, _, _, xs in theirs:
                 xs[...] = flat
@@ -335,8 +342,9 @@ class ProductProcesses:
             self.slow += ((wall > 2 * own) - self.slow) * SLOW_AVERAGING
             self.shared += 1
             if self.slow > SLOW:
-                self.rest = min(MAX_REST, 2 * self.rest) if self.shared < RECENT else REST
-                self.resting, self.slow, self.shared = self.rest, 0.0, 0
+                again = self.shared < RECENT and not self.slept
+                self.rest = min(MAX_REST, 2 * self.rest) if again else REST
+                self.resting, self.slow, self.shared, self.slept = self.rest, 0.0, 0, False
             return out
 
     @staticmethod

@@ -180,7 +180,8 @@ def test_products_run_alone_while_the_helper_has_no_core_and_shared_again_after_
 
 def test_a_helper_that_falls_behind_again_soon_after_a_rest_rests_twice_as_long():
     """A core taken for seconds (a browser beside the server): each rest that ends with the helper still behind is
-    followed by one twice as long, up to MAX_REST; once sharing has kept up for RECENT products, REST again."""
+    followed by one twice as long, up to MAX_REST; after a pause in which the helpers slept, or once sharing has
+    kept up for RECENT products, REST again."""
     pool = T.ProductPool(2)
     w, _ = stored("panels", 256, 2048)
     x = np.random.default_rng(2).standard_normal((1, 256)).astype(np.float32)
@@ -205,6 +206,9 @@ def test_a_helper_that_falls_behind_again_soon_after_a_rest_rests_twice_as_long(
                 rests.append(far.rest)
                 assert until(lambda: far.resting == 0, far.rest)            # it ends, the helper still stopped
             assert rests == [P.REST, 2 * P.REST, 4 * P.REST]
+            assert np.array_equal(w.rows(x, pool), expected)
+            time.sleep(2 * P.SPIN_S)                   # the helpers would sleep: their next parts are slow anyway
+            assert until(lambda: far.resting > 0, P.REST) and far.rest == P.REST
         finally:
             os.kill(pid, signal.SIGCONT)
         assert until(lambda: far.resting == 0 and far.shared >= P.RECENT, 4 * P.REST + 4 * P.RECENT)  # kept up
