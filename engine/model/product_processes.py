@@ -28,9 +28,9 @@ something), the next products run on the caller alone (`keeping_up`), then shari
 twice as many as last time where the helpers fell behind again within RECENT shared products (a core taken for
 seconds, by a browser beside the server, would otherwise cost the caller a wait every few steps), at most
 MAX_REST; not where they slept meanwhile (no part for SPIN_S: a prefill, a bench's other thread count), as
-their first parts after a wake are slow anyway. Each part is
-the same BLAS call on the same panels or rows as in one thread, so the floats are the same. Helpers exit with
-this process: daemonic, and a helper whose parent has gone stops within a second.
+their first parts after a wake are slow anyway. Each part is the same BLAS call on the same panels or rows as in
+one thread, so the floats are the same. Helpers exit with this process: daemonic, and a helper whose parent has
+gone stops within a second.
 """
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ class ProductProcesses:
         self.rest = REST             # the last rest's length
         self.shared = RECENT         # products shared since the last rest
         self.slept = False           # and whether the helpers have slept in between (no part for SPIN_S)
-        self.posted_at = 0.0
+        self.posted_at = 0.0         # when the last product was posted
         self._weights: dict[int, tuple] = {}    # id(w) -> (w, index, edges); the reference keeps ids unique
         self._mids: dict[tuple, int] = {}       # (weight's shape, rows) -> where the caller's share ends now
         self._plans: dict[tuple, tuple] = {}    # (weight's index, rows, mid) -> `_plan`

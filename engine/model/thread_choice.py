@@ -6,9 +6,10 @@ products) and one pass over its weight bytes (the step's floor: the roofline per
 model view shows), and keeps the fewest threads unless more make the step STEP_GAIN faster in the median
 round: each round's step times are a pair taken moments apart, so one round that flatters either count does
 not decide, and the bandwidth a shared machine lends or withdraws over seconds cancels out. The read does not
-decide: where the pool's threads read (engine/model/threads.py) it gained 1.0-1.3x while the step, whose
-products are shared with helper processes, gained 1.2-1.3x. A default takes every core of a 2-3 core machine (a helper that finds its core busy takes no
-chunks: the browser and the event loop cost the step its speed-up, not a stall) and leaves one core free from 4
+decide: on a host whose memory other machines share, the pool's threads read the weights as little as 1.0x
+faster on two threads while the step, its products shared with a helper process, ran 1.3x faster
+(docs/benchmarks.md). A default takes every core of a 2-3 core machine (a helper that finds its core busy takes
+no chunks: the browser and the event loop cost the step its speed-up, not a stall) and leaves one core free from 4
 cores on. The choice is logged with the figures that made it.
 
     request_threads(None)            # the measured default (serve and generate: --threads N)
@@ -67,8 +68,7 @@ class ThreadChoice:
     def as_dict(self) -> dict:
         return {"threads": self.threads, "reason": self.reason, "cores": self.cores, "step_ms": self.step_ms,
                 "read_ms": self.read_ms, "read_gb_per_s": self.read_gb_per_s(), "gain": self.gain,
-                "weight_bytes": self.weight_bytes,
-                "auto_threads": self.auto_threads}
+                "weight_bytes": self.weight_bytes, "auto_threads": self.auto_threads}
 
 
 def measure_threads(model, counts, rounds: int = 5) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
