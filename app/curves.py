@@ -30,7 +30,6 @@ class VerifyCurves:
     def __init__(self):
         self.curves: dict[tuple[str, int], dict] = {}        # (model, weight-product threads) -> its curve
         self.jobs: dict[tuple[str, int], asyncio.Future] = {}
-        self.patient: set[tuple[str, int]] = set()               # jobs under way that nobody waits for yet
 
     def start(self, playground, lm, patient: bool = False) -> asyncio.Future | None:
         """The measurement of `lm`'s curve under way, started if needed (None: a good curve is kept); patient:
@@ -44,16 +43,12 @@ class VerifyCurves:
             job = self.jobs[key] = playground.engine_thread.submit(verify_cost_steps(playground.engine.registry, lm),
                                                                    patient)
             job.add_done_callback(lambda f: self._done(key, f))
-            if patient:
-                self.patient.add(key)
-        elif not patient and key in self.patient:
-            self.patient.discard(key)
-            playground.engine_thread.hurry(job)
+        elif not patient:
+            playground.engine_thread.hurry(job)           # a no-op for a job already hurried
         return job
 
     def _done(self, key: tuple, future: asyncio.Future) -> None:
         self.jobs.pop(key, None)
-        self.patient.discard(key)
         if future.cancelled():
             return
         if future.exception() is not None:

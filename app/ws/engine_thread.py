@@ -44,6 +44,7 @@ import math
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from engine.serving.scheduler import CHUNK_SECONDS, Scheduler, ServedSession
@@ -142,6 +143,13 @@ class SessionLink:
             thread.emit(self, events)
 
 
+@dataclass
+class _Job:
+    steps: object                    # the job's generator (engine/serving/jobs.py)
+    future: asyncio.Future
+    patient: bool                    # nobody waits for it yet: it takes steps only when no session can move
+
+
 class EngineThread:
     def __init__(self, engine, loop: asyncio.AbstractEventLoop, metrics=None,
                  max_num_batched_tokens: int | None = None, chunk_seconds: float | None = CHUNK_SECONDS,
@@ -156,7 +164,7 @@ class EngineThread:
         self.busy_s = 0.0                # time spent in them
         self._loop = loop
         self._calls: deque = deque()
-        self._jobs: list = []            # (job, future): submitted jobs, a step each per scheduler step
+        self._jobs: list[_Job] = []      # submitted jobs, a step each per scheduler step
         self._out: list = []
         self._post_by = math.inf         # when the oldest waiting item of _out must be posted
         self.posts = 0                   # posts of events to the event loop (each wakes it)
@@ -258,20 +266,20 @@ class EngineThread:
     def _add_job(self, job, future, patient: bool) -> None:
         if not self._jobs:                         # it waits for an idle moment from now on
             self._job_step_at = time.perf_counter()
-        self._jobs.append([job, future, patient])
+        self._jobs.append(_Job(job, future, patient))
 
     def _hurry(self, future) -> None:
-        for entry in self._jobs:
-            if entry[1] is future and entry[2]:
-                entry[2] = False
+        for j in self._jobs:
+            if j.future is future and j.patient:
+                j.patient = False
                 self._job_step_at = time.perf_counter()
 
     def _remove_all(self) -> None:
         for entry in list(self.scheduler.entries.values()):
             self._remove(entry.session.session)
-        for job, future, _ in self._jobs:
-            job.close()
-            self._post(_settle, future, False, RuntimeError("the server is shutting down"))
+        for j in self._jobs:
+            j.steps.close()
+            self._post(_settle, j.future, False, RuntimeError("the server is shutting down"))
         self._jobs.clear()
 
     def _main(self) -> None:
@@ -290,7 +298,7 @@ class EngineThread:
                 self.steps += 1
                 self.busy_s += time.perf_counter() - t
             waited = time.perf_counter() - self._job_step_at >= self.job_max_wait_s
-            if self._jobs and (not moved or waited and not all(patient for _, _, patient in self._jobs)):
+            if self._jobs and (not moved or waited and not all(j.patient for j in self._jobs)):
                 self._job_step_at = time.perf_counter()
                 moved = self._step_jobs(idle=not moved) or moved
             for session_id in [s for s in self.links if s not in self.scheduler.entries]:
@@ -304,12 +312,12 @@ class EngineThread:
         """One step of the oldest submitted job (one at a time: a job's forwards between another's timed ones
         would slow them as they slow a run), of the oldest one someone waits for unless the thread is `idle`;
         jobs whose caller went away are dropped. True if any is left."""
-        for entry in [e for e in self._jobs if e[1].done()]:
-            entry[0].close()
+        for entry in [j for j in self._jobs if j.future.done()]:
+            entry.steps.close()
             self._jobs.remove(entry)
-        entry = next((e for e in self._jobs if idle or not e[2]), None)
+        entry = next((j for j in self._jobs if idle or not j.patient), None)
         if entry is not None:
-            job, future, _ = entry
+            job, future = entry.steps, entry.future
             try:
                 with self.engine.lock:
                     next(job)
