@@ -297,8 +297,8 @@ class EngineThread:
             if moved:
                 self.steps += 1
                 self.busy_s += time.perf_counter() - t
-            waited = time.perf_counter() - self._job_step_at >= self.job_max_wait_s
-            if self._jobs and (not moved or waited and not all(j.patient for j in self._jobs)):
+            if self._jobs and (not moved or time.perf_counter() - self._job_step_at >= self.job_max_wait_s
+                               and not all(j.patient for j in self._jobs)):
                 self._job_step_at = time.perf_counter()
                 moved = self._step_jobs(idle=not moved) or moved
             for session_id in [s for s in self.links if s not in self.scheduler.entries]:
