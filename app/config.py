@@ -177,7 +177,7 @@ class AppConfig:
     vllm_threads: int = 1
     vllm_variants: tuple[str, ...] = ("plain", "ngram", "eagle")
     vllm_port: int | None = None          # the first vLLM server's loopback port (the next ones' follow)
-    vllm_compile: bool = False            # torch.compile: decode ~25% faster, start-up ~2.4x longer (docs)
+    vllm_compile: bool = False            # torch.compile: faster decode, far longer start-up (docs/external-engines.md)
     threads: int | None = None            # weight-product threads of models that stream from memory; None: measured
     curve_at_start: bool = False          # measure the demo model's verify curve at start-up (serve: yes)
     freeze_gc: bool = False               # once the models are loaded, the cycle collector skips them (serve: yes)

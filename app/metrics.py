@@ -39,7 +39,7 @@ CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 # vLLM's buckets, with the small ones a CPU engine needs in front
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0)
-# vLLM's inter-token buckets, with 15-40 ms between them: SmolLM2's step on 1-2 threads (bench page --model)
+# vLLM's inter-token buckets, with finer ones from 15 to 40 ms, where SmolLM2's decode step falls (`bench page`)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
                0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,

@@ -8,10 +8,10 @@
     experiments/  what the teaching views run: traces, races, the shoot-out, measurements, theory
     training/     numpy training with handwritten backprop, and the draft heads' training
 
-NOTE: BLAS is pinned to one thread before numpy is first imported. OpenBLAS's second thread waits for a
-core another process may hold: on a shared 2-core machine it has made steps up to 25x and prefills up to
-200x slower (docs/benchmarks.md, `bench smollm2`). More cores for a memory-bound model come from
-`--threads N` (engine/model/threads.py), which never waits for a busy core.
+NOTE: BLAS is pinned to one thread before numpy is first imported. OpenBLAS's second thread splits each
+product into fixed halves and waits for both, so on a shared machine every product waits for a core another
+process may hold, and steps and prefills become many times slower. More cores for a memory-bound model come
+from `--threads N` (engine/model/threads.py), which never waits for a busy core.
 """
 import os
 

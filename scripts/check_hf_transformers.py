@@ -1,9 +1,9 @@
-"""Check that the shipped checkpoints load unchanged in Hugging Face transformers (issue 3).
+"""Check that the shipped checkpoints load unchanged in Hugging Face transformers.
 
 For every model in models/ it loads the folder the way the model card's "Loading it elsewhere" snippet
 does (`LlamaForCausalLM.from_pretrained(path, torch_dtype="float32")` and
 `PreTrainedTokenizerFast(tokenizer_file=...)`) and compares with this project's own engine
-(`engine.checkpoint.load_checkpoint` + `engine.model.forward_no_cache`):
+(`engine.model.checkpoint.load_checkpoint` + `engine.model.llama.forward_no_cache`):
 - token ids of a few prompts (and of a text with an unknown character and `<|endoftext|>`),
   and that decoding them gives the text back;
 - the logits at every position of three Python prompts: max |delta logit| (float32 both ways);

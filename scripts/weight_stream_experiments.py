@@ -22,7 +22,7 @@
 - coretypes: the one-row pass as [out, in] `W @ x`, as [in, out] `x @ W`, over 64-column panels as one row
   and as two (the engine's), against the bare read, in a process per OpenBLAS kernel set (OPENBLAS_CORETYPE:
   numpy's OpenBLAS picks one for the CPU at start-up; the variable makes it use another), alternated.
-- pool (issue 33): one pass of one-row products over SmolLM2's shapes (both layouts), on 1 thread and on 2:
+- pool: one pass of one-row products over SmolLM2's shapes (both layouts), on 1 thread and on 2:
   engine/model/threads.py's pool sharing every product at several chunk sizes (CHUNK_BYTES; one chunk per
   thread), and each shape the way its running averages found faster (as served), and OpenBLAS's
   own threads (openblas_set_num_threads, [out, in] only: it does not thread the panels' small GEMMs), with the
@@ -30,7 +30,6 @@
 Figures are per-thread CPU time (time.thread_time) for `layouts`, `bytes`, `panels` and `coretypes` (min / median ms),
 which leaves out the time other processes hold the core but not their use of the memory bus; wall time for
 `threads` and `variance`.
-Quoted in docs/benchmarks.md (`bench smollm2` section).
 """
 from __future__ import annotations
 

@@ -124,7 +124,8 @@ def defaults() -> dict[str, str]:
 
 
 # What the page shows on SmolLM2 when it opens on it (config demo "auto"): the instruct model's chat template and a
-# question. Its method and drafting are the model's defaults (engine/serving/request_fit.py): EAGLE, γ 5, q ≥ 0.5.
+# question. Its method and drafting are the model's defaults (engine/serving/request_fit.py): EAGLE at the γ and
+# threshold `bench heads` measured fastest (models/heads/smollm2-135m/demo.json).
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_SHOWCASE = {"chat": "true", "prompt": "Explain how a rainbow forms, in a short paragraph."}
 

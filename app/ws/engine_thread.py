@@ -17,7 +17,7 @@ the step produced to the event loop in one `loop.call_soon_threadsafe`.
 
 NOTE (invariants):
 - Only this thread touches the scheduler, the sessions' generators and the KV pools (under
-  `engine.lock`). The event loop talks to it through `call()` and `poke()` only.
+  the engine's `lock`). The event loop talks to it through `call()` and `poke()` only.
 - It never waits for a client. A session is held at its round boundary by its gate (`may_continue`):
   while its connection has `max_backlog` rounds not yet taken by its sender (a slow client), while it is
   paused (pause, step mode) or while its speed says not yet. A held session holds only itself.
@@ -30,11 +30,11 @@ NOTE (invariants):
 - BLAS stays at one thread (engine/__init__.py); this is the only thread doing engine work.
 - A job disturbs no run: a session's engine time counts only its own work (engine/serving/clock.py), and
   jobs take the thread when the sessions leave it idle, because a job's forwards between two rounds of a
-  small model evict its weights from the CPU caches (a draft-model run of target-mha took 34% more engine
-  time per token with SmolLM2's verify curve measured between its rounds). A job that waited
+  small model evict its weights from the CPU caches, and the run's next round pays to fetch them again
+  (engine time counts that, being its own work). A job that waited
   `job_max_wait_s` for an idle moment takes one step anyway, so a busy server still answers teaching views;
   a patient job (one nobody waits for yet: the curve `serve` measures at start-up) never does, because such a
-  step stalls every run's stream (SmolLM2's 17-token forward: 70-160 ms once a second at one thread).
+  step stalls every run's stream (a SmolLM2 forward over the curve's rows takes several decode steps' time).
 """
 from __future__ import annotations
 

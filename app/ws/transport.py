@@ -8,8 +8,7 @@ frame to its transport at once, and uvloop turns every write into a `send()` sys
 (and with TCP_NODELAY) each one also runs the TCP stack and wakes the reader, all while holding the GIL
 the engine thread needs. A connection's sender sends a round's messages (a draft, its tokens, the round,
 the KV pools, the metrics) without yielding in between; here they are joined and written once, when the
-loop next runs its ready callbacks, that is right after the sender yields (how many frames a write
-carries at full load: docs/benchmarks.md, `bench serve`).
+loop next runs its ready callbacks, that is right after the sender yields.
 
 NOTE (invariants):
 - Order is kept: every write of the protocol (frames, pings, pongs, close frames) goes through the same

@@ -140,7 +140,7 @@ async def fetch_server_metrics(engine: ExternalEngine, client: httpx.AsyncClient
 class SharedScrapes:
     """One engine's /metrics, read for every run on it at once instead of by each run.
 
-    Each read costs the server's API process a rendering of all its series (vLLM: ~50 KB, a few ms of its CPU)
+    Each read costs the server's API process a rendering of all its series (vLLM's: about 50 KB of text)
     and ours a parse, so runs share them: `fresh()` gives values read by a scrape that began after the call
     (what a run's before and after need: nothing of an earlier moment), and every caller that arrives while
     one scrape is in flight shares the next one; `watching()` keeps one poller (every `poll_s`) while any run

@@ -1,7 +1,7 @@
 """The block pool: metadata for every KV block of one model's cache (after vLLM's BlockPool).
 
 It holds no K or V, only who uses which block: ids, reference counts and prefix-cache hashes. The
-numbers live in `engine.kv_cache.KVStore`, indexed by the same block ids.
+numbers live in `engine.kv.cache.KVStore`, indexed by the same block ids.
 
 NOTE (invariants, checked by `check_invariants` and the property test):
 - every block is either in the free queue (ref_cnt == 0) or in use (ref_cnt > 0), never both;
@@ -57,7 +57,7 @@ class BlockPool:
         self.cached: dict[bytes, Block] = {}
         self.events: list[BlockEvent] = []
         # block_states() kept up to date block by block (`_mark` after every change): building it anew from
-        # the blocks cost 15% of the engine thread with 32 sessions (one string per session and round)
+        # the blocks would cost one string per session and round, on the engine thread, for every block
         self._states = bytearray(b"f" * num_blocks)
 
     @property
@@ -80,12 +80,12 @@ class BlockPool:
 
         `after`: the id of the block that precedes the new ones in a block table. When the next id is
         free it is taken instead of the queue's head, so that a table stays one run of consecutive blocks:
-        attention then reads K/V as a slice, not a gather (engine.kv_cache). It is taken if it holds no
+        attention then reads K/V as a slice, not a gather (engine.kv.cache). It is taken if it holds no
         cached prefix (as good as any other block: eviction order is unchanged), or if it was handed out
         right after `after` before: then its cached content continues `after`'s chain as an earlier
         sequence wrote it (a re-run of a prompt: the prompt's blocks are hits, the rest of the last run
         follows them), a hit only for a request that repeats that sequence, and evicting it out of LRU order
-        keeps the re-run's table one slice, which a decode step reads faster than a gather (docs/benchmarks.md).
+        keeps the re-run's table one slice, which a decode step reads without a gather's copy.
         """
         if n > len(self.free_queue):
             raise KVCacheFullError(

@@ -6,7 +6,7 @@
 [num_kv_heads, num_slots, head_dim] so that a run of consecutive blocks is one contiguous slice.
 `KVCacheManager` speaks in sequences (after vLLM's KVCacheManager): it appends slots for new tokens,
 reuses cached prefix blocks, rolls back rejected tokens, forks and frees, and reports every block
-event through the pool. `SequenceKV` is what `engine.model.forward` writes to and reads from.
+event through the pool. `SequenceKV` is what `engine.model.llama.forward` writes to and reads from.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class KVStore:
         L = cfg.num_hidden_layers
         # Written now (np.full), not only allocated: np.zeros maps pages lazily, and the first write to each
         # page (a new block's K/V, for every KV head) faults inside a generation's measured forward, which
-        # then counts the kernel's page faults as engine time (docs/benchmarks.md).
+        # then counts the kernel's page faults as engine time.
         self.kv = [np.full(shape, 0, dtype.storage) for _ in range(L)]
         if dtype.scale == "per_token_head":     # [2, nkv, num_slots] float16
             self.scale = [np.full(shape[:3], 0, np.float16) for _ in range(L)]
@@ -140,7 +140,7 @@ class SequenceKV:
         return self.store.read(layer, self.read_slots)
 
     def direct(self):  # -> (per-layer arrays, the slot written, the slots held as a slice) or None
-        """For a one-token step (engine.model.decode) when K/V can be used in place: a float32 store and the
+        """For a one-token step (engine/model/llama.py) when K/V can be used in place: a float32 store and the
         sequence in one run of blocks. Otherwise None: write() and read() convert and gather."""
         if self.store.dtype.name != "auto" or not isinstance(self.read_slots, slice):
             return None

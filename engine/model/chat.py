@@ -10,7 +10,7 @@ ChatML, the format of SmolLM2-Instruct (and Qwen, and others), wraps every messa
 
 The model answers after the last line and ends its turn with <|im_end|> (its EOS). SmolLM2's Jinja
 template inserts its default system prompt when the conversation does not start with one;
-tests/test_smollm2.py checks that `chatml` renders exactly what that Jinja template renders.
+tests/smollm2/test_smollm2_tokenizer.py checks that `chatml` renders exactly what that Jinja template renders.
 
 A checkpoint says which format it uses in tokenizer_config.json (written by engine/model/gguf.py):
 `"chat_format": "chatml"` and `"default_system_prompt"` next to Hugging Face's `chat_template`

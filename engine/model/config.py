@@ -102,9 +102,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 6 query heads of dim 32 so that 6 (MHA), 2 (GQA) and 1 (MQA) KV heads all divide them. A decode
     # step of models this small costs numpy's per-call overhead per layer more than arithmetic, so the
     # draft's cost relative to the target is set mostly by their layer counts: 6 target layers, one draft
-    # layer (4 and 2 layers: ~0.22 target steps). The draft's MLP width trades cost for acceptance: with
-    # the lean one-token step (model.decode) the 384-wide MLP costs a fifth less than 768 for about the same
-    # greedy acceptance after distillation (the figures: docs/benchmarks.md, `bench engine`).
+    # layer. The draft's MLP width trades cost for acceptance: the 384-wide MLP is cheaper per step than a
+    # 768-wide one for about the same greedy acceptance after distillation (c measured: `bench engine`).
     "target-mha": dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6,
                        num_key_value_heads=6, intermediate_size=512, vocab_size=99,
                        max_position_embeddings=512, eos_token_id=0),

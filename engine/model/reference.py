@@ -1,7 +1,7 @@
 """A deliberately straightforward implementation, in the seed article's style.
 
 Per-head loops, separate Q/K/V matmuls, unfused norms, a dense preallocated cache. It exists for two
-reasons: tests check the lean `engine.model.forward` against an independent implementation, and
+reasons: tests check the lean `engine.model.llama.forward` against an independent implementation, and
 `bench engine` uses it as the baseline row, so that no speed-up ever comes from a slow baseline.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each session runs as a coroutine (`GenerationSession.steps()`): it yields events, forward requests and
 round boundaries. The scheduler advances every session to its next forward request, then runs the
-requests of the same model as one batched computation (`engine.model.forward_batch`): one matrix
+requests of the same model as one batched computation (`engine.model.llama.forward_batch`): one matrix
 product per layer for all sessions' rows, attention per sequence through its own block table.
 
 NOTE (invariants):
@@ -83,7 +83,7 @@ class _Entry:
     chunked: bool = False           # its pending request has run in chunks: its end is reported too
 
 
-# A prefill chunk's time when no token budget is set: a bystander's first token waits about one (docs/benchmarks.md)
+# A prefill chunk's time when no token budget is set: a bystander's first token waits about one (`bench faults`)
 CHUNK_SECONDS = 0.25
 MIN_CHUNK = 8                 # a long prefill advances at least this much per step, however busy the others
 

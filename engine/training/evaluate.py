@@ -11,7 +11,7 @@ Two numbers, both on the validation split (files the models never trained on):
   argmax(draft) == argmax(target).
 - `draft_cost`: c, the time of one draft decode step over one target decode step (KV cache, a
   100-token context), the other number the speed-up of speculative decoding depends on.
-Uses the engine's inference forward (`engine.model.forward_no_cache`), so it measures what ships.
+Uses the engine's inference forward (`engine.model.llama.forward_no_cache`), so it measures what ships.
 """
 from __future__ import annotations
 

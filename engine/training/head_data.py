@@ -2,11 +2,11 @@
 target's last hidden state at every position, written resumably to a folder outside the repository.
 
     folder/conversations.jsonl   one line per conversation: prompt, kind, ids (prompt + answer), n_prompt
-    folder/feats/NNNNN.npy       float16 [len(ids) - 1, C]: hidden state (engine.model.forward's
+    folder/feats/NNNNN.npy       float16 [len(ids) - 1, C]: hidden state (engine.model.llama.forward's
                                  with_hidden, x / |x|) after each token but the last
     folder/timing.jsonl          one line per batch: kind, prompts, answer tokens, seconds
 
-Answers are generated in batches of sequences decoding together (engine.model.forward_batch), the
+Answers are generated in batches of sequences decoding together (engine.model.llama.forward_batch), the
 hidden states taken from the same forwards. A batch is written when it is complete; a rerun skips the
 prompts already answered.
 """

@@ -1,7 +1,7 @@
 """Draft heads' training math (EAGLE-1, Medusa-1) on a frozen target, with the backward pass.
 
 Both read the target's last hidden state after its final norm without the norm's weight,
-f = x / rms(x) [.., C] (engine.model.forward's with_hidden, times sqrt(C)), and end in the target's
+f = x / rms(x) [.., C] (engine.model.llama.forward's with_hidden, times sqrt(C)), and end in the target's
 own LM head restricted to a vocabulary subset S (FR-Spec): `head_w` = (g * E)[S] [Vs, C], frozen,
 where g is the final norm weight and E the (tied) output embedding. The target's distribution
 renormalised on S, softmax(f_{next} @ head_w.T), is the distillation target; it is computed from the

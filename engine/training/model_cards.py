@@ -40,8 +40,8 @@ print(tok.decode(model.generate(ids, max_new_tokens=64, do_sample=False)[0]))
 tokenizer), then `engine.model.llama.Model(config, weights)`.
 """
 
-# The last run of scripts/check_hf_transformers.py (by hand, in a separate venv with torch and transformers;
-# not part of the tests): update these figures when re-running it, then regenerate the cards.
+# What scripts/check_hf_transformers.py reported on its last run (outside the tests, in a separate venv with torch
+# and transformers): update these figures when re-running it, then regenerate the cards.
 HF_CHECK = {"date": "2026-11-29", "torch": "2.13.0 (CPU build)", "transformers": "5.24.0", "tokenizers": "0.23.3",
             "max_delta_logit": {"target-mha": 9.54e-06, "target-gqa": 1.41e-05, "target-mqa": 1.55e-05,
                                 "draft": 1.50e-05}}
@@ -259,7 +259,7 @@ def greedy_sample(path, prompt=PROMPT, n=200):
 
 
 # The same 180 uptraining steps with plain distillation (the parent's next-token distribution only, no layer
-# term; by hand, 2026-11-29, engine/training/cli.py RECIPES): whole-split validation loss.
+# term: engine/training/cli.py's RECIPES without `distill_hidden`): whole-split validation loss, for the cards.
 PLAIN_DISTILLATION_RUNS = {"date": "2026-11-29", "val_loss": {"target-gqa": 1.2694, "target-mqa": 1.3597}}
 
 
