@@ -2,22 +2,22 @@
 
 A decode step of SmolLM2-135M reads all 538 MB of its float32 weights from memory: it is memory-bound,
 like a GPU, and its speed is how fast numpy streams those bytes. Which call pattern streams them fastest
-depends on the CPU and on the kernels OpenBLAS picks for it, and on this machine's hosts it has gone both
-ways (docs/benchmarks.md, `bench smollm2`):
+depends on the CPU and on the kernels OpenBLAS picks for it, and it goes both ways from one CPU to another
+(the layout each run chose: docs/benchmarks.md, `bench smollm2`):
 
 - `OutInWeight`: W stored [out, in] (Hugging Face's own order), one row as `W @ x`, a GEMV. On some hosts it
   streams at the machine's bandwidth; with OpenBLAS's SkylakeX kernels at about half of it, while a plain
   streaming read of the same bytes runs at full speed.
 - `PanelWeight`: W [in, out] as contiguous 64-column panels [P, C, 64], `x @ panel` panel by panel. With
   OpenBLAS's SkylakeX kernels one row runs as two (the row and a row of zeros), which its small-matrix GEMM
-  streams within 5-15% of the streaming read; with its Haswell kernels (AMD Zen 3) a two-row product packs
-  every panel and runs 2-3x the read, and one row as a GEMV a panel runs at the read's speed. Which row counts
-  run padded is measured at load (`pad_rows`).
+  streams close to the streaming read; with its Haswell kernels (AMD Zen 3) a two-row product packs every
+  panel and runs far slower than the read, and one row as a GEMV a panel runs at the read's speed. Which row
+  counts run padded is measured at load (`pad_rows`).
 
 `use_fastest_layout(model)` times one row and a verification's 6 rows through both layouts of the model's LM
 head (113 MB, larger than every cache) and stores all matrices in the faster one: one copy of the weights. A
-layout can win one row and lose six: on an Intel Xeon host, out_in's one row took 0.91x the panels' time and its
-six rows 1.43x (SmolLM2's matrices), which would make every verification dearer than the decode step it saves.
+layout can win one row and lose six, which would make every verification dearer than the decode step it saves:
+so the sum of both decides.
 
 A forward over a few rows (speculative verification) must read every weight once for all rows, not once
 per row. OpenBLAS's GEMM on a whole large matrix packs all of it first, so each layout multiplies few rows
@@ -178,7 +178,7 @@ class OutInWeight:
 
 
 LAYOUTS = {"panels": PanelWeight, "out_in": OutInWeight}
-MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")      # the matrices of an engine.model.LayerWeights
+MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")      # the matrices of an engine.model.llama.LayerWeights
 
 
 # x @ a layout's weight: `Model.dot` ([n, C] -> [n, D]) and `Model.vec_dot` ([C] -> [D]) of a model with these
@@ -245,7 +245,7 @@ def stream_ms(model, repeats: int = 5) -> float:
 
 
 def use_layout(model, name: str):
-    """Store every matrix of `model` (an engine.model.Model) in layout `name`, in place; returns the model."""
+    """Store every matrix of `model` (an engine.model.llama.Model) in layout `name`, in place; returns the model."""
     layout = LAYOUTS[name]
     for lw in model.layers:
         for attr in MATRICES:
@@ -262,8 +262,8 @@ def pack_in_reading_order(model) -> None:
     """Move every matrix a step reads into one buffer, in the order a step reads them.
 
     Allocated one by one, the matrices land wherever malloc finds room, most of them in small pages; a step
-    then misses the TLB on every 4 KB it streams, and its products ran ~1.5x slower than over the same bytes
-    in one large, huge-page-backed allocation (docs/benchmarks.md, `bench smollm2`)."""
+    then misses the TLB on every 4 KB it streams, and its products run markedly slower than over the same
+    bytes in one large, huge-page-backed allocation."""
     weights = weights_of(model)
     buffer = np.empty(sum(w.data.size for w in weights), weights[0].data.dtype)
     start = 0
@@ -276,7 +276,7 @@ def pack_in_reading_order(model) -> None:
 def pad_rows(head: PanelWeight, repeats: int = 5) -> dict[int, int]:
     """Run panel products of n rows as m > n rows where m rows through `head` (an LM head: 113 MB, beyond every
     cache) take at most PAD_GAIN of n rows' time here. OpenBLAS's small GEMM has kernels for some row counts and
-    not others (on this machine's hosts 3 rows cost ~1.2x 4), and one row streams at about the read's speed as a
+    not others (3 rows may cost more than 4), and one row streams at about the read's speed as a
     GEMV on some hosts and as two rows on others (docs/benchmarks.md, `bench smollm2`). Sets and returns
     `PanelWeight.padded_rows`."""
     PanelWeight.padded_rows = {}
