@@ -71,9 +71,9 @@ _ORJSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 def dumps(obj: dict) -> str:
-    """Compact JSON text. orjson takes an eighth of the time of `json.dumps` per message (measured in the
-    server: with 32 sessions the event loop encodes ~2 messages per output token, holding the GIL the engine
-    thread needs meanwhile).
+    """Compact JSON text. orjson encodes a message in a fraction of `json.dumps`'s time, and it matters: with
+    many sessions the event loop encodes about two messages per output token, holding the GIL the engine
+    thread needs meanwhile.
     Its output is the same JSON (shortest round-trip floats, compact separators) except that NaN and
     infinities become null (json.dumps writes NaN, which is not JSON); what orjson refuses (an int beyond
     64 bits, an unknown type) goes through json.dumps."""
