@@ -19,15 +19,17 @@ The method:
   median of the rounds' speed-ups and their spread: the range of the rounds' values that holds the median with
   at least 75% confidence (`median_band`: the lowest and highest of 3 rounds, the 5th to the 11th of 15, so that
   one run slowed by the machine does not decide);
-- a verdict ("faster", "slower") only when the whole spread lies beyond 1 by more than the noise (the larger
-  of the two sides' own run-to-run spreads, the same band of their ms per token over its median, and
-  MIN_NOISE); otherwise "no clear difference here".
+- one verdict rule (`speed_verdict`), from that spread alone: "faster" when it lies wholly above 1 + VERDICT_FLOOR,
+  "slower" when wholly below 1 / (1 + VERDICT_FLOOR), otherwise "no clear difference here". The sides' own
+  run-to-run noise is not added on top: the rounds are paired so that it cancels, and their spread is what is
+  left of it.
 """
 from __future__ import annotations
 
 import math
 import os
 import statistics
+from typing import Callable
 
 from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
@@ -37,16 +39,20 @@ from .traces import trace_steps
 MIN_REPEATS = 3
 MAX_REPEATS = 15
 ROUNDS_BUDGET_S = 3.0   # engine time of the timed rounds past which no round beyond MIN_REPEATS is added
-MIN_NOISE = 0.02       # the least noise a comparison assumes, however alike a side's runs came out
+# A speed-up closer to 1 than this is not called either way, however tight its rounds: what the pairing cannot
+# cancel (which side's caches are warmer, a bias the same in every round) is of that order, and two identical
+# settings must say "no clear difference here".
+VERDICT_FLOOR = 0.05
 WARM_UP_TOKENS = 8
 NO_CLEAR_DIFFERENCE = "no clear difference here"
 
 
 def comparison_steps(engine: InferenceEngine, prompt: str, sides: dict[str, dict], repeats: int | None = None,
-                     with_times: bool = False) -> Job[dict]:
+                     with_times: bool = False, run_ms: Callable[[dict], float | None] | None = None) -> Job[dict]:
     """The sides' settings (`name -> settings`, the first the reference) compared by the method above (`repeats`
     rounds; None: by the budget). Bad settings raise here, when the job is made. with_times: every run also keeps
-    its forwards' times."""
+    its forwards' times. run_ms: a run's ms per output token, asked as each run ends (default `ms_per_token`, the
+    run's engine clock); a test passes its own to control the timing it checks."""
     if len(sides) < 2:
         raise SettingsError("compare", "at least two sides")
     if repeats is not None and repeats < MIN_REPEATS:
@@ -55,44 +61,43 @@ def comparison_steps(engine: InferenceEngine, prompt: str, sides: dict[str, dict
     for name, settings in sides.items():
         s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
         timed[name] = {**s, "enable_prefix_caching": False}
-    return _compare(engine, prompt, timed, repeats, with_times)
+    return _compare(engine, prompt, timed, repeats, with_times, run_ms or ms_per_token)
 
 
 def compare(engine: InferenceEngine, prompt: str, sides: dict[str, dict], repeats: int | None = None,
-            with_times: bool = False) -> dict:
-    return run_to_end(comparison_steps(engine, prompt, sides, repeats, with_times))
+            with_times: bool = False, run_ms: Callable[[dict], float | None] | None = None) -> dict:
+    return run_to_end(comparison_steps(engine, prompt, sides, repeats, with_times, run_ms))
 
 
-def _compare(engine, prompt: str, sides: dict[str, dict], repeats: int | None, with_times: bool) -> Job[dict]:
+def _compare(engine, prompt: str, sides: dict[str, dict], repeats: int | None, with_times: bool,
+             run_ms: Callable[[dict], float | None]) -> Job[dict]:
     names = list(sides)
     load_before = os.getloadavg()
     for name in names:                                  # warm, untimed
         s = sides[name]
         yield from trace_steps(engine, prompt, {**s, "max_tokens": min(WARM_UP_TOKENS, s["max_tokens"])})
     runs: dict[str, list] = {name: [] for name in names}
+    ms: dict[str, list] = {name: [] for name in names}
     order, spent_ms, rounds = [], 0.0, 0
     while more_rounds(rounds, spent_ms, repeats):
         for name in (names if rounds % 2 == 0 else names[::-1]):
             order.append(name)
             run = yield from trace_steps(engine, prompt, sides[name], with_times)
             runs[name].append(run)
+            ms[name].append(run_ms(run))
             spent_ms += run["elapsed_ms"]
         rounds += 1
-    repeats = rounds
     reference = names[0]
-    ref_ms = [ms_per_token(run) for run in runs[reference]]
-    noise = {name: run_noise([ms_per_token(run) for run in runs[name]]) for name in names}
-    out = {"reference": reference, "repeats": repeats, "order": order, "noise": noise,
+    out = {"reference": reference, "repeats": rounds, "order": order,
            "load_average": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in os.getloadavg()],
            "cores": os.cpu_count(), "sides": {}}
     for name in names:
-        ms = [ms_per_token(run) for run in runs[name]]
-        side = {"settings": sides[name], "runs": runs[name], "ms_per_token": ms,
-                "median_ms_per_token": statistics.median(ms) if None not in ms else None,
-                "run": runs[name][median_index(ms)], "error": next((r["error"] for r in runs[name] if r["error"]), None)}
-        if name != reference:
-            side["speedup"] = speedup([a / b if a and b else None for a, b in zip(ref_ms, ms)], repeats,
-                                      max(noise[reference], noise[name]))
+        side = {"settings": sides[name], "runs": runs[name], "ms_per_token": ms[name],
+                "median_ms_per_token": statistics.median(ms[name]) if None not in ms[name] else None,
+                "run": runs[name][median_index(ms[name])],
+                "error": next((r["error"] for r in runs[name] if r["error"]), None)}
+        if name != reference:      # round by round: the reference's ms per token over this side's
+            side["speedup"] = speedup([a / b if a and b else None for a, b in zip(ms[reference], ms[name])], rounds)
         out["sides"][name] = side
     return out
 
@@ -129,34 +134,45 @@ def median_band(values: list) -> tuple[float, float]:
     return ranked[k - 1], ranked[n - k]
 
 
-def run_noise(ms: list) -> float:
-    """How much one setting's runs differ among themselves: half their `median_band` over their median
-    (MIN_NOISE at least; no runs or a failed one: MIN_NOISE)."""
-    if not ms or None in ms:
-        return MIN_NOISE
-    low, high = median_band(ms)
-    return max(MIN_NOISE, (high - low) / 2 / statistics.median(ms))
+def speed_verdict(low: float, high: float) -> str:
+    """The one verdict rule on a speed-up's spread (the paired rounds' `median_band`): "faster" when it lies wholly
+    above 1 + VERDICT_FLOOR, "slower" when wholly below 1 / (1 + VERDICT_FLOOR), else NO_CLEAR_DIFFERENCE.
+    Decided on the figures as `speedup_text` prints them (two decimals), so that the line never says other than
+    its numbers."""
+    above, below = floor_band()
+    if round(low, 2) > above:
+        return "faster"
+    if round(high, 2) < below:
+        return "slower"
+    return NO_CLEAR_DIFFERENCE
 
 
-def speedup(ratios: list, pairs: int, noise: float = MIN_NOISE) -> dict:
-    """Speed-ups of the rounds (None where a run failed): median, spread, verdict and a line saying them."""
+def floor_band() -> tuple[float, float]:
+    """The speed-ups too close to 1 to call, as printed: (1 + VERDICT_FLOOR, 1 / (1 + VERDICT_FLOOR))."""
+    return round(1 + VERDICT_FLOOR, 2), round(1 / (1 + VERDICT_FLOOR), 2)
+
+
+def speedup(ratios: list, pairs: int) -> dict:
+    """Speed-ups of the paired rounds (None where a run failed): median, spread, verdict and a line saying them."""
     if not ratios or None in ratios:
-        return {"values": ratios, "median": None, "low": None, "high": None, "verdict": None, "noise": noise,
+        return {"values": ratios, "median": None, "low": None, "high": None, "verdict": None,
                 "text": "not measured: a run failed"}
     (low, high), median = median_band(ratios), statistics.median(ratios)
-    verdict = "faster" if low > 1 + noise else "slower" if high < 1 - noise else NO_CLEAR_DIFFERENCE
-    return {"values": ratios, "median": median, "low": low, "high": high, "verdict": verdict, "noise": noise,
+    verdict = speed_verdict(low, high)
+    return {"values": ratios, "median": median, "low": low, "high": high, "verdict": verdict,
             "text": speedup_text(median, low, high, verdict, pairs)}
 
 
 def speedup_text(median: float, low: float, high: float, verdict: str, pairs: int) -> str:
-    """'1.31× faster (1.27–1.36× over 3 interleaved rounds)', '1.4× slower (…)', 'no clear difference here (…)'."""
+    """'1.31× faster (1.27–1.36× over 3 interleaved rounds)', '1.40× slower (…)', 'no clear difference here (1.03×;
+    0.98–1.08× over 3 interleaved rounds, not clear of 0.95–1.05×)'."""
     spread = f"{low:.2f}–{high:.2f}× over {pairs} interleaved rounds"
     if verdict == "faster":
         return f"{median:.2f}× faster ({spread})"
     if verdict == "slower":
         return f"{1 / median:.2f}× slower ({spread})"
-    return f"{NO_CLEAR_DIFFERENCE} ({median:.2f}×; {spread})"
+    above, below = floor_band()
+    return f"{NO_CLEAR_DIFFERENCE} ({median:.2f}×; {spread}, not clear of {below:.2f}–{above:.2f}×)"
 
 
 def against_plain_steps(engine: InferenceEngine, prompt: str, settings: dict, repeats: int | None = None) -> Job[dict]:

@@ -10,6 +10,8 @@ the side's runs, the speed-up the comparison's median, spread and verdict.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from ..external.engine_race import SETTING as ENGINE_RACE
 from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
@@ -143,23 +145,26 @@ def verdict(label_b: str, fa: dict, fb: dict, speed: dict) -> dict:
 
 
 def race(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "method", values=None,
-         repeats: int | None = None) -> dict:
-    return run_to_end(race_steps(engine, prompt, settings, setting, values, repeats))
+         repeats: int | None = None, run_ms: Callable[[dict], float | None] | None = None) -> dict:
+    return run_to_end(race_steps(engine, prompt, settings, setting, values, repeats, run_ms))
 
 
 def race_steps(engine: InferenceEngine, prompt: str, settings: dict, setting: str = "method",
-               values=None, repeats: int | None = None) -> Job[dict]:
+               values=None, repeats: int | None = None,
+               run_ms: Callable[[dict], float | None] | None = None) -> Job[dict]:
     """The prompt run with `setting` = values[0] (side a) and = values[1] (side b), all else the same.
 
     A race of γ needs something to propose: with method "none" it uses the draft model (or n-gram lookup).
     Greedy runs that differ only in how they compute (KV cache, speculative decoding) write the same text.
-    Bad settings raise here, when the job is made, not once it has its turn."""
+    Bad settings raise here, when the job is made, not once it has its turn. run_ms: as the comparison's
+    (engine/experiments/compare.py), for a test that controls the timing it checks."""
     s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
     if setting == "num_speculative_tokens" and s["method"] == "none":
         target = engine.registry.get(s["model"])
         s["method"] = "draft_model" if engine.registry.draft_for(target) is not None else "ngram"
     a, b = race_values(engine, s, setting, values)
-    comparison = comparison_steps(engine, prompt, {"a": {**s, setting: a}, "b": {**s, setting: b}}, repeats)
+    comparison = comparison_steps(engine, prompt, {"a": {**s, setting: a}, "b": {**s, setting: b}}, repeats,
+                                  run_ms=run_ms)
     return _race_runs(s, setting, (a, b), comparison)
 
 

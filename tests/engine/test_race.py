@@ -1,7 +1,9 @@
 """A race of two settings (engine/experiments/race.py): each side's figures are the engine's, the verdict quotes them."""
+import statistics
+
 import pytest
 
-from engine.experiments.compare import speedup
+from engine.experiments.compare import NO_CLEAR_DIFFERENCE, speedup
 from engine.experiments.race import default_values, race, race_choices, verdict
 from engine.external.engine_race import OURS, engine_pair, their_weight_bytes
 from engine.external.openai_stream import ExternalEngine
@@ -91,7 +93,50 @@ def test_the_verdict_reads_ratios_both_ways_and_quotes_the_comparison():
                         "interleaved rounds)." and v["speedup"] == 0.5 and v["speed_verdict"] == "slower"
     v = verdict("A", fb, fa, speedup([2.0, 0.9, 2.1], 3))
     assert v["text"] == "A: 4.0× fewer KV bytes/token, engine time per token no clear difference here (2.00×; " \
-                        "0.90–2.10× over 3 interleaved rounds)." and v["speed_verdict"] == "no clear difference here"
+                        "0.90–2.10× over 3 interleaved rounds, not clear of 0.95–1.05×)." \
+        and v["speed_verdict"] == "no clear difference here"
+
+
+# Races timed by a clock the test controls (the comparison's `run_ms`): every run is the engine's, only its ms per
+# token is given. Round r's load multiplies both sides' times alike (DRIFT: 0.6-1.8x from round to round, each
+# side's own run-to-run spread far wider than the speed-up), as the rounds are interleaved for.
+DRIFT = (1.0, 1.8, 0.6, 1.3, 0.7, 1.5)
+
+
+def paired_clock(setting: str, a_value, ratios) -> dict:
+    """ms per token for each timed run as it ends: 2 ms times round r's DRIFT, side b ratios[r] times faster."""
+    seen = {"a": 0, "b": 0}
+
+    def run_ms(run: dict) -> float:
+        side = "a" if run["settings"][setting] == a_value else "b"
+        r = seen[side]
+        seen[side] += 1
+        return 2.0 * DRIFT[r] / (ratios[r] if side == "b" else 1.0)
+    return run_ms
+
+
+def test_a_race_whose_sides_time_alike_round_by_round_says_no_clear_difference(family):
+    """Both sides take the same time in every round, however the rounds differ: the identical settings' case."""
+    r = race(family(draft="twin"), PROMPT, {"method": "draft_model", "max_tokens": 12}, repeats=len(DRIFT),
+             run_ms=paired_clock("method", "none", [1.0] * len(DRIFT)))
+    v = r["verdict"]
+    assert (v["speed_verdict"], v["speedup"], v["low"], v["high"]) == (NO_CLEAR_DIFFERENCE, 1.0, 1.0, 1.0)
+    assert "engine time per token no clear difference here (1.00×; 1.00–1.00× over 6 interleaved rounds, not " \
+           "clear of 0.95–1.05×)" in v["text"]
+
+
+def test_a_race_whose_paired_spread_lies_above_the_floor_says_faster(family):
+    """The spread of the race that once said "no clear difference here (1.21×; 1.12–1.35× over 6 interleaved
+    rounds)": its rounds' ratios lie wholly above 1.05, though each side's own runs spread 0.6-1.8x."""
+    ratios = (1.21, 1.12, 1.35, 1.18, 1.30, 1.25)
+    r = race(family(draft="twin"), PROMPT, {"method": "draft_model", "max_tokens": 12}, repeats=len(DRIFT),
+             run_ms=paired_clock("method", "none", ratios))
+    a, b = r["lanes"]
+    assert a["figures"]["ms_per_token"] == pytest.approx(2.0 * statistics.median(DRIFT))
+    v = r["verdict"]
+    assert v["speed_verdict"] == "faster" and v["speedup"] == pytest.approx(statistics.median(ratios))
+    assert (v["low"], v["high"]) == pytest.approx((1.18, 1.30))     # the 2nd lowest and highest of 6 rounds
+    assert "engine time per token 1.23× faster (1.18–1.30× over 6 interleaved rounds)" in v["text"]
 
 
 def test_an_engine_race_pairs_our_engine_on_our_model_with_a_configured_server():
