@@ -42,7 +42,7 @@ from pathlib import Path
 from cli.bench.browser import CHROMIUM, busy_processes, new_tab, wait_until_quiet
 from cli.bench.served import Server
 from cli.bench.smollm2 import SUMMARY_PROMPT
-from engine.experiments.compare import abba_order, run_noise, speedup
+from engine.experiments.compare import abba_order, speedup
 from engine.model.thread_choice import available_cores, candidate_threads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ def generate_comparison(prompt: str, settings: dict, repeats: int, models_dir, t
     for name in abba_order(list(sides), repeats):
         runs[name].append(generate_run(prompt, sides[name], models_dir, threads))
     ms = {name: [r["ms_per_token"] for r in v] for name, v in runs.items()}
-    s = speedup([a / b for a, b in zip(ms["plain"], ms["method"])], repeats, max(map(run_noise, ms.values())))
+    s = speedup([a / b for a, b in zip(ms["plain"], ms["method"])], repeats)
     return {"speedup": s, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["method"]),
             "plain_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["plain"]),
             "same_text": runs["plain"][0]["text"] == runs["method"][0]["text"], "runs": runs}
