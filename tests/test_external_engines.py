@@ -268,3 +268,89 @@ def test_a_server_the_app_starts_says_in_the_selector_that_it_is_starting_or_fai
     assert label(state="failed", ready=False, error="boom") == " (failed)"
     assert label(state="ready", ready=True) == "" and label() == ""
 
+
+
+# --- serve's terminal: our lines only ------------------------------------------------------------------
+def test_serve_prints_no_line_of_llamacpps_own_and_says_where_its_log_is(models_dir, tmp_path):
+    """`serve` as `make run` starts it (llama.cpp on by default), read until it answers and llama.cpp is up:
+    every line on its stdout and stderr is one of ours (the structured `ts=... level=...` format); llama.cpp's
+    own lines are in the log file our line names, under the cache folder."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    reason = unavailable_reason(gguf_path())
+    if reason:
+        pytest.skip(f"!!! serve's quiet terminal with llama.cpp SKIPPED: {reason} !!!")
+    cache = tmp_path / "cache"
+    (cache / "gguf").mkdir(parents=True)
+    (cache / "gguf" / gguf_path().name).symlink_to(gguf_path())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DECODING_PLAYGROUND_CACHE": str(cache), "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
+                             "--models-dir", str(models_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines, up = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if sum("its own output: " in ln for ln in lines) == 2 and any("serving on" in ln for ln in lines):
+                up.set()
+        up.set()                                        # it ended: the assertion below says how
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        up.wait(120)
+        assert proc.poll() is None and sum("its own output: " in ln for ln in lines) == 2, \
+            "serve did not say it serves with both llama.cpp servers within 120 s:\n" + "\n".join(lines)
+        deadline = time.monotonic() + 60                # "serving on" comes before uvicorn binds the port
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                    assert r.status == 200
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "serve did not answer:\n" + "\n".join(lines)
+                time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        reader.join(timeout=10)
+    logs = sorted((cache / "logs").glob("llamacpp-*.log"))
+    said = [ln.split("its own output: ", 1)[1].strip('"') for ln in lines if "its own output: " in ln]
+    assert sorted(map(str, logs)) == sorted(said), (said, logs)
+    theirs = {ln.strip() for log in logs for ln in log.read_text().splitlines() if ln.strip()}
+    assert any(" srv " in ln and "load_model" in ln for ln in theirs), "llama.cpp's own lines are not in its log"
+    assert not [ln for ln in lines if ln.strip() in theirs], "a line of llama.cpp's own reached the terminal"
+    assert all(ln.startswith("ts=") for ln in lines if ln.strip()), "\n".join(ln for ln in lines if not ln.startswith("ts="))
+
+
+def test_llamacpps_errors_reach_us_as_an_excerpt_of_its_log(tmp_path):
+    """llama.cpp in its child process: a file it cannot load ends the start with its own words and where its log
+    is; a server that dies while serving (killed here on purpose) is said to have died, with the same."""
+    from engine.external.llamacpp_server import EmbeddedLlamaCpp
+
+    reason = unavailable_reason(gguf_path())
+    if reason:
+        pytest.skip(f"!!! llama.cpp's error excerpts SKIPPED: {reason} !!!")
+    bad = tmp_path / "bad.gguf"
+    bad.write_text("not a GGUF file")
+    with pytest.raises(RuntimeError, match=r"llama\.cpp exited with code 1 while starting: .*failed to load model.*"
+                                           r"\(its log: .*logs/llamacpp-plain-1t\.log\)"):
+        EmbeddedLlamaCpp.start(bad, cache=tmp_path)
+    server = EmbeddedLlamaCpp.start(gguf_path(), cache=tmp_path)
+    try:
+        assert server.log_path.parent == tmp_path / "logs" and "load_model" in server.log_path.read_text()
+        server.process.kill()
+        said = []
+        server.on_exit(lambda fmt, *args: said.append(fmt % args))
+        assert len(said) == 1 and said[0].startswith(f"!!! {LABEL} exited with code -9: ")
+        assert said[0].endswith(f"(its log: {server.log_path})") and "listening on" in said[0]   # its last lines
+    finally:
+        server.close()
+    server.on_exit(lambda *_: pytest.fail("a server we closed is not said to have died"))

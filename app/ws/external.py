@@ -45,8 +45,8 @@ def start_embedded_llamacpp(threads: int) -> list[EmbeddedLlamaCpp]:
         except Exception as e:  # noqa: BLE001 - the rest of the playground serves without it
             logger.error("llama.cpp could not start on %s: %s: %s", path, type(e).__name__, e)
             continue
-        logger.warning("%s: %s on %s with %d thread(s) (loopback only, API key per process)",
-                       server.engine.name, path.name, server.engine.base_url, threads)
+        logger.warning("%s: %s on %s with %d thread(s) (loopback only, API key per process); its own output: %s",
+                       server.engine.name, path.name, server.engine.base_url, threads, server.log_path)
         servers.append(server)
     return servers
 

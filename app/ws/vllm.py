@@ -106,9 +106,11 @@ class VllmFleet:
 
     async def _start_in_turn(self) -> None:
         logger.warning("vLLM %s (%s): %d server(s) in turn (%s), %d thread(s) each, float32, %s mode, "
-                       "%d GiB KV cache each, about 3.6 GB of memory each; loopback only, API key per process",
+                       "%d GiB KV cache each, about 3.6 GB of memory each; loopback only, API key per process; "
+                       "their own output: %s",
                        self.venv.name, self.venv, len(self.servers), ", ".join(s.variant.key for s in self.servers),
-                       self.threads, "eager" if self.eager else "torch.compile", KV_CACHE_GIB)
+                       self.threads, "eager" if self.eager else "torch.compile", KV_CACHE_GIB,
+                       self.servers[0].log_path.parent)
         for server in self.servers:
             t0 = time.monotonic()
             server.start()

@@ -10,7 +10,8 @@ port, an API key only this process knows, float32, on the fetched SmolLM2 checkp
 vLLM writes sockets and temporary files (ZMQ, torch's, its distributed init file) to TMPDIR and
 VLLM_RPC_BASE_PATH, its compile cache to VLLM_CACHE_ROOT and ~/.config/vllm: all point into our cache folder,
 the temporary ones into a run folder of this process that `stop` removes (and that the next start removes
-if this process died without stopping it). Its environment holds only what it needs: none of ours (our
+if this process died without stopping it). Its own output goes to logs/VARIANT.log in our cache folder's vllm/
+(engine/external/child_process.py), never to our terminal; what fails reaches us as an excerpt of it. Its environment holds only what it needs: none of ours (our
 token, another server's key) reaches it, and the key is in its environment, not on its command line.
 
 It runs `python -m vllm.entrypoints.launchers.api_server.entry`, not the `vllm` command: that command reads
@@ -19,11 +20,9 @@ the version of a distribution named `vllm` and fails (PackageNotFoundError) in t
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import os
 import random
-import re
 import secrets
 import shutil
 import signal
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import httpx
 
+from .child_process import die_with_parent, error_excerpt, read_tail, server_log
 from .openai_stream import ExternalEngine, StreamLimits
 from .vllm_rounds import StepRules
 
@@ -110,23 +110,6 @@ def free_port(rng: random.Random | None = None) -> int:
     raise RuntimeError("no free port")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the process that started it dies (no orphan after a kill -9)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def error_excerpt(log: str, limit: int = 1200) -> str:
-    """vLLM's own words for why it stopped: the last error lines of its log (a traceback's last line first)."""
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    wanted = [ln for ln in lines if re.search(r"(\w+Error\b|Exception\b|ERROR|Killed|No such file)", ln)
-              and "Traceback" not in ln and " WARNING " not in ln]
-    text = " | ".join(dict.fromkeys(wanted[-4:] or lines[-4:]))
-    return text[-limit:] if text else "no output"
-
-
 def remove_stale_runs(run_root: Path) -> None:
     """Run folders of processes that are gone (a kill -9 leaves them)."""
     for folder in run_root.glob("*-*") if run_root.is_dir() else ():
@@ -171,8 +154,8 @@ class VllmServer:
 
     @property
     def log_path(self) -> Path:
-        """Its output while it runs (the run folder's); a failed server's is kept as logs/VARIANT-failed.log."""
-        return self.run_dir / "vllm.log"
+        """Its output (its latest start's: logs/VARIANT.log); a failed server's is kept as logs/VARIANT-failed.log."""
+        return server_log(self.cache, self.variant.key)
 
     @property
     def failed_log_path(self) -> Path:
@@ -222,7 +205,7 @@ class VllmServer:
             self.process = subprocess.Popen(self.command(self.port), env=self.environment(self.engine.api_key),
                                             cwd=self.run_dir,
                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True, preexec_fn=_die_with_parent)
+                                            start_new_session=True, preexec_fn=die_with_parent)
 
     async def wait_ready(self, timeout_s: float = START_TIMEOUT_S, poll_s: float = 0.5) -> bool:
         """Until /health answers (ready), the process ends or the time is up (failed, with vLLM's reason)."""
@@ -252,11 +235,7 @@ class VllmServer:
         self.engine.description.update(self.describe())
 
     def log_text(self, limit: int = 200_000) -> str:
-        try:
-            data = self.log_path.read_bytes()
-        except OSError:
-            return ""
-        return data[-limit:].decode("utf-8", "replace")
+        return read_tail(self.log_path, limit)
 
     def describe(self) -> dict:
         """What the model list shows: the state (ready flag), why it failed, the settings it started with."""
