@@ -7,11 +7,6 @@ import sys
 import engine  # noqa: F401  (pins BLAS to one thread before numpy is imported)
 
 
-def cmd_bench(args) -> int:
-    from cli.bench import engine as bench
-    return bench.run(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="decoding-playground",
                                 description="Watch an LLM decode: KV cache, paged blocks, speculative decoding.")
@@ -37,28 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_bench_parsers(sub) -> None:
+    from cli.bench import engine, engines, faults, heads, page, serve, smollm2, views
+
     b = sub.add_parser("bench", help="measure the engine (results also go to docs/benchmarks.md)")
     bsub = b.add_subparsers(dest="bench_command", required=True)
-    be = bsub.add_parser("engine", help="decode, prefill, prefix reuse, GQA attention, KV bytes")
-    be.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run, a few seconds)")
-    be.add_argument("--json", action="store_true", help="print the results as JSON")
-    be.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
-    be.add_argument("--models-dir", default=None, help="models for the speculative sweep (default: models/)")
-    be.set_defaults(func=cmd_bench)
-    from cli.bench import page as bench_page
-    bench_page.add_parser(bsub)
-    from cli.bench import smollm2 as bench_smollm2
-    bench_smollm2.add_parser(bsub)
-    from cli.bench import heads as bench_heads
-    bench_heads.add_parser(bsub)
-    from cli.bench import serve as bench_serve
-    bench_serve.add_parser(bsub)
-    from cli.bench import engines as bench_engines
-    bench_engines.add_parser(bsub)
-    from cli.bench import faults as bench_faults
-    bench_faults.add_parser(bsub)
-    from cli.bench import views as bench_views
-    bench_views.add_parser(bsub)
+    for bench in (engine, page, smollm2, heads, serve, engines, faults, views):
+        bench.add_parser(bsub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -239,7 +239,7 @@ def test_serve_options_override_the_environment(tmp_path, monkeypatch):
     assert config.models_dir == tmp_path and config.max_sessions == 5
     assert config.allowed_origins == ("https://a.example", "https://b.example")
     assert config.embed_frame_ancestors == "'self'"
-    assert build_parser().parse_args(["bench", "page", "--quick"]).func.__module__ == "cli.bench.page"
+    assert build_parser().parse_args(["bench", "page", "--quick"]).measure.__module__ == "cli.bench.page"
 
 
 def test_streamed_tokens_are_escaped_and_whitespace_made_visible():

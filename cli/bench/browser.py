@@ -1,13 +1,14 @@
-"""The page in headless Chromium for the benches: one tab reloaded per run, Chromium's own CPU time, waiting until
-the previous page has gone quiet, and what else keeps the shared machine busy."""
+"""The page in headless Chromium for the benches: one tab reloaded per run, Chromium's own CPU time, and waiting
+until the previous page has gone quiet."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 import urllib.parse
+from contextlib import contextmanager
 from pathlib import Path
 
+from cli.bench.lib import cpu_seconds
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -68,17 +69,6 @@ def chromium_pids() -> list[int]:
     return pids
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
-
-
 def wait_until_quiet(max_cpu: float = 0.05, window_s: float = 0.25, timeout_s: float = 5.0) -> float:
     """Wait until Chromium's processes use less than `max_cpu` of a core over `window_s` (what the previous
     page left behind: its unload, its last frames), at most `timeout_s`. Returns the seconds waited."""
@@ -92,17 +82,22 @@ def wait_until_quiet(max_cpu: float = 0.05, window_s: float = 0.25, timeout_s: f
     return time.monotonic() - start
 
 
-def browser_run(page, base_url: str, settings: dict, timeout_s: float = 120, quiet=None) -> dict:
-    query = urllib.parse.urlencode({"autoplay": "1", "speed": "max", "prompt": PROMPT,
-                                    **{k: str(v) for k, v in settings.items()}})
+def load_until_done(page, url: str, timeout_s: float = 120) -> float:
+    """Load the page at `url` (after a blank page and Chromium gone quiet) and wait for its run's `done`; the CPU
+    seconds Chromium's processes spent meanwhile."""
     page.goto("about:blank")
-    if quiet is not None:
-        quiet()
+    wait_until_quiet()
     pids = chromium_pids()
     cpu_before = cpu_seconds(pids)
     with page.expect_console_message(lambda m: m.text == "bench:done", timeout=timeout_s * 1000):
-        page.goto(f"{base_url}/?{query}")
-    cpu_s = cpu_seconds(pids + [p for p in chromium_pids() if p not in pids]) - cpu_before
+        page.goto(url)
+    return cpu_seconds(pids + [p for p in chromium_pids() if p not in pids]) - cpu_before
+
+
+def browser_run(page, base_url: str, settings: dict, timeout_s: float = 120) -> dict:
+    query = urllib.parse.urlencode({"autoplay": "1", "speed": "max", "prompt": PROMPT,
+                                    **{k: str(v) for k, v in settings.items()}})
+    cpu_s = load_until_done(page, f"{base_url}/?{query}", timeout_s)
     s = page.evaluate("""() => Object.assign({}, window.playgroundStats, {start: window.__benchStart,
                            statusText: document.getElementById('run-status').textContent})""")
     wall = (s["doneAt"] - s["start"]) / 1e3
@@ -114,13 +109,17 @@ def browser_run(page, base_url: str, settings: dict, timeout_s: float = 120, qui
             "long_tasks": len(streaming), "max_long_task_ms": max((t["duration"] for t in streaming), default=0.0)}
 
 
-def busy_processes() -> list[str]:
-    """Other processes using a lot of CPU right now (the machine is shared), as `name pid %cpu`."""
-    try:
-        out = subprocess.run(["ps", "-eo", "pid,pcpu,comm", "--sort=-pcpu"], capture_output=True, text=True,
-                             timeout=5).stdout.splitlines()[1:]
-    except (OSError, subprocess.SubprocessError):
-        return []
-    me = os.getpid()
-    return [f"{cmd} {pid} {cpu}%" for pid, cpu, cmd in (line.split(None, 2) for line in out)
-            if float(cpu) >= 20 and int(pid) != me]
+@contextmanager
+def chromium_tab(bench: str):
+    """Headless Chromium (Playwright with Debian's /usr/bin/chromium) and the one tab every run loads the page into."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        raise SystemExit(f"bench {bench} needs Chromium at {CHROMIUM} (make browser)")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                     args=["--disable-gpu", "--no-sandbox", "--disable-background-networking"])
+        try:
+            yield new_tab(browser)
+        finally:
+            browser.close()

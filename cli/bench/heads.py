@@ -18,16 +18,15 @@ of 4 paragraphs written here.
 """
 from __future__ import annotations
 
-import datetime as dt
 import json
 from pathlib import Path
 
 import numpy as np
 
+from cli.bench.heads_runs import NAME, best_row, current_defaults, eagle_sweep, generate, measure, record_defaults
 from cli.bench.heads_vllm import compare as vllm_compare
-from cli.bench.heads_vllm import markdown as vllm_markdown
-from cli.bench import heads_threads
-from cli.bench.heads_runs import NAME, generate, measure
+from cli.bench.heads_vllm import tables as vllm_tables
+from cli.bench.lib import add_bench, machine, shown, table
 from engine.experiments.shootout import SPEC_BENCH, h100_speedup
 from engine.model.thread_choice import request_threads
 from engine.model.threads import threads
@@ -72,8 +71,9 @@ def configs(quick: bool) -> list[tuple[str, dict]]:
                                                 "draft_confidence_threshold": CONFIDENCE})])
 
 
-def run(args) -> int:
+def run(args) -> dict:
     from engine.model.fetched import fetched_models
+    started = machine()
     request_threads(args.threads)                 # the weight products' threads (the default: measured at load)
     reg = ModelRegistry(fetched_models())
     if NAME not in reg.models:
@@ -84,77 +84,77 @@ def run(args) -> int:
     cfgs = [c for c in configs(args.quick) if c[1]["method"] not in ("eagle", "medusa") or c[1]["method"] in heads]
     generate(engine, OPEN[0], 8, method="none")                                           # warm up
     sets = {"open questions": OPEN[:1] if args.quick else OPEN, "summaries": SUMMARIES[:1] if args.quick else SUMMARIES}
-    out = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "model": NAME,
-           "max_tokens": args.max_tokens, "repeats": args.repeats, "threads": threads(), "sets": {}}
+    out = {"machine": started, "model": NAME, "max_tokens": args.max_tokens, "repeats": args.repeats, "threads": threads(),
+           "sets": {}}
     for label, prompts in sets.items():
         cs = cfgs if label == "open questions" else [c for c in cfgs if c[1]["method"] == "eagle"]
-        r = measure(engine, prompts, args.max_tokens, args.repeats, cs)
+        r = measure(engine, prompts, args.max_tokens, args.repeats, cs)[None]
         for row in r["rows"]:
             row["h100_projected"] = h100_speedup(engine, lm, row["method"], row["mean_acceptance_length"],
                                                   row["draft_calls_per_round"], context=256)
         out["sets"][label] = r
-        print(markdown_set(label, r), flush=True)
     if args.compare_threads and "eagle" in heads:
         counts = sorted({1, max(2, threads())})
-        out["by_threads"] = heads_threads.compare(engine, sets["open questions"], args.max_tokens, args.repeats,
-                                                  counts, args.quick)
-        print("\n".join(heads_threads.markdown(out["by_threads"])), flush=True)
+        out["by_threads"] = measure(engine, sets["open questions"], args.max_tokens, args.repeats,
+                                    eagle_sweep(args.quick), counts)
     held_out = np.array([i for r in out["sets"].values() for i in r.pop("plain_ids")])
+    for r in out.get("by_threads", {}).values():
+        r.pop("plain_ids")
     out["heads"] = {m: {"parameters": h.num_parameters, "vocab_subset": len(h.subset),
                         "coverage_held_out": float(np.isin(held_out, h.subset).mean())} for m, h in heads.items()}
     if "eagle" in heads and not args.no_vllm:                 # vLLM's acceptance with our head, beside ours
         out["vllm"] = vllm_compare(engine, reg, lm, sets["open questions"], args.max_tokens)
-        print("\n".join(vllm_markdown(out["vllm"])), flush=True)
-    if args.json:
-        print(json.dumps(out, indent=1))
-    if not args.no_write and not args.quick:
-        from cli.bench.engine import write_section
-        write_section("heads", markdown(out))
+    if not args.quick and not args.no_write:
         (HEADS_DIR / NAME / "bench.json").write_text(json.dumps(out, indent=1))
         write_card(HEADS_DIR / NAME, out)
-        current = heads_threads.current_defaults(HEADS_DIR / NAME)
-        best = {t: heads_threads.best_row(r["rows"], current.get(t)) for t, r in out.get("by_threads", {}).items()}
-        best[out["threads"]] = heads_threads.best_row(out["sets"]["open questions"]["rows"], current.get(out["threads"]))
-        heads_threads.record_defaults(HEADS_DIR / NAME, out["date"], best)
-    return 0
+        current = current_defaults(HEADS_DIR / NAME)
+        best = {t: best_row(r["rows"], current.get(t)) for t, r in out.get("by_threads", {}).items()}
+        best[out["threads"]] = best_row(out["sets"]["open questions"]["rows"], current.get(out["threads"]))
+        record_defaults(HEADS_DIR / NAME, out["machine"]["date"], best)
+    return out
 
 
-def markdown_set(label, r) -> str:
-    lines = [f"**{label}** (plain decoding: {r['t1_ms']:.1f} ms per one-token forward in these runs)", "",
-             "| config | mean acceptance length | acceptance per position | α | draft forwards per round | c | "
-             "t(verify)/t(1) | predicted | measured, decode | measured, whole generation | H100 projection | identical output |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for x in r["rows"]:
-        h = f"{x['h100_projected']:.2f}x" if x.get("h100_projected") else "–"
-        lines.append(f"| {x['config']} | {x['mean_acceptance_length']:.2f} | "
-                     f"{' / '.join(f'{a:.2f}' for a in x['acceptance_per_position'])} | {x['alpha']:.2f} | "
-                     f"{x['draft_calls_per_round']:.2f} | {x['c']:.3f} | "
-                     f"{x['verify_ratio']:.2f} | {x['predicted']:.2f}x | {x['measured']:.2f}x | {x['measured_wall']:.2f}x | {h} | "
-                     f"{'yes' if x['identical'] else 'NO'} |")
-    return "\n".join(lines)
+def set_table(label: str, r: dict) -> str:
+    return table(["config", "mean acceptance length", "acceptance per position", "α", "draft forwards per round", "c",
+                  "t(verify)/t(1)", "predicted", "measured, decode", "measured, whole generation", "H100 projection",
+                  "identical output"],
+                 [[x["config"], x["mean_acceptance_length"], " / ".join(f"{a:.2f}" for a in x["acceptance_per_position"]),
+                   x["alpha"], x["draft_calls_per_round"], f"{x['c']:.3f}", x["v"], f"{x['predicted']:.2f}x",
+                   shown(x["decode_speedup"]), f"{x['measured_wall']:.2f}x",
+                   f"{x['h100_projected']:.2f}x" if x.get("h100_projected") else None, x["identical"]]
+                  for x in r["rows"]],
+                 f"{label} (plain decoding: {r['t1_ms']:.1f} ms per one-token forward in these runs)")
 
 
-def markdown(out) -> str:
-    lines = [f"Run {out['date']}: `decoding-playground bench heads` ({out['model']}, chat template, temperature 0, "
-             f"{out.get('threads', 1)} thread{'s' * (out.get('threads', 1) > 1)} for the weight products, "
-             f"{out['max_tokens']} tokens, {out['repeats']} interleaved repeats; each run a fresh generation with an "
-             "empty prefix cache, wall-clock; speed-ups of the decode phase and of the whole generation). Heads: " + ", ".join(f"{m} {h['parameters']:,} parameters + LM head rows of a "
-                                                 f"{h['vocab_subset']:,}-token subset" for m, h in out["heads"].items()),
-             ""]
-    for label, r in out["sets"].items():
-        lines += [markdown_set(label, r), ""]
-    lines += targets_lines(out["sets"])
+def threads_tables(r: dict) -> list[str]:
+    counts = sorted(r)
+    rows = [[row["config"], *(f"{x['mean_acceptance_length']:.2f} / {x['c']:.3f} / {x['v']:.2f} / "
+                              f"{shown(x['decode_speedup'])}{'' if x['identical'] else ' (output differs)'}"
+                              for x in (r[t]["rows"][i] for t in counts))]
+            for i, row in enumerate(r[counts[0]]["rows"])]
+    best = [[t, (b := best_row(r[t]["rows"])) and b["config"], b and f"{b['measured']:.2f}x", r[t]["t1_ms"]]
+            for t in counts]
+    return [table(["config", *(f"{t} thr.: L / c / v / speed-up" for t in counts)], rows,
+                  "EAGLE per thread count (open questions, the counts taking turns)"),
+            table(["threads", "best setting", "its speed-up", "one-token forward ms"], best)]
+
+
+def tables(out: dict) -> list[str]:
+    heads = table(["head", "parameters", "vocabulary subset (LM head rows)", "coverage of the plain answers"],
+                  [[m, f"{h['parameters']:,}", f"{h['vocab_subset']:,}", f"{h['coverage_held_out']:.1%}"]
+                   for m, h in out["heads"].items()],
+                  f"{out['model']}, chat, temperature 0, {out['threads']} thread(s), {out['max_tokens']} tokens, "
+                  f"{out['repeats']} repeats")
+    lines = [heads, *(set_table(label, r) for label, r in out["sets"].items()), goals_table(out["sets"])]
     if "vllm" in out:
-        lines += vllm_markdown(out["vllm"]) + [""]
+        lines += vllm_tables(out["vllm"])
     if "by_threads" in out:
-        lines += heads_threads.markdown(out["by_threads"])
-    lines += ["Spec-Bench (Vicuna-7B, A100) mean acceptance lengths for comparison: "
-              + ", ".join(f"{m} {v}" for m, v in SPEC_BENCH.items()) + "."]
-    return "\n".join(lines)
+        lines += threads_tables(out["by_threads"])
+    return lines + [table(["Spec-Bench (Vicuna-7B, A100)", *SPEC_BENCH], [["mean acceptance length", *SPEC_BENCH.values()]])]
 
 
-def targets_lines(sets: dict) -> list[str]:
-    """Issue 18's targets, read off this run: best γ by measured speed-up, identical output required."""
+def goals_table(sets: dict) -> str:
+    """The goals, read off this run: best γ by measured speed-up, identical output required."""
     def best(label, method):
         rows = [x for x in sets.get(label, {}).get("rows", []) if x["method"] == method]
         return max(rows, key=lambda x: x["measured"] if x["identical"] else 0.0, default=None)
@@ -168,18 +168,17 @@ def targets_lines(sets: dict) -> list[str]:
               ("EAGLE at its best γ, summaries (decode)", summary, "measured", ">=", 1.8),
               ("Medusa at its best γ, open questions (decode)", medusa, "measured", ">=", 1.25),
               ("c of EAGLE at its best γ, open questions", eagle, "c", "<=", 0.08)]
-    lines = ["**Targets** (issue 18)", "", "| target | measured | goal | met |", "|---|---|---|---|"]
+    rows = []
     for what, row, key, op, bound in checks:
         if row is not None:
             v = row[key]
-            met, goal = (v >= bound if op == ">=" else v <= bound), f"{op} {bound}"
-            unit = "x" if key == "measured" else ""
-            lines.append(f"| {what} | {v:.{3 if key == 'c' else 2}f}{unit} ({row['config']}"
-                         f"{'' if row['identical'] else ', output differs'}) | {goal} | {'yes' if met and row['identical'] else '**no**'} |")
+            met = (v >= bound if op == ">=" else v <= bound) and row["identical"]
+            rows.append([what, f"{v:.{3 if key == 'c' else 2}f}{'x' if key == 'measured' else ''} ({row['config']}"
+                         f"{'' if row['identical'] else ', output differs'})", f"{op} {bound}", met])
     if error is not None:
-        lines.append(f"| measured (decode) within 10% of predicted, every row | {error:.1%} at most | <= 10% | "
-                     f"{'yes' if error <= 0.10 else '**no**'} |")
-    return lines + [""]
+        rows.append(["measured (decode) within 10% of predicted, every row", f"{error:.1%} at most", "<= 10%",
+                     error <= 0.10])
+    return table(["goal", "measured", "target", "met"], rows)
 
 
 def held_out_lines(held: dict | None) -> list[str]:
@@ -255,10 +254,10 @@ def write_card(folder: Path, bench: dict) -> None:
     lines += held_out_lines(training.get("held_out"))
     lines += [
               "## Measured (held-out prompts, temperature 0)", "",
-              f"From `decoding-playground bench heads`, {bench['date']} (docs/benchmarks.md, `bench heads`, says what "
+              f"From `decoding-playground bench heads`, {bench['machine']['date']} (docs/benchmarks.md, `bench heads`, says what "
               "limits them):", ""]
     for label, r in bench["sets"].items():
-        lines += [markdown_set(label, r), ""]
+        lines += [set_table(label, r), ""]
     lines += ["c: drafting time per draft forward over the plain runs' one-token forward, in the same runs. "
               "γ≤k, q≥τ: a round drafts at most k tokens and stops at the first one the head gives less than τ "
               "(the setting `draft_confidence_threshold`).",
@@ -271,17 +270,14 @@ def write_card(folder: Path, bench: dict) -> None:
 
 
 def add_parser(bsub) -> None:
-    b = bsub.add_parser("heads", help="SmolLM2: EAGLE and Medusa heads against plain decoding (fresh generations)")
-    b.add_argument("--quick", action="store_true", help="one prompt per set, eagle and medusa at γ = 3 only")
+    b = add_bench(bsub, "heads", "SmolLM2: EAGLE and Medusa heads against plain decoding (fresh generations)", run,
+                  tables, quick="one prompt per set, eagle and medusa at γ = 3 only")
     b.add_argument("--max-tokens", type=int, default=96)
     b.add_argument("--repeats", type=int, default=2)
-    b.add_argument("--json", action="store_true")
-    b.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     b.add_argument("--no-vllm", action="store_true",
                    help="leave out vLLM's acceptance with our EAGLE head (it starts a vLLM server: 3.6 GB)")
     b.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="threads for the weight products (default: measured at load, as serve does)")
     b.add_argument("--compare-threads", action="store_true",
-                   help="also sweep EAGLE's γ and threshold at 1 and N threads, interleaved (the demo's defaults "
+                   help="also sweep EAGLE's γ and threshold at 1 and N threads, taking turns (the demo's defaults "
                         "per thread count)")
-    b.set_defaults(func=run)

@@ -1,76 +1,95 @@
-"""`bench heads`' runs and their figures: fresh generations of SmolLM2 as `generate` runs them, and the speed-ups,
-acceptance, c and v that `bench heads` and its thread part read from them (the method: cli/bench/heads.py)."""
+"""`bench heads`' runs and their figures: fresh generations of SmolLM2 as `generate` runs them, per thread count, and
+the speed-ups, acceptance, c and v read from them (the method: cli/bench/heads.py); and the demo's EAGLE setting per
+thread count that a run records (models/heads/smollm2-135m/demo.json, read by engine/spec_decode/heads.py).
+
+Whether speculation gains from more threads depends on how the verification of γ + 1 rows (v = t(γ+1)/t(1)) and
+the head's drafting (c) scale against the one-token step, so the best setting is a property of the thread count.
+"""
 from __future__ import annotations
 
+import json
 import statistics
-import time
+from contextlib import nullcontext
+from pathlib import Path
 
-from engine.serving.session import GenerationSession
-
+from cli.bench.spec import by_prompt, figures, in_run_ms, run
+from engine.model.threads import using_threads
 
 NAME = "smollm2-135m"
+CONFIDENCE_SWEEP = [(3, 0.0), (3, 0.5), (5, 0.5), (7, 0.5), (5, 0.3)]       # (γ or its cap, threshold)
+QUICK_SWEEP = [(3, 0.0), (5, 0.5)]
+DEMO_FILE = "demo.json"
+TIE = 0.01          # speed-ups this close are one run's noise apart
 
 
-def generate(engine, prompt, max_tokens, **settings) -> tuple[float, dict, dict]:
-    """One fresh generation as `generate` runs it: (wall seconds, summary, forward times by row count)."""
-    t = time.perf_counter()
-    session = GenerationSession(engine, prompt, {"model": NAME, "chat": True, "temperature": 0,
-                                                 "max_tokens": max_tokens, "enable_prefix_caching": False, **settings})
-    events = list(session.events())
-    wall = time.perf_counter() - t
-    if events[-1].type != "done":
-        raise RuntimeError(events[-1].message)
-    return wall, events[-1].summary, dict(session.stats.target_ms_by_tokens)
+def generate(engine, prompt, max_tokens, **settings) -> dict:
+    """One fresh generation of SmolLM2 as `generate` runs it, chat, greedy (cli/bench/spec.py's `run`)."""
+    return run(engine, prompt, {"model": NAME, "chat": True, "temperature": 0, "max_tokens": max_tokens,
+                                "enable_prefix_caching": False, **settings})
 
 
-def mean_ms(runs, n, upto=None):
-    """Mean forward ms over `runs` of the target's forwards over n rows (n to `upto` rows)."""
-    v = [ms for r in runs for rows in range(n, (upto or n) + 1) for ms in r[2].get(rows, [])]
-    return sum(v) / len(v) if v else None
+def eagle_sweep(quick: bool) -> list[tuple[str, dict]]:
+    """EAGLE's γ and confidence thresholds compared per thread count."""
+    out = []
+    for k, q in QUICK_SWEEP if quick else CONFIDENCE_SWEEP:
+        s = {"method": "eagle", "num_speculative_tokens": k, **({"draft_confidence_threshold": q} if q else {})}
+        out.append((f"eagle γ={k}" if not q else f"eagle γ≤{k}, q≥{q}", s))
+    return out
 
 
-def measure(engine, prompts, max_tokens, repeats, cfgs) -> dict:
-    plain, spec = [], {name: [] for name, _ in cfgs}           # per repeat: [(wall, summary, times) per prompt]
-    for _ in range(repeats):
-        plain.append([])
-        for name, _ in cfgs:
-            spec[name].append([])
-        for p in prompts:
-            plain[-1].append(generate(engine, p, max_tokens, method="none"))
-            for name, s in cfgs:
-                spec[name][-1].append(generate(engine, p, max_tokens, **s))
-    return summarize(plain, spec, cfgs)
+def measure(engine, prompts, max_tokens, repeats, cfgs, counts=(None,)) -> dict:
+    """{thread count: its figures}: per repeat and prompt, at every count in turn (None: the count in use), plain
+    decoding first, then every config (`cfgs`: [(name, settings)])."""
+    sides = {(t, name): s for t in counts for name, s in [("plain", {"method": "none"}), *cfgs]}
+
+    def one(prompt, side, settings):
+        with using_threads(side[0]) if side[0] else nullcontext():
+            return generate(engine, prompt, max_tokens, **settings)
+    runs = by_prompt(one, prompts, sides, repeats)
+    out = {}
+    for t in counts:
+        plain, rows = runs[t, "plain"], []
+        for name, s in cfgs:
+            x = figures(s["num_speculative_tokens"], runs[t, name], plain)
+            per_round = x["draft_calls_per_round"] * x["c"] + x["v"]
+            rows.append({**x, "config": name, "method": s["method"], "gamma": s["num_speculative_tokens"],
+                         "confidence": s.get("draft_confidence_threshold", 0.0),
+                         "predicted": (x["drafts"] * x["mean_acceptance_length"] + x["plain_steps"])
+                         / (x["drafts"] * per_round + x["plain_steps"]),
+                         "measured": x["decode_speedup"]["median"], "measured_wall": x["wall_speedup"]["median"]})
+        out[t] = {"t1_ms": statistics.median(in_run_ms(b, 1) for b in plain), "rows": rows,
+                  "plain_ids": [tok["id"] for x in plain[-1] for tok in x["tokens"]]}
+    return out
 
 
-def summarize(plain, spec, cfgs) -> dict:
-    """`measure`'s figures from its runs: per repeat, [(wall, summary, times) per prompt], plain and per config."""
-    t1 = statistics.median(mean_ms(r, 1) for r in plain)
-    rows = []
-    for name, s in cfgs:
-        k, last = s["num_speculative_tokens"], spec[name][-1]
-        drafts = sum(x[1]["num_drafts"] for x in last)
-        accepted = sum(x[1]["num_accepted_tokens"] for x in last)
-        rejected = drafts - sum(sum(t["status"] == "bonus" for t in x[1]["tokens"]) for x in last)
-        per_pos = [sum(x[1]["accepted_per_position"][i] if i < len(x[1]["accepted_per_position"]) else 0
-                       for x in last) / drafts for i in range(k)] if drafts else []
-        calls = sum(x[1]["draft_forward_calls"] for x in last)
-        c = [sum(x[1]["draft_time_s"] for x in r) * 1e3 / max(1, sum(x[1]["draft_forward_calls"] for x in r))
-             / mean_ms(b, 1) for r, b in zip(spec[name], plain)]
-        # a round verifies its drafts + 1 rows: γ + 1, fewer near the end or when the drafter stopped early
-        v = [(mean_ms(r, 2, k + 1) or mean_ms(r, 1)) / mean_ms(b, 1) for r, b in zip(spec[name], plain)]
-        mal = 1 + accepted / drafts if drafts else 1.0
-        c_med, v_med = statistics.median(c), statistics.median(v)
-        calls_per_round = calls / drafts if drafts else 0.0
-        plain_steps = sum(len(x[2].get(1, [])) for x in last)      # decode steps with nothing proposed (n-gram)
-        ratios = [sum(x[0] for x in b) / sum(x[0] for x in r) for r, b in zip(spec[name], plain)]
-        decode = [sum(x[1]["tpot_s"] for x in b) / sum(x[1]["tpot_s"] for x in r) for r, b in zip(spec[name], plain)]
-        rows.append({"config": name, "method": s["method"], "gamma": k, "mean_acceptance_length": mal,
-                     "acceptance_per_position": per_pos, "alpha": accepted / (accepted + rejected) if accepted + rejected else 0,
-                     "c": c_med if calls else 0.0, "verify_ratio": v_med,
-                     "confidence": s.get("draft_confidence_threshold", 0.0), "draft_calls_per_round": calls_per_round,
-                     "predicted": (drafts * mal + plain_steps)
-                     / (drafts * (calls_per_round * (c_med if calls else 0.0) + v_med) + plain_steps),
-                     "measured": statistics.median(decode),
-                     "measured_wall": statistics.median(ratios),
-                     "identical": [x[1]["text"] for x in last] == [x[1]["text"] for x in plain[-1]]})
-    return {"t1_ms": t1, "rows": rows, "plain_ids": [t["id"] for x in plain[-1] for t in x[1]["tokens"]]}
+def best_row(rows: list[dict], current: dict | None = None) -> dict | None:
+    """The EAGLE setting with the highest measured decode speed-up among those with identical output; the one in
+    use (`current`, a demo.json entry) stays unless another beats it by more than TIE (no flip-flop on noise)."""
+    eagle = [x for x in rows if x["method"] == "eagle" and x["identical"]]
+    best = max(eagle, key=lambda x: x["measured"], default=None)
+    kept = [x for x in eagle if current and (x["gamma"], x.get("confidence", 0.0)) ==
+            (current["num_speculative_tokens"], current["draft_confidence_threshold"])]
+    if best and kept and kept[0]["measured"] * (1 + TIE) >= best["measured"]:
+        return kept[0]
+    return best
+
+
+def current_defaults(folder: Path) -> dict[int, dict]:
+    """The demo's settings per thread count as last recorded (`record_defaults`)."""
+    f = folder / DEMO_FILE
+    return {int(t): e for t, e in json.loads(f.read_text())["by_threads"].items()} if f.is_file() else {}
+
+
+def record_defaults(folder: Path, date: str, best_by_threads: dict[int, dict]) -> dict:
+    """Store the best EAGLE setting per thread count in `folder`/demo.json (what the page's demo opens with)."""
+    f = folder / DEMO_FILE
+    data = json.loads(f.read_text()) if f.is_file() else {"by_threads": {}}
+    for t, row in best_by_threads.items():
+        if row is None:
+            continue
+        data["by_threads"][str(t)] = {
+            "num_speculative_tokens": row["gamma"],
+            "draft_confidence_threshold": row.get("confidence", 0.0),
+            "decode_speedup": round(row["measured"], 3), "measured": f"bench heads, {date}, {row['config']}"}
+    f.write_text(json.dumps(data, indent=1) + "\n")
+    return data

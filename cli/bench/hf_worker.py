@@ -1,4 +1,4 @@
-"""Hugging Face transformers generating on request, for `bench engines` only (cli/bench/engine_threads.py).
+"""Hugging Face transformers generating on request, for `bench engines` only (cli/bench/engines.py).
 
 Runs in its own virtual environment with torch and transformers (`make transformers`; neither is a project
 dependency), on the checkpoint fetch-model converted (Hugging Face layout, float32):

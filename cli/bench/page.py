@@ -1,75 +1,49 @@
 """`decoding-playground bench page`: does the page keep up with the engine?
 
-In one run, interleaved so that the noise of a shared machine hits both sides alike:
-- **engine alone**: the same generation (prompt, settings) as a plain loop over the session's events,
-  in this process; tokens/s = output tokens / wall time from creating the session to `done`;
-- **the page's websocket without a browser**: `/ws` read by a plain websocket client, to tell the server's
-  own cost from the browser's;
-- **in the browser**: a real server (`decoding-playground serve` in its own process, as users run it: a
-  Playwright client or a websocket client in the server's process would take the GIL from its engine
-  thread, ~20-30 ms of CPU per run) and headless Chromium (Playwright,
-  /usr/bin/chromium) loading the page with `autoplay=1&speed=max` into one tab, reloaded for each run once
-  Chromium's processes are quiet (a new tab costs a second of Chromium's CPU, see `new_tab`; autoplay presses
-  play once the page has loaded); the page's own figures
-  (static/playground.js, `window.playgroundStats`) give the output tokens that arrived and when, from the
-  press of play to the arrival of `done`; long tasks come from PerformanceObserver('longtask') while streaming.
+Taking turns, so that the noise of a shared machine hits every side alike:
+- **engine alone**: the same generation as a plain loop over the session's events, in this process; tokens/s =
+  output tokens / wall time from creating the session to `done`;
+- **the page's websocket without a browser**: `/ws` read by a plain websocket client that acknowledges every
+  message as the page does, to tell the server's own cost from the browser's;
+- **in the browser**: `decoding-playground serve` in its own process, as users run it (a client in the server's
+  process would take the GIL from its engine thread), and headless Chromium loading the page with
+  `autoplay=1&speed=max` into one tab, reloaded for each run once Chromium is quiet (cli/bench/browser.py); the
+  page's own figures (static/playground.js, `window.playgroundStats`) give the tokens that arrived and when, from
+  the press of play to `done`; long tasks come from PerformanceObserver('longtask') while streaming.
 
-Goals (issue 5): browser tokens/s >= 90% of the engine alone, and no long task over 50 ms while streaming.
-Results are printed and written into docs/benchmarks.md (section `bench page`).
+`--model NAME`: the page on that model at 1 and --threads threads, a server per count (`serve --threads T`); per
+repeat every count in turn, first an /api/ws client alone (the engine's step, its TPOT), then the page. The gaps
+are what a viewer sees: the times between new tokens appearing in the page (`tokenTimes`), pooled over the repeats.
 """
 from __future__ import annotations
 
-import argparse
-import datetime as dt
+import asyncio
 import json
-import os
 import re
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cli.bench.browser import CHROMIUM, PROMPT, browser_run, busy_processes, new_tab, wait_until_quiet
+from cli.bench.browser import PROMPT, browser_run, chromium_tab
+from cli.bench.lib import add_bench, generation, machine, table, take_turns
+from cli.bench.serve_clients import client, pcts
+from cli.bench.served import Server, wait_until_loaded
 
 GOAL_RATIO = 0.90
 GOAL_LONG_TASK_MS = 50.0
+GOAL_GAP = 1.5            # --model: p99 gap between tokens in the page at most this many engine steps
 CASES = [  # (label, settings): plain decoding has the most rounds per second, the hardest case for the page
     ("plain decoding (method none)", {"method": "none"}),
     ("draft model, γ = 4", {"method": "draft_model", "num_speculative_tokens": 4}),
 ]
-
-
-def add_parser(bench_subparsers) -> None:
-    bp = bench_subparsers.add_parser("page", help="tokens/s arriving in the browser vs the engine alone; long tasks")
-    bp.add_argument("--models-dir", default=None, help="models to serve (default: DECODING_PLAYGROUND_MODELS_DIR "
-                                                        "or models/)")
-    bp.add_argument("--max-tokens", type=int, default=400, help="output tokens per generation (default 400)")
-    bp.add_argument("--repeats", type=int, default=5, help="runs per side and case (default 5)")
-    bp.add_argument("--quick", action="store_true", help="2 repeats, 120 tokens (a smoke run)")
-    bp.add_argument("--json", action="store_true", help="print the results as JSON")
-    bp.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
-    bp.add_argument("--model", default=None,
-                    help="the page on one fetched model (smollm2-135m) at 1 and --threads threads (cli/bench/page_threads.py)")
-    bp.add_argument("-t", "--threads", type=int, default=2, metavar="N", help="with --model: against 1 thread (default 2)")
-    bp.set_defaults(func=run)
-
-
-# --- engine alone -----------------------------------------------------------------------------------------
-def engine_run(engine, settings: dict) -> dict:
-    from engine.serving.session import GenerationSession
-
-    t0 = time.perf_counter()
-    session = GenerationSession(engine, PROMPT, settings)
-    done = None
-    for event in session.events():
-        if event.type == "done":
-            done = event.summary
-    wall = time.perf_counter() - t0
-    n = done["num_output_tokens"]
-    return {"tokens": n, "wall_s": wall, "tokens_per_s": n / wall, "engine_tokens_per_s": done["tokens_per_s"]}
-
-
-# --- the page's websocket without a browser ------------------------------------------------------------------
 TOKEN_RE = re.compile(r'class="tok" data-token-status="(\w+)"')
+
+
+def engine_run(engine, settings: dict) -> dict:
+    wall, done, _ = generation(engine, PROMPT, settings)
+    n = done["num_output_tokens"]
+    return {"tokens": n, "wall_s": wall, "tokens_per_s": n / wall}
 
 
 def ws_run(base_url: str, settings: dict, timeout_s: float = 120) -> dict:
@@ -95,126 +69,133 @@ def ws_run(base_url: str, settings: dict, timeout_s: float = 120) -> dict:
 
 
 def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
-    from playwright.sync_api import sync_playwright
-
     from app.config import AppConfig
-    from cli.bench.engine import machine
-    from cli.bench.serve import server as server_process
     from engine.serving.registry import InferenceEngine, ModelRegistry
 
+    started = machine()
     config = AppConfig.from_env()
     if models_dir:
         config = AppConfig(models_dir=Path(models_dir), allowed_origins=config.allowed_origins)
-    if not CHROMIUM.exists():
-        raise SystemExit(f"bench page needs Chromium at {CHROMIUM} (make browser)")
     registry = ModelRegistry.from_dir(config.models_dir, fetched=False)
     engine = InferenceEngine(registry)
     target = registry.default_target()
     trained = any(m.meta.get("val_loss") is not None for m in registry.models.values())
-    models = (f"{target.name} ({target.cfg.num_hidden_layers} layers × width {target.cfg.hidden_size}, "
-              f"{target.model.num_parameters:,} parameters) and its draft, "
-              + ("trained" if trained else "RANDOM weights (a stand-in with the shipped shapes)"))
-    load_before, busy_before = os.getloadavg(), busy_processes()
     cases = []
-    with server_process(config.max_sessions, str(models_dir) if models_dir else None) as base_url, \
-            sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                     args=["--disable-gpu", "--no-sandbox", "--disable-background-networking"])
-        try:
-            page = new_tab(browser)
-            for label, settings in CASES:
-                # the model named: a page left to choose opens on SmolLM2's demo where it is fetched
-                settings = {**settings, "model": target.name, "chat": "false", "max_tokens": max_tokens}
-                engine_run(engine, settings)                       # warm-up: pools, caches, the tab's window
-                browser_run(page, base_url, settings, quiet=wait_until_quiet)
-                eng, web, sock = [], [], []
-                for _ in range(repeats):                           # interleaved
-                    eng.append(engine_run(engine, settings))
-                    sock.append(ws_run(base_url, settings))
-                    web.append(browser_run(page, base_url, settings, quiet=wait_until_quiet))
-                cases.append(case_figures(label, settings, eng, sock, web))
-        finally:
-            browser.close()
-    return {"command": f"decoding-playground bench page --max-tokens {max_tokens} --repeats {repeats}",
-            "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": machine(),
-            "models_dir": str(config.models_dir), "models": models, "prompt": PROMPT, "cases": cases,
-            "load_average": [round(x, 2) for x in load_before], "busy_processes": busy_before,
-            "ok": all(c["ratio"] >= GOAL_RATIO and c["max_long_task_ms"] <= GOAL_LONG_TASK_MS for c in cases)}
+    with Server("--max-sessions", str(config.max_sessions), models_dir=models_dir) as srv, chromium_tab("page") as page:
+        for label, settings in CASES:
+            # the model named: a page left to choose opens on SmolLM2's demo where it is fetched
+            settings = {**settings, "model": target.name, "chat": "false", "max_tokens": max_tokens}
+            engine_run(engine, settings)                       # warm-up: pools, caches, the tab's window
+            browser_run(page, srv.base, settings)
+            runs = take_turns({"engine": lambda: engine_run(engine, settings), "websocket": lambda: ws_run(srv.base, settings),
+                               "browser": lambda: browser_run(page, srv.base, settings)}, repeats)
+            cases.append(case_figures(label, runs))
+    return {"machine": started, "max_tokens": max_tokens, "repeats": repeats, "cases": cases,
+            "models": f"{target.name} ({target.cfg.num_hidden_layers} layers × width {target.cfg.hidden_size}, "
+                      f"{target.model.num_parameters:,} parameters) and its draft, "
+                      + ("trained" if trained else "RANDOM weights (a stand-in with the shipped shapes)")}
 
 
-def case_figures(label: str, settings: dict, eng: list, sock: list, web: list) -> dict:
-    """One case's medians over its interleaved runs: the engine alone, `/ws` without a browser, the page."""
-    ratios = [w["tokens_per_s"] / e["tokens_per_s"] for e, w in zip(eng, web)]
-    return {
-        "case": label, "settings": settings, "tokens": web[-1]["tokens"],
-        "engine_tokens_per_s": statistics.median(e["tokens_per_s"] for e in eng),
-        "engine_own_tokens_per_s": statistics.median(e["engine_tokens_per_s"] for e in eng),
-        "browser_tokens_per_s": statistics.median(w["tokens_per_s"] for w in web),
-        "ws_tokens_per_s": statistics.median(s["tokens_per_s"] for s in sock),
-        "ws_ratio": statistics.median(s["tokens_per_s"] / e["tokens_per_s"] for e, s in zip(eng, sock)),
-        "ratio": statistics.median(ratios), "ratio_min": min(ratios),
-        "browser_vs_ws": statistics.median(w["tokens_per_s"] / s["tokens_per_s"]
-                                           for s, w in zip(sock, web)),
-        "first_token_ms": statistics.median(w["first_token_ms"] for w in web),
-        "chromium_cpu_ms": statistics.median(w["chromium_cpu_s"] * 1e3 for w in web),
-        "messages": statistics.median(w["messages"] for w in web),
-        "long_tasks": sum(w["long_tasks"] for w in web),
-        "max_long_task_ms": max(w["max_long_task_ms"] for w in web),
-        "runs": {"engine": eng, "websocket": sock, "browser": web},
-    }
+def case_figures(label: str, runs: dict) -> dict:
+    """One case's medians over its runs: the engine alone, `/ws` without a browser, the page."""
+    eng, sock, web = runs["engine"], runs["websocket"], runs["browser"]
+
+    def ratios(a, b):
+        return [y["tokens_per_s"] / x["tokens_per_s"] for x, y in zip(a, b)]
+    return {"case": label, "tokens": web[-1]["tokens"],
+            **{f"{k}_tokens_per_s": statistics.median(x["tokens_per_s"] for x in v) for k, v in runs.items()},
+            "ws_ratio": statistics.median(ratios(eng, sock)), "ratio": statistics.median(ratios(eng, web)),
+            "ratio_min": min(ratios(eng, web)), "browser_vs_ws": statistics.median(ratios(sock, web)),
+            "first_token_ms": statistics.median(w["first_token_ms"] for w in web),
+            "chromium_cpu_ms": statistics.median(w["chromium_cpu_s"] * 1e3 for w in web),
+            "messages": statistics.median(w["messages"] for w in web),
+            "long_tasks": sum(w["long_tasks"] for w in web), "max_long_task_ms": max(w["max_long_task_ms"] for w in web),
+            "runs": runs}
 
 
-def markdown(r: dict) -> str:
-    m = r["machine"]
-    lines = [f"Command: `{r['command']}` — {r['date']} — {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
-             f"BLAS threads {m['blas_threads']}. Models: {r['models']} (`{r['models_dir']}`); headless Chromium "
-             f"on the same machine. Load average before the run {r['load_average']}; other busy processes: "
-             f"{', '.join(r['busy_processes']) or 'none'}.",
-             "",
-             "Tokens/s = output tokens / wall time from start to `done` (engine alone: a plain loop over the "
-             "session's events; browser: from the press of play to the arrival of `done`, counting the tokens "
-             "that arrived). Medians of interleaved runs; long tasks are PerformanceObserver('longtask') "
-             "entries while streaming, over all runs.", "",
-             "| case | output tokens | engine alone tok/s | /ws, no browser tok/s (÷ engine) | in the browser tok/s | "
-             "browser ÷ engine (min) | browser ÷ /ws | first token ms | messages per run | Chromium CPU ms per "
-             "load + run | long tasks > 50 ms (max ms) | goal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for c in r["cases"]:
-        ok = c["ratio"] >= GOAL_RATIO and c["max_long_task_ms"] <= GOAL_LONG_TASK_MS
-        lines.append(f"| {c['case']} | {c['tokens']} | {c['engine_tokens_per_s']:.0f} | {c['ws_tokens_per_s']:.0f} "
-                     f"({c['ws_ratio']:.0%}) | {c['browser_tokens_per_s']:.0f}"
-                     f" | {c['ratio']:.1%} ({c['ratio_min']:.1%}) | {c['browser_vs_ws']:.0%}"
-                     f" | {c['first_token_ms']:.0f}"
-                     f" | {c['messages']:.0f} | {c['chromium_cpu_ms']:.0f} | {c['long_tasks']} "
-                     f"({c['max_long_task_ms']:.0f}) | {'ok' if ok else 'MISSED'} |")
-    lines += ["", f"Goals: browser >= {GOAL_RATIO:.0%} of the engine alone; no long task over "
-                  f"{GOAL_LONG_TASK_MS:.0f} ms while streaming.", "",
-              "Reading the table: `/ws, no browser` is what the server delivers to a plain websocket client that "
-              "acknowledges every message as the page does (from the bench's process; the server runs in its own); "
-              "`browser ÷ /ws` is what the page itself costs on top. Chromium runs on the same 2 cores as the "
-              "engine: when no core is "
-              "free (another busy process) every millisecond the page spends is taken from the engine."]
-    return "\n".join(lines)
+def outside_playwright(coro):
+    """Run a coroutine to its end from code that Playwright's sync API runs (its event loop holds this thread)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
-def run(args: argparse.Namespace) -> int:
-    max_tokens, repeats = (120, 2) if args.quick else (args.max_tokens, args.repeats)
+def run_page_threads(args) -> dict:
+    started = machine()
+    counts = sorted({1, max(1, args.threads)})
+    settings = {"model": args.model, "method": "none", "chat": "true", "max_tokens": args.max_tokens}
+    api = {**settings, "chat": True}
+    servers = {}
+    try:
+        for t in counts:
+            servers[t] = Server("--threads", str(t), "--no-llamacpp", "--max-sessions", "2", models_dir=args.models_dir)
+        for s in servers.values():
+            wait_until_loaded(s.base, args.model)
+        with chromium_tab("page") as page:
+            for s in servers.values():                       # warm-up: pools, caches, the tab's window
+                browser_run(page, s.base, settings)
+
+            def turn(s):
+                alone = outside_playwright(client(s.base.replace("http://", "ws://"), 0, api))
+                return {"tpot_s": alone["tpot_s"], "page": browser_run(page, s.base, settings)}
+            runs = take_turns({t: lambda s=s: turn(s) for t, s in servers.items()}, args.repeats)
+    finally:
+        for s in servers.values():
+            s.stop()
+    rows = {}
+    for t, r in runs.items():
+        step_ms = statistics.median(x["tpot_s"] for x in r if x["tpot_s"]) * 1e3
+        pages = [x["page"] for x in r]
+        gaps = pcts([g for x in pages for g in x["token_gaps_ms"]])
+        rows[t] = {"step_ms": step_ms, "page_tokens_per_s": statistics.median(x["tokens_per_s"] for x in pages),
+                   "gaps": gaps["n"], "median_gap_ms": gaps["p50"], "p99_gap_ms": gaps["p99"], "max_gap_ms": gaps.get("max"),
+                   "p99_over_step": gaps["p99"] / step_ms if gaps["p99"] else None,
+                   "chromium_cores": sum(x["chromium_cpu_s"] for x in pages) / sum(x["wall_s"] for x in pages),
+                   "long_tasks": sum(x["long_tasks"] for x in pages)}
+    return {"machine": started, "settings": settings, "repeats": args.repeats, "rows": rows}
+
+
+def tables(r: dict) -> list[str]:
+    rows = [[c["case"], c["tokens"], f"{c['engine_tokens_per_s']:.0f}",
+             f"{c['websocket_tokens_per_s']:.0f} ({c['ws_ratio']:.0%})", f"{c['browser_tokens_per_s']:.0f}",
+             f"{c['ratio']:.1%} ({c['ratio_min']:.1%})", f"{c['browser_vs_ws']:.0%}", f"{c['first_token_ms']:.0f}",
+             f"{c['messages']:.0f}", f"{c['chromium_cpu_ms']:.0f}", f"{c['long_tasks']} ({c['max_long_task_ms']:.0f})",
+             c["ratio"] >= GOAL_RATIO and c["max_long_task_ms"] <= GOAL_LONG_TASK_MS] for c in r["cases"]]
+    return [table(["case", "output tokens", "engine alone tok/s", "/ws, no browser tok/s (÷ engine)",
+                   "in the browser tok/s", "browser ÷ engine (min)", "browser ÷ /ws", "first token ms",
+                   "messages per run", "Chromium CPU ms per load + run", "long tasks > 50 ms (max ms)",
+                   f"goal met (>= {GOAL_RATIO:.0%}, no long task > {GOAL_LONG_TASK_MS:.0f} ms)"], rows,
+                  f"{r['models']}; {r['max_tokens']} tokens, {r['repeats']} runs a side, medians")]
+
+
+def threads_tables(r: dict) -> list[str]:
+    s, rows = r["settings"], r["rows"]
+    top = max(rows)
+    goals = [[f"more tokens/s in the page at {top} threads than at 1 (1% or more)",
+              f"{rows[top]['page_tokens_per_s'] / rows[1]['page_tokens_per_s']:.2f}x", ">= 1.01x",
+              rows[top]["page_tokens_per_s"] >= 1.01 * rows[1]["page_tokens_per_s"]]] if top > 1 else []
+    goals += [[f"p99 gap ÷ the step at {t} thread{'s' * (t > 1)}", x["p99_over_step"], f"<= {GOAL_GAP}x",
+               (x["p99_over_step"] or 99) <= GOAL_GAP] for t, x in rows.items()]
+    return [table(["threads", "engine step ms", "page tok/s", "gaps", "median gap ms", "p99 gap ms (÷ step)",
+                   "longest gap ms", "Chromium's cores", "long tasks"],
+                  [[t, x["step_ms"], x["page_tokens_per_s"], x["gaps"], x["median_gap_ms"],
+                    f"{x['p99_gap_ms'] or 0:.1f} ({x['p99_over_step'] or 0:.2f}x)", x["max_gap_ms"],
+                    x["chromium_cores"], x["long_tasks"]] for t, x in rows.items()],
+                  f"{s['model']}, plain decoding, chat, {s['max_tokens']} tokens, {r['repeats']} repeats"),
+            table(["goal", "measured", "target", "met"], goals)]
+
+
+def measure(args) -> dict:
+    if args.quick:
+        args.max_tokens, args.repeats = 120, 2
     if args.model:
-        from cli.bench import page_threads
-        args.max_tokens, args.repeats = max_tokens, repeats
-        r = page_threads.run_page_threads(args)
-        print(json.dumps(r, indent=2) if args.json else page_threads.markdown(r))
-        if not args.no_write and not args.quick:
-            from cli.bench.engine import write_section
-            write_section("page threads", page_threads.markdown(r))
-        return 0
-    r = run_page(args.models_dir, max_tokens, repeats)
-    if args.json:
-        print(json.dumps(r, indent=2))
-    else:
-        print(markdown(r))
-    if not args.no_write and not args.quick:
-        from cli.bench.engine import DOCS, write_section
-        write_section("page", markdown(r))
-        print(f"\n(written to {DOCS})")
-    return 0
+        return {**run_page_threads(args), "section": "page threads"}
+    return run_page(args.models_dir, args.max_tokens, args.repeats)
+
+
+def add_parser(bsub) -> None:
+    b = add_bench(bsub, "page", "tokens/s arriving in the browser vs the engine alone; long tasks", measure,
+                  lambda r: threads_tables(r) if "rows" in r else tables(r), quick="2 repeats, 120 tokens", models_dir=True)
+    b.add_argument("--max-tokens", type=int, default=400, help="output tokens per generation (default 400)")
+    b.add_argument("--repeats", type=int, default=5, help="runs per side and case (default 5)")
+    b.add_argument("--model", default=None, help="the page on one fetched model (smollm2-135m) at 1 and N threads")
+    b.add_argument("-t", "--threads", type=int, default=2, metavar="N", help="with --model: against 1 thread (default 2)")

@@ -16,11 +16,9 @@ own Python does not share the server's GIL) and drives it with `websockets` clie
   the server has stopped: the ceiling of both figures above (the server adds sockets, JSON and an event
   loop that shares the GIL with the engine thread), and so of their ratio;
 - `--sweep`: γ in {none, 2, 4, 6} x concurrency in {1, 4, 16}: TPOT, ITL, output tokens/s, mean
-  acceptance length and the ratio of tokens/s to no speculation at the same concurrency.
-
-Targets (issue 7, this 2-core machine): 32 concurrent sessions with 0 errors, p99 ITL <= 250 ms, aggregate
-tokens/s >= 2x one session alone; 200 watchers with 0 errors; 0 blocks in use after everyone leaves.
-Results are printed and written into docs/benchmarks.md (section `bench serve`; `--no-write` to skip).
+  acceptance length and the ratio of tokens/s to no speculation at the same concurrency;
+- `--model NAME`: the workshop room on one model at 1 .. --threads threads (`run_room`);
+- `--engine vllm`: our engine against vLLM through one `serve --vllm` (cli/bench/serve_vllm.py).
 """
 from __future__ import annotations
 
@@ -29,39 +27,38 @@ import json
 import re
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
-from cli.bench.serve_clients import PROMPTS, client, machine, many, merge, pcts
-from cli.bench.serve_report import main_markdown, ms, sweep_markdown
-from cli.bench.serve_threads import room_markdown, run_room
-from cli.bench.served import Server, common_arguments, get_json
+from cli.bench.lib import add_bench, machine, pooled, table, take_turns
+from cli.bench.serve_clients import PROMPTS, client, many, merge, ms, p50_p99, pcts
+from cli.bench.serve_vllm import run_vllm_sweep, vllm_tables
+from cli.bench.served import Server, get_json, wait_until_loaded
 
 SWEEP_GAMMAS = ("none", 2, 4, 6)
 SWEEP_CONCURRENCY = (1, 4, 16)
 WATCHER_DONE = re.compile(r'id="run-status"[^>]*data-state="done"')
 START_TIMEOUT_S = 60.0
+ROOM = (1, 4, 16)
+KNEE_GAIN = 1.25       # tokens/s from one concurrency to the next (4x the sessions) below this: past the knee
 
 
-def add_parser(bench_subparsers) -> None:
-    bp = bench_subparsers.add_parser("serve", help="N websocket clients against a real server: tokens/s, TTFT, "
-                                                   "ITL, errors, blocks left; watchers; the γ x load sweep")
+def add_parser(bsub) -> None:
+    bp = add_bench(bsub, "serve", "N websocket clients against a real server: tokens/s, TTFT, ITL, errors, blocks left; "
+                   "watchers; the γ x load sweep", measure, tables, models_dir=True)
     bp.add_argument("--clients", type=int, default=32, help="concurrent generating clients (default 32)")
     bp.add_argument("--watchers", type=int, default=200, help="watchers of one session (default 200; 0: skip)")
     bp.add_argument("--max-tokens", type=int, default=128, help="output tokens per generation (default 128)")
     bp.add_argument("--method", default="draft_model", choices=("none", "draft_model", "ngram"),
                     help="speculation method of the clients (default draft_model)")
     bp.add_argument("--num-speculative-tokens", type=int, default=4, help="γ (default 4)")
-    bp.add_argument("--repeats", type=int, default=5,
-                    help="alone / all-at-once pairs, interleaved (default 5; tokens/s: the median)")
+    bp.add_argument("--repeats", type=int, default=5, help="turns of one alone and all at once (default 5)")
     bp.add_argument("--sweep", action="store_true", help="γ in {none, 2, 4, 6} x concurrency in {1, 4, 16}")
     bp.add_argument("--engine", choices=("ours", "vllm"), default="ours",
                     help="vllm: our engine against vLLM at 1, 4 and 16 sessions through `serve --vllm`")
     bp.add_argument("--model", default=None,
                     help="the room on one model (e.g. smollm2-135m): 1, 4 and 16 sessions at 1 .. --threads threads")
     bp.add_argument("-t", "--threads", type=int, default=2, metavar="N",
-                    help="with --model: a server per thread count 1 .. N, interleaved (default 2)")
-    common_arguments(bp)
-    bp.set_defaults(func=run)
+                    help="with --model: a server per thread count 1 .. N, taking turns (default 2)")
 
 
 # --- the server ---------------------------------------------------------------------------------------------
@@ -164,11 +161,9 @@ def engine_alone(n: int, settings: dict, repeats: int, models_dir: str | None) -
     config = AppConfig(models_dir=models_dir) if models_dir else AppConfig()
     eng = InferenceEngine(ModelRegistry.from_dir(config.models_dir), max_sessions=max(n, 1))
     engine_tokens_per_s(eng, n, settings)                      # warm up, as the server's run
-    one, many_ = [], []
-    for _ in range(repeats):
-        one += [engine_tokens_per_s(eng, 1, settings) for _ in range(3)]
-        many_.append(engine_tokens_per_s(eng, n, settings))
-    a, c = statistics.median(one), statistics.median(many_)
+    runs = take_turns({"one": lambda: [engine_tokens_per_s(eng, 1, settings) for _ in range(3)],
+                       "many": lambda: engine_tokens_per_s(eng, n, settings)}, repeats)
+    a, c = (statistics.median(pooled(v)) for v in runs.values())
     return {"alone_tokens_per_s": a, "concurrent_tokens_per_s": c, "ratio": c / a}
 
 
@@ -181,21 +176,17 @@ def settings_of(method: str, gamma, max_tokens: int) -> dict:
 
 def run_main(args) -> dict:
     settings = settings_of(args.method, args.num_speculative_tokens, args.max_tokens)
-    out = {"settings": settings, "machine": machine()}
+    out = {"settings": settings, "machine": machine(), "repeats": args.repeats}
     with server(max(args.clients, 1), args.models_dir) as base:
         ws_base = base.replace("http://", "ws://")
         # warm up: weights, caches, and the KV pools' memory (first touched by the first run at full load)
         asyncio.run(many(ws_base, args.clients, settings))
         for _ in range(3):
             asyncio.run(many(ws_base, 1, settings))
-        # interleaved, so that the noise of a shared machine hits both sides alike; medians of tokens/s,
-        # latencies pooled over the repeats
-        alone, concurrent = [], []
-        for _ in range(args.repeats):
-            for _ in range(3):        # one alone is short (~0.1 s) and noisy: three samples per repeat
-                alone.append(asyncio.run(many(ws_base, 1, settings)))
-            concurrent.append(asyncio.run(many(ws_base, args.clients, settings)))
-        out["alone"], out["concurrent"] = merge(alone), merge(concurrent)
+        # one alone is short and noisy: three of them a turn; tokens/s the median, latencies pooled
+        runs = take_turns({"alone": lambda: [asyncio.run(many(ws_base, 1, settings)) for _ in range(3)],
+                           "concurrent": lambda: asyncio.run(many(ws_base, args.clients, settings))}, args.repeats)
+        out["alone"], out["concurrent"] = merge(pooled(runs["alone"])), merge(runs["concurrent"])
         out["after_all_left"] = {k: v for k, v in blocks_left(base).items() if k in ("sessions", "kv_blocks_used",
                                                                                     "kv_blocks_total", "connections")}
         if args.watchers:
@@ -210,49 +201,128 @@ def run_main(args) -> dict:
 
 
 def run_sweep(args) -> dict:
-    rows = []
+    rows, started = [], machine()
     with server(max(SWEEP_CONCURRENCY), args.models_dir) as base:
         ws_base = base.replace("http://", "ws://")
         asyncio.run(many(ws_base, max(SWEEP_CONCURRENCY), settings_of("draft_model", 4, args.max_tokens)))  # warm up
         for concurrency in SWEEP_CONCURRENCY:
-            baseline = None
+            runs = take_turns({g: lambda g=g: asyncio.run(many(ws_base, concurrency, settings_of("draft_model", g, args.max_tokens)))
+                               for g in SWEEP_GAMMAS}, args.repeats)
+            baseline = merge(runs["none"])["tokens_per_s"]
             for gamma in SWEEP_GAMMAS:
-                settings = settings_of("draft_model", gamma, args.max_tokens)
-                r = merge([asyncio.run(many(ws_base, concurrency, settings)) for _ in range(args.repeats)])
-                if gamma == "none":
-                    baseline = r["tokens_per_s"]
+                r = merge(runs[gamma])
                 rows.append({"gamma": gamma, "concurrency": concurrency, "tpot_ms": ms(r["tpot_s"]),
-                             "itl_p50_ms": ms(r["itl_s"]["p50"]), "itl_p99_ms": ms(r["itl_s"]["p99"]),
-                             "tokens_per_s": r["tokens_per_s"], "mean_acceptance_length": r["mean_acceptance_length"],
+                             "itl_s": r["itl_s"], "tokens_per_s": r["tokens_per_s"],
+                             "mean_acceptance_length": r["mean_acceptance_length"],
                              "ratio": r["tokens_per_s"] / baseline if baseline and r["tokens_per_s"] else None,
                              "errors": r["errors"]})
         left = blocks_left(base)
-    return {"max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows,
-            "kv_blocks_used_after": left["kv_blocks_used"],
-            "machine": machine()}
+    return {"machine": started, "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows,
+            "kv_blocks_used_after": left["kv_blocks_used"]}
 
 
-def run(args) -> int:
-    from cli.bench.engine import write_section
+def run_room(args) -> dict:
+    """The workshop room on one model: 1, 4 and 16 sessions on a server per thread count 1 .. N (all started at once,
+    so that the counts can take turns). The scheduler batches the sessions' decode steps (engine/serving/
+    scheduler.py): each weight is read once for all of them, so tokens/s grows with the sessions until the batched
+    products stop being bound by memory and start being bound by arithmetic: the knee (`knee`)."""
+    started, counts = machine(), list(range(1, max(1, args.threads) + 1))
+    settings = {"model": args.model, "method": "none", "chat": True, "max_tokens": args.max_tokens}
+    with ExitStack() as stack:
+        servers = {t: stack.enter_context(Server("--max-sessions", str(max(ROOM)), "--max-queue", str(max(ROOM)),
+                                                 "--threads", str(t), "--no-llamacpp", models_dir=args.models_dir))
+                   for t in counts}
+        ws = {t: s.base.replace("http://", "ws://") for t, s in servers.items()}
+        for s in servers.values():
+            wait_until_loaded(s.base, args.model)
+        for t in counts:                            # warm up: the KV pools are touched
+            asyncio.run(many(ws[t], max(ROOM), settings))
+        results = {c: take_turns({t: lambda t=t: asyncio.run(many(ws[t], c, settings)) for t in counts}, args.repeats)
+                   for c in ROOM}
+        served = {t: next(m for m in get_json(servers[t].base + "/api/models")["models"] if m["name"] == args.model)
+                  for t in counts}
+    bad = {t: m.get("threads") for t, m in served.items() if m.get("threads", t) != t}
+    if bad:
+        raise RuntimeError(f"a server ran another thread count than asked: {bad}")
+    rows = {t: {c: merge(results[c][t]) for c in ROOM} for t in counts}
+    return {"machine": started, "settings": settings, "repeats": args.repeats, "rows": rows,
+            "knee": {t: knee(rows[t]) for t in counts}}
 
+
+def knee(by_concurrency: dict) -> dict:
+    """Where the room's tokens/s stops growing with the sessions: the gain of each step of concurrency, and the
+    last concurrency reached before the gain fell below KNEE_GAIN (None: it never did up to the largest)."""
+    cs = sorted(by_concurrency)
+    tps = {c: by_concurrency[c]["tokens_per_s"] for c in cs}
+    gains = {f"{a}->{b}": tps[b] / tps[a] for a, b in zip(cs, cs[1:]) if tps[a] and tps[b]}
+    at = next((a for a, b in zip(cs, cs[1:]) if tps[a] and tps[b] and tps[b] / tps[a] < KNEE_GAIN), None)
+    return {"gains": gains, "at": at}
+
+
+def main_tables(r: dict) -> list[str]:
+    a, c = r["alone"], r["concurrent"]
+    rows = [[label, x["clients"], x["errors"], x["tokens_per_s"], p50_p99(x["ttft_s"]), p50_p99(x["itl_s"]),
+             ms(x["tpot_s"])] for label, x in (("one alone", a), (f"{c['clients']} at once", c))]
+    g = r["engine_alone"]
+    rows.append([f"the engine alone, one / {c['clients']} at once (no server)", None, None,
+                 f"{g['alone_tokens_per_s']:.1f} / {g['concurrent_tokens_per_s']:.1f}", None, None, None])
+    goals = [["aggregate tokens/s over one alone", r["ratio_to_alone"], ">= 2x", (r["ratio_to_alone"] or 0) >= 2],
+             ["p99 ITL ms", ms(c["itl_s"]["p99"]), "<= 250", (ms(c["itl_s"]["p99"]) or 1e9) <= 250],
+             ["errors", c["errors"], "0", c["errors"] == 0],
+             ["KV blocks in use after every client left", r["after_all_left"]["kv_blocks_used"], "0",
+              r["after_all_left"]["kv_blocks_used"] == 0],
+             ["the server against the engine alone, one / all at once",
+              f"{a['tokens_per_s'] / g['alone_tokens_per_s']:.0%} / {c['tokens_per_s'] / g['concurrent_tokens_per_s']:.0%}",
+              None, None]]
+    if "watch" in r:
+        w = r["watch"]
+        goals += [[f"watchers of one session: errors ({w['connected']} of {w['watchers']} connected)", w["errors"], "0",
+                   w["errors"] == 0],
+                  ["watchers saw `done` after the presenter, p50 / p99 ms", p50_p99(w["lag_after_presenter_done_s"]),
+                   None, None]]
+    e = r.get("server", {})
+    if e.get("batches"):
+        goals.append(["forward requests per batched computation", e["batched_requests"] / e["batches"], None, None])
+    return [table(["", "clients", "errors", "output tok/s", "TTFT p50 / p99 (ms)", "ITL p50 / p99 (ms)", "TPOT (ms)"],
+                  rows, f"Settings {json.dumps(r['settings'])}, full speed, /api/ws, {r['repeats']} turns"),
+            table(["goal", "measured", "target", "met"], goals)]
+
+
+def sweep_tables(r: dict) -> list[str]:
+    return [table(["γ", "concurrency", "TPOT (ms)", "ITL p50 / p99 (ms)", "output tok/s", "mean acceptance length",
+                   "tok/s over no speculation", "errors"],
+                  [[x["gamma"], x["concurrency"], x["tpot_ms"], p50_p99(x["itl_s"]), x["tokens_per_s"],
+                    x["mean_acceptance_length"], x["ratio"], x["errors"]] for x in r["rows"]],
+                  f"{r['max_tokens']} tokens a client, full speed, {r['repeats']} turns a cell; KV blocks in use "
+                  f"after the sweep: {r['kv_blocks_used_after']}")]
+
+
+def room_tables(r: dict) -> list[str]:
+    s, ts = r["settings"], sorted(r["rows"])
+    rows = [[t, c, x["errors"], x["tokens_per_s"], p50_p99(x["ttft_s"]), p50_p99(x["itl_s"])]
+            for t, by in r["rows"].items() for c, x in by.items()]
+    knees = [[t, ", ".join(f"{step}: {g:.2f}x" for step, g in k["gains"].items()),
+              k["at"] or f"none up to {max(ROOM)}"] for t, k in r["knee"].items()]
+    out = [table(["threads", "sessions", "errors", "output tok/s", "TTFT p50 / p99 (ms)", "ITL p50 / p99 (ms)"], rows,
+                 f"{s['model']}, plain decoding, chat, {s['max_tokens']} tokens, a server per thread count, "
+                 f"{r['repeats']} turns"),
+           table(["threads", "tokens/s gained per 4x sessions", f"the knee (a 4x gaining less than {KNEE_GAIN}x)"], knees)]
+    if len(ts) > 1:
+        a, b = ts[0], ts[-1]
+        out.append(table(["sessions", f"tokens/s, {b} threads over {a}"],
+                         [[c, r["rows"][b][c]["tokens_per_s"] / r["rows"][a][c]["tokens_per_s"]] for c in ROOM
+                          if r["rows"][b][c]["tokens_per_s"] and r["rows"][a][c]["tokens_per_s"]]))
+    return out
+
+
+def measure(args) -> dict:
     if args.engine == "vllm":
-        from cli.bench.serve_vllm import run_vllm_sweep, vllm_sweep_markdown
-        r = run_vllm_sweep(args)
-        text = vllm_sweep_markdown(r)
-        name = "serve vllm"
-    elif args.model:
-        r = run_room(args)
-        text = room_markdown(r)
-        name = "serve room"
-    elif args.sweep:
-        r = run_sweep(args)
-        text = sweep_markdown(r)
-        name = "serve sweep"
-    else:
-        r = run_main(args)
-        text = main_markdown(r)
-        name = "serve"
-    print(json.dumps(r, indent=2, default=str) if args.json else text)
-    if not args.no_write:
-        write_section(name, text)
-    return 0
+        return {**run_vllm_sweep(args), "section": "serve vllm"}
+    if args.model:
+        return {**run_room(args), "section": "serve room"}
+    return {**run_sweep(args), "section": "serve sweep"} if args.sweep else run_main(args)
+
+
+def tables(r: dict) -> list[str]:
+    kind = "vllm" if "vllm" in r else "room" if "knee" in r else "sweep" if "kv_blocks_used_after" in r else "main"
+    return {"vllm": vllm_tables, "room": room_tables, "sweep": sweep_tables, "main": main_tables}[kind](r)

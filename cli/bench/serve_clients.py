@@ -3,9 +3,7 @@ their figures pooled over repeats."""
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
-import os
 import statistics
 import time
 
@@ -86,13 +84,18 @@ async def many(ws_base: str, n: int, settings: dict) -> dict:
     tasks = [asyncio.create_task(client(ws_base, i, settings, gate)) for i in range(n)]
     await asyncio.sleep(0.5)              # let every client connect, then start them together
     gate.set()
-    results = await asyncio.gather(*tasks)
+    return figures(n, await asyncio.gather(*tasks))
+
+
+def figures(n: int, results: list[dict]) -> dict:
+    """n clients that started together: aggregate output tokens/s (all their tokens / wall time from the first
+    start to the last `done`), errors, and their TTFT, ITL, TPOT and mean acceptance length."""
     ok = [r for r in results if r["ok"]]
     wall = (max(r["done_at"] for r in ok) - min(r["started_at"] for r in ok)) if ok else None
     tokens = sum(r["tokens"] for r in ok)
     itl = [x for r in ok for x in r["itl_s"]]
     ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
-    tpot = [r["tpot_s"] for r in ok if r["tpot_s"] is not None]
+    tpot = [r["tpot_s"] for r in ok if r.get("tpot_s") is not None]
     mal = [r["mean_acceptance_length"] for r in ok if r.get("mean_acceptance_length")]
     return {"clients": n, "errors": n - len(ok), "error_messages": sorted({r["error"] for r in results
                                                                             if r["error"]})[:5],
@@ -108,7 +111,10 @@ def pcts(xs: list[float]) -> dict:
     return {"p50": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(0.99 * len(xs)))], "max": xs[-1], "n": len(xs)}
 
 
-def machine() -> dict:
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"cpus": os.cpu_count(), "loadavg_1m": round(load[0], 2) if load else None,
-            "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M")}
+def ms(x):
+    return None if x is None else x * 1e3
+
+
+def p50_p99(d: dict) -> str:
+    """A `pcts` of seconds as a table shows it: 'p50 / p99' in ms."""
+    return " / ".join("–" if d[k] is None else f"{d[k] * 1e3:.1f}" for k in ("p50", "p99"))

@@ -17,8 +17,8 @@ import time
 
 import httpx
 
-from cli.bench.serve_clients import PROMPTS, many, merge, pcts
-from cli.bench.serve_report import ms
+from cli.bench.lib import machine, table, take_turns
+from cli.bench.serve_clients import PROMPTS, figures, many, merge, p50_p99
 from cli.bench.served import Server, get_json
 from engine.external.vllm_server import SERVED_NAME, free_port
 from engine.external.vllm_server import VARIANTS
@@ -74,16 +74,11 @@ async def direct(url: str, key: str, n: int, max_tokens: int) -> dict:
         await asyncio.sleep(0.2)
         gate.set()
         results = await asyncio.gather(*tasks)
-    ok = [r for r in results if r["ok"]]
-    wall = (max(r["done_at"] for r in ok) - min(r["started_at"] for r in ok)) if ok else None
-    ttft, itl = [r["ttft_s"] for r in ok if r["ttft_s"] is not None], [x for r in ok for x in r["itl_s"]]
-    return {"clients": n, "errors": n - len(ok), "error_messages": sorted({r["error"] for r in results if r["error"]}),
-            "output_tokens": sum(r["tokens"] for r in ok), "wall_s": wall,
-            "tokens_per_s": sum(r["tokens"] for r in ok) / wall if wall else None, "ttft_s": pcts(ttft),
-            "itl_s": pcts(itl), "tpot_s": None, "mean_acceptance_length": None, "_ttft": ttft, "_itl": itl}
+    return figures(n, results)
 
 
 def run_vllm_sweep(args) -> dict:
+    started = machine()
     engines = {"ours": {"model": "smollm2-135m", "chat": True, "method": "none", "max_tokens": args.max_tokens},
                "vllm": {"model": VARIANTS["plain"].label, "max_tokens": args.max_tokens}}
     rows = []
@@ -98,39 +93,21 @@ def run_vllm_sweep(args) -> dict:
         for settings in engines.values():                                   # warm up both
             asyncio.run(many(ws_base, 1, {**settings, "max_tokens": 8}))
         for concurrency in CONCURRENCY:
-            runs = {name: [] for name in (*engines, "vllm, no page")}
-            for _ in range(args.repeats):
-                for name, settings in engines.items():
-                    runs[name].append(asyncio.run(many(ws_base, concurrency, settings)))
-                runs["vllm, no page"].append(asyncio.run(direct(url, key, concurrency, args.max_tokens)))
-            for name, got in runs.items():
-                r = merge(got)
-                rows.append({"engine": name, "concurrency": concurrency, "tokens_per_s": r["tokens_per_s"],
-                             "ttft_p50_ms": ms(r["ttft_s"]["p50"]), "ttft_p99_ms": ms(r["ttft_s"]["p99"]),
-                             "itl_p50_ms": ms(r["itl_s"]["p50"]), "itl_p99_ms": ms(r["itl_s"]["p99"]),
-                             "errors": r["errors"], "error_messages": r["error_messages"]})
-    return {"max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, "vllm": described}
+            sides = {name: lambda s=settings: asyncio.run(many(ws_base, concurrency, s)) for name, settings in engines.items()}
+            sides["vllm, no page"] = lambda: asyncio.run(direct(url, key, concurrency, args.max_tokens))
+            for name, got in take_turns(sides, args.repeats).items():
+                rows.append({"engine": name, "concurrency": concurrency, **merge(got)})
+    return {"machine": started, "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, "vllm": described}
 
 
-def _ms(x) -> str:
-    return "–" if x is None else f"{x:.0f}"
-
-
-def vllm_sweep_markdown(r: dict) -> str:
+def vllm_tables(r: dict) -> list[str]:
     v = r["vllm"]
-    lines = [f"Our engine and vLLM ({v['name']}: {v['threads']} thread, {v['dtype']}, {v['mode']}) through one "
-             f"`serve --vllm` and its websockets, {r['max_tokens']} output tokens, the same prompts, medians of "
-             f"{r['repeats']} alternated runs:", "",
-             "| engine | sessions | tokens/s (all) | TTFT p50 / p99 ms | ITL p50 / p99 ms | errors |",
-             "|---|---|---|---|---|---|"]
-    for row in r["rows"]:
-        tps = f"{row['tokens_per_s']:.1f}" if row["tokens_per_s"] else "–"
-        lines.append(f"| {row['engine']} | {row['concurrency']} | {tps} | {_ms(row['ttft_p50_ms'])} / "
-                     f"{_ms(row['ttft_p99_ms'])} | {_ms(row['itl_p50_ms'])} / {_ms(row['itl_p99_ms'])} | "
-                     f"{row['errors']} |")
     by = {(row["engine"], row["concurrency"]): row["tokens_per_s"] for row in r["rows"]}
-    costs = [f"{c} session(s) {1 - by[('vllm', c)] / by[('vllm, no page', c)]:+.1%}" for c in CONCURRENCY
-             if by.get(("vllm", c)) and by.get(("vllm, no page", c))]
-    lines += ["", "What watching vLLM through the page costs of its own tokens/s (1 - through the page / straight "
-                  "to its port): " + (", ".join(costs) or "not measured") + "."]
-    return "\n".join(lines)
+    return [table(["engine", "sessions", "tokens/s (all)", "TTFT p50 / p99 ms", "ITL p50 / p99 ms", "errors"],
+                  [[x["engine"], x["concurrency"], x["tokens_per_s"], p50_p99(x["ttft_s"]), p50_p99(x["itl_s"]),
+                    x["errors"]] for x in r["rows"]],
+                  f"Our engine and vLLM ({v['name']}: {v['threads']} thread, {v['dtype']}, {v['mode']}) through one "
+                  f"`serve --vllm`, {r['max_tokens']} tokens, {r['repeats']} turns"),
+            table(["sessions", "what the page costs vLLM's tokens/s (1 - through the page / straight to its port)"],
+                  [[c, f"{1 - by[('vllm', c)] / by[('vllm, no page', c)]:+.1%}"] for c in CONCURRENCY
+                   if by.get(("vllm", c)) and by.get(("vllm, no page", c))])]

@@ -13,12 +13,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from cli.bench.lib import output_flags
+
 
 def common_arguments(bp) -> None:
     """The options every server benchmark takes."""
-    bp.add_argument("--models-dir", default=None, help="models to serve (default: the server's default)")
-    bp.add_argument("--json", action="store_true", help="print the results as JSON")
-    bp.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    output_flags(bp, models_dir=True)
 
 
 def get_json(url: str) -> dict:
@@ -90,3 +90,19 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def wait_until_loaded(base: str, model: str, timeout_s: float = 300.0) -> None:
+    """Until the server's start-up has loaded `model` (/api/models: loading false). Sessions started on a fetched
+    model while its server still loads it in the background each took gigabytes (servers were killed for memory):
+    a bench starts once the model is in."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        models = {m["name"]: m for m in get_json(base + "/api/models")["models"]}
+        if model not in models:
+            raise SystemExit(f"the server offers no model {model!r}: {', '.join(models)}")
+        if not models[model].get("loading"):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{model} did not load within {timeout_s:.0f} s")
+        time.sleep(0.2)

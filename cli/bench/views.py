@@ -1,5 +1,5 @@
 """`decoding-playground bench views`: every speed-up the page shows, through a real server and a real browser,
-beside `generate`'s for the same settings (issue 29).
+beside `generate`'s for the same settings.
 
 Per case (SmolLM2 + EAGLE as the page's demo, target-mha + its draft model, SmolLM2 + n-gram lookup on a
 summary; every view with the same prompt and settings, 64 tokens):
@@ -22,30 +22,23 @@ summary; every view with the same prompt and settings, 64 tokens):
 Both sides run SmolLM2's products on the same number of threads (`--threads`; by default as many as a server's
 default may take here, one core left free for the event loop and the browser).
 
-Goals (issue 29, on a quiet machine): every measured on-screen speed-up within 15% of generate's median and no
+Goals (on a quiet machine): every measured on-screen speed-up within 15% of generate's median and no
 verdict the other way; a run's engine time with a view open within 10% of the same run with the views closed;
 the page's engine tokens/s within 15% of generate's. Results go to docs/benchmarks.md (section `bench views`).
 """
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
-import os
 import statistics
-import subprocess
-import sys
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
-from cli.bench.browser import CHROMIUM, busy_processes, new_tab, wait_until_quiet
+from cli.bench.browser import chromium_tab, load_until_done
+from cli.bench.lib import add_bench, generate_process, machine, paired, shown, table, take_turns
 from cli.bench.served import Server
 from cli.bench.smollm2 import SUMMARY_PROMPT
-from engine.experiments.compare import abba_order, speedup
 from engine.model.thread_choice import available_cores, candidate_threads
 
-ROOT = Path(__file__).resolve().parents[2]
 MAX_TOKENS = 64                  # the Shoot-out's cap: every view runs the same settings
 DEMO_MODEL, DEMO_PROMPT = "smollm2-135m", "Explain how a rainbow forms, in a short paragraph."  # app/views/page.py
 CHARACTER_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
@@ -62,34 +55,10 @@ GOAL_SPEEDUP, GOAL_VIEWS, GOAL_TOKENS = 0.15, 0.10, 0.15
 TIMEOUT_MS = 900_000
 
 
-def add_parser(bench_subparsers) -> None:
-    bp = bench_subparsers.add_parser("views", help="every on-screen speed-up (Race, Shoot-out, Theory, Cost) in a real "
-                                                   "browser beside generate's; engine time with views open")
-    bp.add_argument("--repeats", type=int, default=5, help="interleaved rounds of generate and of the page's runs "
-                                                           "(default 5, at least 3; the views' comparisons run 3 to 15 each)")
-    bp.add_argument("--case", action="append", choices=[str(i) for i in range(len(CASES))],
-                    help="only these cases (0: target-mha, 1: SmolLM2 + EAGLE, 2: n-gram on a summary)")
-    bp.add_argument("--threads", type=int, default=None, help="threads of SmolLM2's products, for the server and "
-                    "every generate alike (default: the most a server's default may take here: one core left free)")
-    bp.add_argument("--models-dir", default=None)
-    bp.add_argument("--json", action="store_true", help="print the results as JSON")
-    bp.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
-    bp.set_defaults(func=run)
-
-
 # --- generate ---------------------------------------------------------------------------------------------------
 def generate_run(prompt: str, settings: dict, models_dir, threads: int) -> dict:
     """One `decoding-playground generate --json --threads T` process; its engine time per token."""
-    cmd = [sys.executable, "-m", "cli.main", "generate", "--json", "--prompt", prompt, "--max-tokens", str(MAX_TOKENS),
-           "--threads", str(threads)]
-    cmd += [x for k, v in settings.items() for x in ("--" + k.replace("_", "-"), str(v))]
-    if models_dir:
-        cmd += ["--models-dir", str(models_dir)]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900,
-                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
-    if out.returncode:
-        raise RuntimeError(f"generate failed: {out.stderr[-400:]}")
-    s = json.loads(out.stdout)
+    s = generate_process(prompt, {"max_tokens": MAX_TOKENS, "threads": threads, **settings}, models_dir)
     return {"ms_per_token": s["elapsed_s"] * 1e3 / s["num_output_tokens"], "tokens_per_s": s["tokens_per_s"],
             "tokens": s["num_output_tokens"], "text": s["text"]}
 
@@ -97,12 +66,10 @@ def generate_run(prompt: str, settings: dict, models_dir, threads: int) -> dict:
 def generate_comparison(prompt: str, settings: dict, repeats: int, models_dir, threads: int) -> dict:
     sides = {"plain": {**settings, "method": "none"}, "method": settings}
     generate_run(prompt, settings, models_dir, threads)        # untimed: the weights in the OS's page cache
-    runs = {name: [] for name in sides}
-    for name in abba_order(list(sides), repeats):
-        runs[name].append(generate_run(prompt, sides[name], models_dir, threads))
-    ms = {name: [r["ms_per_token"] for r in v] for name, v in runs.items()}
-    s = speedup([a / b for a, b in zip(ms["plain"], ms["method"])], repeats)
-    return {"speedup": s, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["method"]),
+    runs = take_turns({name: lambda s=s: generate_run(prompt, s, models_dir, threads) for name, s in sides.items()},
+                      repeats)
+    return {"speedup": paired(*([r["ms_per_token"] for r in v] for v in runs.values())),
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["method"]),
             "plain_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["plain"]),
             "same_text": runs["plain"][0]["text"] == runs["method"][0]["text"], "runs": runs}
 
@@ -124,10 +91,7 @@ def page_url(base: str, prompt: str, settings: dict, **extra) -> str:
 
 def page_run(page, url: str) -> dict:
     """The page loaded with autoplay: its run's engine tokens/s from the summary line."""
-    page.goto("about:blank")
-    wait_until_quiet()
-    with page.expect_console_message(lambda m: m.text == "bench:done", timeout=TIMEOUT_MS):
-        page.goto(url)
+    load_until_done(page, url, TIMEOUT_MS / 1e3)
     elapsed_s, tokens = page.get_attribute("#summary", "data-elapsed-s"), page.get_attribute("#summary", "data-tokens")
     if not elapsed_s or not tokens:
         raise RuntimeError(f"no engine time in the page's summary: {page.inner_text('#summary')[:200]!r}")
@@ -198,35 +162,20 @@ def views_case(page, base: str, label: str, settings: dict, prompt: str, repeats
 
 
 def run_views(models_dir, repeats: int, cases: list, threads: int) -> dict:
-    from playwright.sync_api import sync_playwright
-
-    from cli.bench.engine import machine
-
-    if not CHROMIUM.exists():
-        raise SystemExit(f"bench views needs Chromium at {CHROMIUM} (make browser)")
-    load_before, busy_before = os.getloadavg(), busy_processes()
-    out = []
-    for label, settings, prompt in cases:
-        out.append({"case": label, "settings": settings, "prompt": prompt,
-                    "generate": generate_comparison(prompt, settings, repeats, models_dir, threads)})
-    with Server("--max-sessions", "4", "--threads", str(threads), models_dir=models_dir, start_timeout_s=120) as srv, sync_playwright() as pw:
+    started = machine()
+    out = [{"case": label, "settings": settings, "prompt": prompt,
+            "generate": generate_comparison(prompt, settings, repeats, models_dir, threads)}
+           for label, settings, prompt in cases]
+    with Server("--max-sessions", "4", "--threads", str(threads), models_dir=models_dir) as srv, \
+            chromium_tab("views") as page:
         if any(settings["model"] == DEMO_MODEL for _, settings, _ in cases):
             curve(srv.base, DEMO_MODEL)                # the start-up measurement (the demo's) is done first
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                     args=["--disable-gpu", "--no-sandbox", "--disable-background-networking"])
-        try:
-            page = new_tab(browser)
-            for case in out:
-                case.update(views_case(page, srv.base, case["case"], case["settings"], case["prompt"], repeats))
-        finally:
-            browser.close()
+        for case in out:
+            case.update(views_case(page, srv.base, case["case"], case["settings"], case["prompt"], repeats))
     for case in out:
         case["checks"] = checks(case)
-    return {"command": f"decoding-playground bench views --repeats {repeats} --threads {threads}", "repeats": repeats,
-            "threads": threads,
-            "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": machine(), "cases": out,
-            "load_average": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in os.getloadavg()],
-            "busy_processes": busy_before, "ok": all(all(c["checks"].values()) for c in out)}
+    return {"machine": started, "repeats": repeats, "threads": threads, "cases": out,
+            "ok": all(all(c["checks"].values()) for c in out)}
 
 
 SHOWN = (("race", "Race"), ("shootout", "Shoot-out"), ("theory_from_start", "Theory, open from the start"),
@@ -251,54 +200,35 @@ def checks(case: dict) -> dict:
     return out
 
 
-def shown(s: dict) -> str:
-    """'1.31× (1.27–1.36, faster)' for an on-screen speed-up; '–' when the view showed none."""
-    if s.get("median") is None:
-        return "–"
-    spread = f"{s['low']:.2f}–{s['high']:.2f}, " if s.get("low") is not None else ""
-    return f"{s['median']:.2f}× ({spread}{s.get('verdict') or '?'})"
-
-
-def markdown(r: dict) -> str:
-    m = r["machine"]
-    lines = [f"Command: `{r['command']}` — {r['date']} — {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
-             f"BLAS threads {m['blas_threads']}. Load average before {r['load_average']}, after "
-             f"{r['load_average_after']}; other busy processes: {', '.join(r['busy_processes']) or 'none'}.", "",
-             f"Every side {MAX_TOKENS} tokens, greedy. Speed-ups are plain decoding's engine time per token over the "
-             "method's: generate's from fresh `generate --json` processes, plain and the method interleaved "
-             f"(ABBA, {r['repeats']} rounds), the median with its spread and the verdict of "
-             "engine/experiments/compare.py; each view's as it shows it (its own comparison: 3 to 15 interleaved rounds "
-             "on the server's engine thread). The Cost card's predicted speed-up is a formula (labelled so on the "
-             "page) and not held to the goal.", "",
-             "| case | generate | " + " | ".join(label for _, label in SHOWN) + " | Cost card (predicted) | "
-             "engine time, Theory / Cost view open ÷ closed (first run, curve pending) | page ÷ generate engine "
-             "tokens/s |",
-             "|---|---|" + "---|" * len(SHOWN) + "---|---|---|"]
+def tables(r: dict) -> list[str]:
+    rows = []
     for c in r["cases"]:
         g = c["generate"]
-        page_vs = c["page_tokens_per_s"] / g["tokens_per_s"]
-        predicted = f"{c['cost_predicted']:.2f}×" if c["cost_predicted"] else "–"
-        lines.append(f"| {c['case']} | {shown(g['speedup'])} | " + " | ".join(shown(c[k]) for k, _ in SHOWN)
-                     + f" | {predicted} |")
-        lines[-1] += (f" {c['views_open']['theory']:.2f} / {c['views_open']['cost']:.2f} "
-                      f"({c['first_run_vs_closed']:.2f}) | {c['page_tokens_per_s']:.0f} ÷ {g['tokens_per_s']:.0f} "
-                      f"= {page_vs:.2f} |")
-    lines += ["", f"Goals: every measured speed-up on screen within {GOAL_SPEEDUP:.0%} of generate's median and no "
-                  f"verdict on the other side of 1 from it; engine time with a view open within {GOAL_VIEWS:.0%} of "
-                  f"the views closed; the page's engine tokens/s within {GOAL_TOKENS:.0%} of generate's.", ""]
-    for c in r["cases"]:
-        missed = [name for name, ok in c["checks"].items() if not ok]
-        lines.append(f"- {c['case']}: " + ("all goals met" if not missed else "MISSED: " + "; ".join(missed)))
-    return "\n".join(lines)
+        rows.append([c["case"], shown(g["speedup"]), *(shown(c[k]) for k, _ in SHOWN),
+                     f"{c['cost_predicted']:.2f}x" if c["cost_predicted"] else None,
+                     f"{c['views_open']['theory']:.2f} / {c['views_open']['cost']:.2f} ({c['first_run_vs_closed']:.2f})",
+                     f"{c['page_tokens_per_s']:.0f} ÷ {g['tokens_per_s']:.0f} = {c['page_tokens_per_s'] / g['tokens_per_s']:.2f}"])
+    goals = [[c["case"], "; ".join(name for name, ok in c["checks"].items() if not ok) or "none", all(c["checks"].values())]
+             for c in r["cases"]]
+    return [table(["case", "generate", *(label for _, label in SHOWN), "Cost card (predicted)",
+                   "engine time, Theory / Cost view open ÷ closed (first run, curve pending)",
+                   "page ÷ generate engine tokens/s"], rows,
+                  f"{MAX_TOKENS} tokens, greedy, {r['repeats']} rounds, {r['threads']} thread(s) for SmolLM2's products"),
+            table(["case", "goals missed", "all met"], goals)]
 
 
-def run(args: argparse.Namespace) -> int:
+def measure(args) -> dict:
     cases = [CASES[int(i)] for i in args.case] if args.case else CASES
     threads = args.threads or candidate_threads(available_cores(), serving=True)
-    r = run_views(args.models_dir, max(3, args.repeats), cases, threads)
-    print(json.dumps(r, indent=2) if args.json else markdown(r))
-    if not args.no_write:
-        from cli.bench.engine import DOCS, write_section
-        write_section("views", markdown(r))
-        print(f"\n(written to {DOCS})")
-    return 0 if r["ok"] else 1
+    return run_views(args.models_dir, max(3, args.repeats), cases, threads)
+
+
+def add_parser(bsub) -> None:
+    b = add_bench(bsub, "views", "every on-screen speed-up (Race, Shoot-out, Theory, Cost) in a real browser beside "
+                  "generate's; engine time with views open", measure, tables, models_dir=True)
+    b.add_argument("--repeats", type=int, default=5, help="rounds of generate and of the page's runs (default 5, at "
+                   "least 3; the views' own comparisons run 3 to 15 each)")
+    b.add_argument("--case", action="append", choices=[str(i) for i in range(len(CASES))],
+                   help="only these cases (0: target-mha, 1: SmolLM2 + EAGLE, 2: n-gram on a summary)")
+    b.add_argument("--threads", type=int, default=None, help="threads of SmolLM2's products, for the server and every "
+                   "generate alike (default: the most a server's default may take here: one core left free)")

