@@ -51,6 +51,34 @@ class Collector:
         return [e for b in self.batches for e in b]
 
 
+class ManualClock:
+    """A clock the test moves: by `tick` at every reading and by whatever `advance` adds. For the engine thread's
+    pacing here, for the engine time in tests/test_engine_time.py."""
+
+    def __init__(self, tick: float = 0.0):
+        self.t, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.t += self.tick
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class GateLog(SessionLink):
+    """A link that keeps its gate's answers, each with the time it read on the thread's clock."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.answers: list[tuple[float, bool]] = []     # appended in the engine thread
+
+    def may_continue(self) -> bool:
+        go = super().may_continue()
+        self.answers.append((self.thread.clock(), go))
+        return go
+
+
 def blocks_used(engine) -> int:
     return sum(m.pool.num_used_blocks for m in engine.managers.values())
 
@@ -101,7 +129,6 @@ def test_a_paused_session_waits_before_its_prefill_and_steps_one_round_at_a_time
             thread.poke()
             while sum(e.type == "metrics" for e in ca.events) < expected_rounds or ca.parked < expected_rounds + 1:
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.05)
             assert sum(e.type == "metrics" for e in ca.events) == expected_rounds    # exactly one round per step
         held.paused = False
         thread.poke()
@@ -171,24 +198,46 @@ def test_an_engine_bug_ends_its_session_with_an_error_and_the_others_go_on(regis
     assert blocks_used(engine) == 0
 
 
-def test_speed_paces_rounds_without_holding_the_thread(registry):
+def test_speed_paces_rounds_on_the_threads_clock_and_holds_only_its_own_session(registry):
+    """At 20 rounds a second, a session's next round goes once 50 ms have passed since its last on the engine
+    thread's clock (the test's own: it stands still until the test moves it), never before; a session at full
+    speed beside it runs to its end meanwhile."""
     engine = InferenceEngine(registry, max_sessions=4)
+    clock = ManualClock()
 
     async def scenario():
-        thread = EngineThread(engine, asyncio.get_running_loop())
+        thread = EngineThread(engine, asyncio.get_running_loop(), chunk_seconds=None, clock=clock)
         thread.start()
-        s = GenerationSession(engine, PROMPTS[0], {"max_tokens": 200, "method": "none"})
-        c = Collector()
-        t0 = time.perf_counter()
-        await thread.add(s, SessionLink(s, pacing(speed=20), c))
-        while sum(e.type == "metrics" for e in c.events) < 6:
-            await asyncio.sleep(0.005)
-        elapsed = time.perf_counter() - t0
-        await thread.remove(s)
-        await thread.stop()
-        return elapsed
+        paced = GenerationSession(engine, PROMPTS[0], {"max_tokens": 200, "method": "none"})
+        free = GenerationSession(engine, PROMPTS[1], {"max_tokens": 40, "method": "none"})
+        cp, cf = Collector(), Collector()
+        link = GateLog(paced, pacing(speed=20), cp, max_backlog=10_000)
+        await thread.add(paced, link)
+        await thread.add(free, SessionLink(free, pacing(), cf, max_backlog=10_000))
+        await asyncio.wait_for(cf.ended.wait(), 60)
 
-    assert run(scenario()) >= 5 / 20 * 0.9          # 6 rounds at 20 rounds/s: 5 gaps of 50 ms
+        def rounds() -> int:
+            return sum(e.type == "metrics" for e in cp.events)
+
+        async def rounds_after(seconds: float) -> int:
+            clock.advance(seconds)
+            now = clock()
+            thread.poke()
+            while not any(at >= now and not go for at, go in link.answers):   # held again, at this time
+                await asyncio.sleep(0.005)
+            await thread.call(lambda: None)          # its result comes after the events of the steps before
+            return rounds()
+
+        seen = [await rounds_after(0.0), await rounds_after(0.049), await rounds_after(0.002),
+                await rounds_after(0.0), await rounds_after(0.05), await rounds_after(0.2)]
+        await thread.remove(paced)
+        await thread.stop()
+        return seen, sum(e.type == "metrics" for e in cf.events), cf.events[-1].type
+
+    seen, free_rounds, free_end = run(scenario())
+    # round 0 (the prefill and the first token) at once; then one round per 50 ms, however long the pause
+    assert seen == [1, 1, 2, 2, 3, 4], seen
+    assert free_end == "done" and free_rounds >= 40
 
 
 def test_a_delivery_delay_posts_rounds_to_the_loop_together_and_loses_none(registry):
@@ -342,18 +391,29 @@ def test_a_teaching_job_runs_between_the_sessions_steps_and_they_keep_generating
         await thread.add(session, SessionLink(session, pacing(), collector))
         result = await asyncio.wait_for(job, 60)
         await asyncio.wait_for(collector.ended.wait(), 60)
-        cancelled = thread.submit(fault_comparison_steps(engine, PROMPTS[2], settings, "no_truncate"))
-        cancelled.cancel()                              # its request went away: the thread drops the job
-        await asyncio.sleep(0.2)
-        left = len(thread._jobs)
-        await thread.stop()
-        return result, rounds_before_job_done[0], left
+        closed, loop = asyncio.Event(), asyncio.get_running_loop()
 
-    result, rounds, left = run(scenario())
+        class Endless:                                  # a job that only ends when the thread closes it
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                return None
+
+            def close(self):
+                loop.call_soon_threadsafe(closed.set)
+
+        cancelled = thread.submit(Endless())
+        cancelled.cancel()                              # its request went away: the thread drops the job
+        await asyncio.wait_for(closed.wait(), 60)
+        await thread.stop()
+        return result, rounds_before_job_done[0]
+
+    result, rounds = run(scenario())
     assert result["faulty"]["emitted_ids"] == alone["faulty"]["emitted_ids"]
     assert result["divergence"] == alone["divergence"]
     assert rounds >= 2, "the session delivered no round while the job ran"
-    assert left == 0 and blocks_used(engine) == 0
+    assert blocks_used(engine) == 0
 
 
 def test_a_patient_job_waits_for_an_idle_thread_and_takes_steps_once_hurried(registry):

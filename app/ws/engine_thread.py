@@ -102,7 +102,7 @@ class SessionLink:
 
     # --- engine thread ---------------------------------------------------------------------------
     def may_continue(self) -> bool:
-        now = time.perf_counter()
+        now = self.thread.clock()
         if self.stopping:              # a stop is seen by the session right after this boundary
             return self._go(now)
         if self.backlog >= self.max_backlog:
@@ -122,7 +122,8 @@ class SessionLink:
 
     def _go(self, now: float) -> bool:
         self.held = None
-        self.last_round_at = self.round_started_at = now
+        self.last_round_at = now                          # on the thread's clock (pacing)
+        self.round_started_at = time.perf_counter()       # on the metrics' wall clock (inter-token latency)
         return True
 
     def _hold(self, why: str) -> bool:
@@ -153,8 +154,10 @@ class _Job:
 class EngineThread:
     def __init__(self, engine, loop: asyncio.AbstractEventLoop, metrics=None,
                  max_num_batched_tokens: int | None = None, chunk_seconds: float | None = CHUNK_SECONDS,
-                 job_max_wait_s: float = JOB_MAX_WAIT_S):
+                 job_max_wait_s: float = JOB_MAX_WAIT_S, clock: Callable[[], float] = time.perf_counter):
         self.engine, self.metrics = engine, metrics
+        # what pacing, posting and the jobs' waits are timed on (a test gives its own, to set the time itself)
+        self.clock = clock
         self.job_max_wait_s = job_max_wait_s
         self._job_step_at = 0.0          # when jobs last took a step
         # a step's first tokens go out before its prefill chunks are computed
@@ -249,7 +252,7 @@ class EngineThread:
         at_once = (item is PARKED or item[-1].type in ("done", "error") or item[0].type == "prefill"
                    or link.unposted >= link.max_backlog // 2)
         delay = 0.0 if at_once else link.pacing.delivery_delay_s
-        self._post_by = min(self._post_by, time.perf_counter() + delay)
+        self._post_by = min(self._post_by, self.clock() + delay)
 
     def _add(self, session, link: SessionLink) -> None:
         link.thread = self
@@ -265,14 +268,14 @@ class EngineThread:
 
     def _add_job(self, job, future, patient: bool) -> None:
         if not self._jobs:                         # it waits for an idle moment from now on
-            self._job_step_at = time.perf_counter()
+            self._job_step_at = self.clock()
         self._jobs.append(_Job(job, future, patient))
 
     def _hurry(self, future) -> None:
         for j in self._jobs:
             if j.future is future and j.patient:
                 j.patient = False
-                self._job_step_at = time.perf_counter()
+                self._job_step_at = self.clock()
 
     def _remove_all(self) -> None:
         for entry in list(self.scheduler.entries.values()):
@@ -297,15 +300,15 @@ class EngineThread:
             if moved:
                 self.steps += 1
                 self.busy_s += time.perf_counter() - t
-            if self._jobs and (not moved or time.perf_counter() - self._job_step_at >= self.job_max_wait_s
+            if self._jobs and (not moved or self.clock() - self._job_step_at >= self.job_max_wait_s
                                and not all(j.patient for j in self._jobs)):
-                self._job_step_at = time.perf_counter()
+                self._job_step_at = self.clock()
                 moved = self._step_jobs(idle=not moved) or moved
             for session_id in [s for s in self.links if s not in self.scheduler.entries]:
                 del self.links[session_id]         # ended by itself (done or error)
             self._flush(at_once=not moved)
             if not moved and not self._calls:
-                timeout = min(MAX_IDLE_WAIT_S, max(0.0, self._next_wake - time.perf_counter()))
+                timeout = min(MAX_IDLE_WAIT_S, max(0.0, self._next_wake - self.clock()))
                 self._wake.wait(timeout)
 
     def _step_jobs(self, idle: bool) -> bool:
@@ -342,7 +345,7 @@ class EngineThread:
             self._post(_settle, future, ok, result)
 
     def _flush(self, at_once: bool = False) -> None:
-        if self._out and (at_once or time.perf_counter() >= self._post_by):
+        if self._out and (at_once or self.clock() >= self._post_by):
             out, self._out, self._post_by = self._out, [], math.inf
             for link, _ in out:
                 link.unposted = 0
