@@ -7,7 +7,8 @@
     eval    held-out acceptance per position and mean acceptance length at each γ, offline, from the
             held-out answers (`data --held-out`), of the training state or of exported heads (--heads);
             --on-training scores the last training conversations instead (how much better the heads do
-            on answers they were taught: the gap is what more data could close)
+            on answers they were taught: the gap is what more data could close); --trees adds, per
+            budget, the EAGLE head's chain, best static tree and EAGLE-2 dynamic tree
     export  float16 safetensors into models/heads/TARGET/ (what the engine loads); SmolLM2's model
             card (README.md there) is written by `decoding-playground bench heads`, which measures the heads;
             --format vllm: the shipped EAGLE head in vLLM's EAGLE layout (engine/training/vllm_export.py), into
@@ -83,6 +84,23 @@ def warm_start(init_from: str | None, previous: Path) -> dict | None:
     return before.get("warm_start") if before.get("config", {}).get("init_from") == init_from else None
 
 
+def _tree_estimate(trainer, convs, args, log) -> dict:
+    """eval --trees: the EAGLE head's chains, best static trees and dynamic trees per budget
+    (engine/training/head_eval.py), with a table on stderr."""
+    import math
+
+    from ..spec_decode.heads import LMRows
+    from .head_eval import eagle_tree_acceptance, tree_table
+    eagle = {k: p for k, p in trainer.params.items() if not k.startswith("medusa.")}
+    topks = tuple(int(k) for k in args.tree_topk.split(","))
+    trees = eagle_tree_acceptance(eagle, trainer.eagle_cfg, convs, trainer.subset,
+                                  LMRows({"head": trainer.out_embed, "norm": trainer.norm_w}), trainer.embed,
+                                  np.float32(math.sqrt(trainer.target_cfg.hidden_size)), depth=args.tree_depth,
+                                  budgets=tuple(range(1, args.tree_budget + 1)), topks=topks, log=log)
+    log("mean acceptance length per budget (draft nodes verified; + 1 row for the root):\n" + tree_table(trees))
+    return trees
+
+
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
 
@@ -117,9 +135,12 @@ def run(args: argparse.Namespace) -> int:
                              f"{args.target} data --held-out` first, or score training answers (--on-training)")
         else:
             convs = trainer.held_out[:args.conversations] if args.conversations else trainer.held_out
-        print(json.dumps({"heads": args.heads or "training state", "conversations": len(convs),
-                          "of": "the last training conversations" if args.on_training else "held out",
-                          **trainer.evaluate(convs, args.gamma)}, indent=1))
+        out = {"heads": args.heads or "training state", "conversations": len(convs),
+               "of": "the last training conversations" if args.on_training else "held out",
+               **trainer.evaluate(convs, args.gamma)}
+        if args.trees:
+            out["eagle_trees"] = _tree_estimate(trainer, convs, args, log)
+        print(json.dumps(out, indent=1))
     elif args.format == "vllm":
         from ..model.fetched import cache_dir
         from .vllm_export import export_eagle_for_vllm
@@ -159,6 +180,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--conversations", type=int,
                    help="eval: only the first N held-out conversations (the last N training ones, default 100)")
     p.add_argument("--on-training", action="store_true", help="eval: score the last training conversations")
+    p.add_argument("--trees", action="store_true",
+                   help="eval: also the EAGLE head's token trees per budget: the chain, the best static tree and "
+                        "EAGLE-2's dynamic tree (minutes: the dynamic trees run the head on every node)")
+    p.add_argument("--tree-depth", type=int, default=8, help="eval --trees: the deepest tree (default 8)")
+    p.add_argument("--tree-budget", type=int, default=16, help="eval --trees: budgets 1..N nodes (default 16)")
+    p.add_argument("--tree-topk", default="1,2,4,8",
+                   help="eval --trees: the dynamic trees' children per node to try (default 1,2,4,8)")
     p.add_argument("--vocab-subset", type=int, help="export: the size of the heads' vocabulary subset (FR-Spec)")
     p.add_argument("--format", choices=("ours", "vllm"), default="ours",
                    help="export: ours (float16, from the training state) or vllm (the shipped EAGLE head in "
