@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 
 from cli.bench import spec as bench_spec
-from cli.bench.lib import (add_bench, forward_after, machine, medians, paired, pooled, shown, table, take_turns,
+from cli.bench.lib import (add_bench, forward_after, goals, machine, paired, pooled, shown, table, take_turns,
                            timer)
 from engine.kv.cache import KVCacheManager, KVStore
 from engine.kv.dtypes import KV_CACHE_DTYPES, kv_bytes_per_token
@@ -31,12 +31,16 @@ def interleaved(fns: dict, repeats: int, runs: dict | None = None, warm: int = 1
     return take_turns({k: timer(fn, (runs or {}).get(k, 1), warm) for k, fn in fns.items()}, repeats, abba)
 
 
+def medians(turns: dict) -> dict:
+    return {k: statistics.median(pooled(v)) for k, v in turns.items()}
+
+
 def pair(what: str, first, second, repeats: int, runs: int = 1, per: int = 1) -> dict:
     """Two functions taking turns: the median ms of each (over `per` inner calls) and the second's speed-up over the
     first (lib.paired over the turns' medians; `runs` timed calls of the second a turn)."""
     r = interleaved({"first": first, "second": second}, repeats, {"second": runs})
-    ms = {k: statistics.median(pooled(v)) / per for k, v in r.items()}
-    return {"what": what, "first_ms": ms["first"], "second_ms": ms["second"],
+    ms = medians(r)
+    return {"what": what, "first_ms": ms["first"] / per, "second_ms": ms["second"] / per,
             "speedup": paired(*([statistics.median(turn) for turn in v] for v in r.values()))}
 
 
@@ -189,13 +193,8 @@ def run_engine(quick: bool, models_dir=None) -> dict:
 
 
 def tables(r: dict) -> list[str]:
-    goals = []
-    for k, (got, goal) in r["targets"].items():
-        if k.endswith("max_error"):   # an error bound: smaller is better
-            goals.append([k, f"{got:.1%}", f"<= {goal:.0%}", got <= goal])
-        else:
-            goals.append([k, f"{got:.2f}x", f">= {goal:g}x", got >= goal])
-    out = [table(["goal", "measured", "target", "met"], goals, r["model"]),
+    out = [f"**{r['model']}**", goals([(k, got, "<=", goal, f"{got:.1%}") if k.endswith("max_error")  # smaller is better
+                                        else (k, got, ">=", goal, f"{got:.2f}x") for k, (got, goal) in r["targets"].items()]),
            table(["pair: first / second", "first ms", "second ms", "speed-up of the second"],
                  [[p["what"], f"{p['first_ms']:.3f}", f"{p['second_ms']:.3f}", shown(p["speedup"])] for p in r["pairs"]]),
            table(["KV heads", "cache MB (1 layer, fp32)", "steady step ms", "speed-up vs MHA", "cold step ms",

@@ -20,7 +20,6 @@ and drives it over real sockets:
   unknown action, always answered): messages answered, errors, runs checked (every token of a run shown,
   counted against its summary's `num_output_tokens`) and rounds lost.
 
-Results are printed and written into docs/benchmarks.md (section `bench faults`; `--no-write` to skip).
 """
 from __future__ import annotations
 
@@ -35,7 +34,8 @@ import statistics
 import time
 import urllib.request
 
-from cli.bench.served import Server, common_arguments, get_json
+from cli.bench.lib import add_bench, machine, table
+from cli.bench.served import Server, get_json
 from engine.serving.scheduler import CHUNK_SECONDS
 
 PROMPT = "def main(argv):\n    "
@@ -48,16 +48,14 @@ SMOLLM2 = "smollm2-135m"
 
 
 def add_parser(bench_subparsers) -> None:
-    bp = bench_subparsers.add_parser("faults", help="stuck clients, a long prefill beside a bystander, fuzzed "
-                                                    "forms: what they cost a real server")
+    bp = add_bench(bench_subparsers, "faults", "stuck clients, a long prefill beside a bystander, fuzzed forms: what "
+                   "they cost a real server", run, tables, models_dir=True)
     bp.add_argument("--repeats", type=int, default=3, help="long-prefill runs per server (default 3)")
     bp.add_argument("--forms", type=int, default=600, help="fuzzed /ws forms (default 600)")
     bp.add_argument("--budgets", default="0,time,8,64,256",
                     help="prefill budgets compared, --max-num-batched-tokens of a server each (0: whole prefills; "
                          "time: the default, chunks sized in time)")
     bp.add_argument("--parts", default="stuck,prefill,fuzz", help="which parts to run (default all)")
-    common_arguments(bp)
-    bp.set_defaults(func=run)
 
 
 async def poll(predicate, timeout: float, every: float = 0.02):
@@ -336,48 +334,41 @@ def _s(x, unit=" s", fmt="{:.2f}") -> str:
     return "–" if x is None else fmt.format(x) + unit
 
 
-def markdown(r: dict) -> str:
-    lines = [f"{r['date']}, {os.cpu_count()} cores, 1-minute load {r['load']:.1f} at the start (a shared machine: "
-             "figures are whole-process wall times)."]
+def tables(r: dict) -> list[str]:
+    out = []
     if "stuck" in r:
         st = r["stuck"]
-        lines += ["", "| stuck client (`--max-sessions 1`, 4 KiB receive buffer, never reads) | |", "|---|---|",
-                  f"| `speed` messages until the server closed it (1008) | {st['flood_messages']} |",
-                  f"| its session and KV blocks freed (`/api/stats`), after the 1008 | {_s(st['freed_s'])} |",
-                  f"| its connection gone (`/api/stats`), after the 1008 | {_s(st['gone_s'])} |",
-                  f"| the client queued behind it got `started`, after the 1008 | {_s(st['queued_started_s'])} |",
-                  "| SIGTERM to exit, with it and a second never-reading client (held mid-generation) open | "
-                  f"{_s(st['shutdown_s'])} |"]
+        out.append(table(["stuck client (`--max-sessions 1`, 4 KiB receive buffer, never reads)", ""], [
+            ["`speed` messages until the server closed it (1008)", st["flood_messages"]],
+            ["its session and KV blocks freed (`/api/stats`), after the 1008", _s(st["freed_s"])],
+            ["its connection gone (`/api/stats`), after the 1008", _s(st["gone_s"])],
+            ["the client queued behind it got `started`, after the 1008", _s(st["queued_started_s"])],
+            ["SIGTERM to exit, with it and a second never-reading client (held mid-generation) open",
+             _s(st["shutdown_s"])]]))
     if "prefill" in r:
         lp = r["prefill"]
         whole = lp["budgets"].get("0")
-        lines += ["", f"Long prefill: {lp['prompt_tokens']:,} prompt tokens on {lp['model']} beside a bystander on "
-                  f"our own target; {lp['repeats']} runs per budget, interleaved (medians; the default: chunks of about "
-                  f"{lp['chunk_ms']:.0f} ms):", "",
-                  "| `--max-num-batched-tokens` | bystander TTFT | (max) | long prompt's `started` | long prompt's "
-                  "first token | vs whole |", "|---|---|---|---|---|---|"]
-        for b, x in lp["budgets"].items():
-            vs = f"{x['long_first_token_s'] / whole['long_first_token_s']:.2f}×" if whole else "–"
-            label = {"0": "0 (whole prefills)", "time": f"none (the default: {lp['chunk_ms']:.0f} ms chunks)"}.get(b, b)
-            lines.append(f"| {label} | {_s(x['bystander_ttft_s'] * 1e3, ' ms', '{:.0f}')} | "
-                         f"{_s(x['bystander_ttft_max_s'] * 1e3, ' ms', '{:.0f}')} | "
-                         f"{_s(x['long_started_s'] * 1e3, ' ms', '{:.0f}')} | {_s(x['long_first_token_s'])} | {vs} |")
+        out.append(table(["`--max-num-batched-tokens`", "bystander TTFT", "(max)", "long prompt's `started`",
+                          "long prompt's first token", "vs whole"],
+                         [[{"0": "0 (whole prefills)", "time": f"none (the default: {lp['chunk_ms']:.0f} ms chunks)"}
+                           .get(b, b), _s(x["bystander_ttft_s"] * 1e3, " ms", "{:.0f}"),
+                           _s(x["bystander_ttft_max_s"] * 1e3, " ms", "{:.0f}"), _s(x["long_started_s"] * 1e3, " ms", "{:.0f}"),
+                           _s(x["long_first_token_s"]),
+                           f"{x['long_first_token_s'] / whole['long_first_token_s']:.2f}×" if whole else None]
+                          for b, x in lp["budgets"].items()],
+                         f"Long prefill: {lp['prompt_tokens']:,} prompt tokens on {lp['model']} beside a bystander on our "
+                         f"own target, {lp['repeats']} runs per budget taking turns (medians)"))
     if "fuzz" in r:
         fz = r["fuzz"]
-        lines += ["", f"Fuzz (`/ws`, seed 19): {fz['forms']} mutated forms during running generations, "
-                  f"{fz['answered']} answered (each followed by a probe that must be answered), {fz['errors']} error "
-                  f"notes; {fz['runs_checked']} runs checked token by token against their summaries: "
-                  f"{fz['tokens_lost']} tokens lost, {fz['runs_short']} runs short."]
-    return "\n".join(lines)
+        out.append(table(["mutated forms", "answered", "error notes", "runs checked", "tokens lost", "runs short"],
+                         [[fz["forms"], fz["answered"], fz["errors"], fz["runs_checked"], fz["tokens_lost"],
+                           fz["runs_short"]]], "Fuzz (`/ws`, seed 19), each form followed by a probe that must be answered"))
+    return out
 
 
-def run(args) -> int:
-    import datetime as dt
-
-    from cli.bench.engine import write_section
-
+def run(args) -> dict:
     parts = args.parts.split(",")
-    r = {"date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "load": os.getloadavg()[0]}
+    r = {"machine": machine()}
     if "stuck" in parts:
         r["stuck"] = asyncio.run(stuck_client(args.models_dir))
     if "prefill" in parts:
@@ -388,8 +379,4 @@ def run(args) -> int:
     if "fuzz" in parts:
         with Server(models_dir=args.models_dir) as srv:
             r["fuzz"] = asyncio.run(fuzz_forms(srv.base, args.forms))
-    text = markdown(r)
-    print(json.dumps(r, indent=2) if args.json else text)
-    if not args.no_write:
-        write_section("faults", text)
-    return 0
+    return r

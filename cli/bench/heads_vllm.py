@@ -1,13 +1,8 @@
-"""`bench heads`' vLLM part: vLLM's mean acceptance length with our EAGLE head (exported to its layout:
-engine/training/vllm_export.py) beside ours, on the same held-out questions, greedy, γ = 3.
-
-Three rows, so that the two differences are told apart:
-- ours: the shipped head as our engine drafts with it (a 4,096-token vocabulary subset plus the context's tokens);
-- ours, full vocabulary: the same head drafting from the whole vocabulary, as vLLM's shared LM head does;
-- vLLM: the head in vLLM's layout (full vocabulary; the per-token scales of the norms vLLM's EAGLE lacks replaced
-  by their medians), from vLLM's own per-request figures.
-Acceptance does not depend on the machine's load (greedy, deterministic), only the time does, which is not
-measured here.
+"""`bench heads`' vLLM part: vLLM's mean acceptance length with our EAGLE head (exported to its layout,
+engine/training/vllm_export.py) beside ours, on the same held-out questions, greedy, γ = 3, in three rows: the head
+as our engine drafts with it (a vocabulary subset plus the context's tokens), the same head drafting from the whole
+vocabulary as vLLM's shared LM head does, and vLLM's own per-request figures. Greedy acceptance does not depend on
+the machine's load.
 """
 from __future__ import annotations
 

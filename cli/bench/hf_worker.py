@@ -1,15 +1,8 @@
-"""Hugging Face transformers generating on request, for `bench engines` only (cli/bench/engines.py).
-
-Runs in its own virtual environment with torch and transformers (`make transformers`; neither is a project
-dependency), on the checkpoint fetch-model converted (Hugging Face layout, float32):
-
-    python cli/bench/hf_worker.py MODEL_DIR THREADS      # then one JSON request a line on stdin
-
-A request {"input_ids": [...], "max_new_tokens": n} is answered with one JSON line: the new token ids and the
-time of every step (a StoppingCriteria is called once per generated token, after its forward), from which the
-caller takes the decode speed as ours: 1 / (time per token after the first). Greedy (do_sample=False), no
-cache reuse between requests. torch's intra-op threads are set once, from THREADS, as `torch.set_num_threads`.
-Imports nothing of this project.
+"""Hugging Face transformers generating on request, for `bench engines` only (cli/bench/engines.py): run in its own
+virtual environment with torch and transformers (`make transformers`; neither is a project dependency) on the
+checkpoint fetch-model converted, as `python cli/bench/hf_worker.py MODEL_DIR THREADS`, then one JSON request a line.
+A request {"input_ids": [...], "max_new_tokens": n} is answered with the new ids and the time of every step (a
+StoppingCriteria is called once per token, after its forward). Greedy; imports nothing of this project.
 """
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ import json
 import multiprocessing
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.experiments.compare import abba_order, median_band, speedup
+from engine.experiments.compare import abba_order, speedup
 from engine.kv.cache import KVCacheManager
 from engine.model.llama import forward
 from engine.serving.session import GenerationSession
@@ -34,9 +33,8 @@ def take_turns(sides: dict, repeats: int, abba: bool = True) -> dict[str, list]:
     """Each side's results over `repeats` rounds, every side once a round: in order and reversed by turns (A B,
     B A, ...: a drift of the machine hits every side alike), or with abba=False always in order (each side right
     after the same other one: a 'cold' figure)."""
-    names = list(sides)
-    out: dict[str, list] = {name: [] for name in names}
-    for name in abba_order(names, repeats) if abba else names * repeats:
+    out: dict[str, list] = {name: [] for name in sides}
+    for name in abba_order(list(sides), repeats) if abba else list(sides) * repeats:
         out[name].append(sides[name]())
     return out
 
@@ -61,22 +59,9 @@ def pooled(values: list) -> list:
     return [x for v in values for x in (v if isinstance(v, list) else [v])]
 
 
-def by_key(results: list[dict]) -> dict[object, list]:
+def by_key(results: list[dict]) -> dict:
     """Turns that each return a dict of figures, as one list of values per key."""
-    out: dict = {}
-    for r in results:
-        for k, v in r.items():
-            out.setdefault(k, []).append(v)
-    return out
-
-
-def medians(results: dict) -> dict:
-    return {k: statistics.median(pooled(v)) for k, v in results.items()}
-
-
-def band(values: list) -> tuple[float, float]:
-    """The range around the median of `values` that holds it with at least 75% confidence (compare.py)."""
-    return median_band(pooled(values))
+    return {k: [r[k] for r in results] for k in results[0]} if results else {}
 
 
 def paired(before: list, after: list) -> dict:
@@ -117,9 +102,8 @@ def busy_seconds() -> tuple[float, float]:
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     own = os.times()
-    running = cpu_seconds([c.pid for c in multiprocessing.active_children()])
-    return ((sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK"),
-            own.user + own.system + own.children_user + own.children_system + running)
+    return ((sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK"), own.user + own.system + own.children_user
+            + own.children_system + cpu_seconds([c.pid for c in multiprocessing.active_children()]))
 
 
 def machine() -> dict:
@@ -132,8 +116,8 @@ def machine() -> dict:
         pass
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        name = (blas.get("openblas configuration") or blas["name"]).split()[0]
-        blas = f"{name} {'.'.join(str(blas['version']).split('.')[:3])}"
+        blas = (f"{(blas.get('openblas configuration') or blas['name']).split()[0]} "
+                + ".".join(str(blas["version"]).split(".")[:3]))
     except (KeyError, TypeError, AttributeError):
         blas = "BLAS"
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
@@ -142,38 +126,35 @@ def machine() -> dict:
             "started": [time.monotonic(), *busy_seconds()]}
 
 
-def settle(m: dict) -> dict:
-    """The machine facts at the end of a run: the cores other processes kept busy meanwhile."""
+def machine_line(m: dict) -> str:
+    """The section's last line; `m` from `machine()` at the start of the run gains the cores other processes kept
+    busy meanwhile."""
     if "started" in m:
         t0, machine0, ours0 = m.pop("started")
         machine1, ours1 = busy_seconds()
-        m["others_cores"] = round(max(0.0, (machine1 - machine0) - (ours1 - ours0)) / max(1e-9, time.monotonic() - t0), 2)
-    return m
-
-
-def machine_line(m: dict) -> str:
+        m["others_cores"] = round(max(0.0, machine1 - machine0 - ours1 + ours0) / (time.monotonic() - t0), 2)
     threads = m["blas_threads"]
-    others = f", other processes {m['others_cores']:.2f} cores during the run" if "others_cores" in m else ""
     return (f"Machine: {m['cpu']} ({m['cores']} cores), Python {m['python']}, numpy {m['numpy']}, {m['blas']}, "
-            f"{threads} BLAS thread{'' if threads == '1' else 's'}; load {m['load']:.1f}{others}; {m['date']}")
+            f"{threads} BLAS thread{'' if threads == '1' else 's'}; load {m['load']:.1f}, other processes "
+            f"{m['others_cores']:.2f} cores during the run; {m['date']}")
 
 
 # --- tables and sections --------------------------------------------------------------------------------------------
-def cell(x) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, bool):
-        return "yes" if x else "**no**"
-    if isinstance(x, float):
-        return f"{x:.2f}"
-    return str(x)
-
-
 def table(header: list[str], rows: list[list], title: str | None = None) -> str:
-    """A markdown table from rows of cells (`cell`: None '–', booleans yes / **no**, floats to 2 decimals)."""
+    """A markdown table from rows of cells: None shown '–', booleans yes / **no**, floats to 2 decimals."""
+    def cell(x) -> str:
+        return ("–" if x is None else ("yes" if x else "**no**") if isinstance(x, bool)
+                else f"{x:.2f}" if isinstance(x, float) else str(x))
     lines = [f"**{title}**", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows])
+
+
+def goals(rows: list[tuple]) -> str:
+    """A table of goals from (what, measured, "<=" or ">=", bound[, the measured value as shown]) rows."""
+    return table(["goal", "measured", "target", "met"],
+                 [[what, shown_as[0] if shown_as else v, f"{op} {bound:g}",
+                   v is not None and (v <= bound if op == "<=" else v >= bound)] for what, v, op, bound, *shown_as in rows])
 
 
 def write_section(name: str, body: str, docs: Path | None = None) -> None:
@@ -198,20 +179,10 @@ def output_flags(parser, models_dir: bool = False) -> None:
     parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
 
 
-def emit(args, name: str, r: dict, tables: list[str], write: bool = True) -> None:
-    """Print a run (JSON with --json, else its section) and write its section unless --no-write. `r["machine"]`:
-    `machine()` from the start of the run."""
-    settle(r["machine"])
-    text = "\n\n".join([*tables, machine_line(r["machine"])])
-    print(json.dumps(r, indent=1, default=str) if getattr(args, "json", False) else text, flush=True)
-    if write and not getattr(args, "no_write", False):
-        write_section(name, text)
-        print(f"(written to {DOCS}, section `bench {name}`)", file=sys.stderr)
-
-
 def add_bench(bsub, name: str, help: str, measure, tables, quick: str | None = None, models_dir: bool = False):
-    """`bench NAME`: measure(args) -> a run's results (with `machine()` from its start; "section": another section
-    than NAME's; "ok": False, exit 1), tables(results) -> its section's tables. --quick runs write nothing."""
+    """`bench NAME`: measure(args) -> a run's results (`machine()` from its start under "machine"; "section": another
+    section than NAME's; "ok": False, exit 1), tables(results) -> its section's tables. It prints the results (JSON
+    with --json, else the section) and writes the section unless --no-write or --quick (a smoke run)."""
     parser = bsub.add_parser(name, help=help)
     if quick:
         parser.add_argument("--quick", action="store_true", help=f"{quick} (a smoke run; writes nothing)")
@@ -219,7 +190,12 @@ def add_bench(bsub, name: str, help: str, measure, tables, quick: str | None = N
 
     def run(args) -> int:
         r = measure(args)
-        emit(args, r.pop("section", name), r, tables(r), write=not getattr(args, "quick", False))
+        section, line = r.pop("section", name), machine_line(r["machine"])
+        text = "\n\n".join([*tables(r), line])
+        print(json.dumps(r, indent=1, default=str) if args.json else text, flush=True)
+        if not args.no_write and not getattr(args, "quick", False):
+            write_section(section, text)
+            print(f"(written to {DOCS}, section `bench {section}`)", file=sys.stderr)
         return 0 if r.get("ok", True) else 1
     parser.set_defaults(func=run, measure=measure)
     return parser
@@ -230,12 +206,10 @@ def generate_process(prompt: str, settings: dict, models_dir=None) -> dict:
     """A fresh `decoding-playground generate --json` process, as a user runs it: its summary. `settings` become its
     flags (dashes for underscores; threads: `--threads`)."""
     cmd = [sys.executable, "-m", "cli.main", "generate", "--json", "--prompt", prompt]
-    cmd += [x for k, v in settings.items() for x in ("--" + k.replace("_", "-"), str(v).lower() if isinstance(v, bool)
-                                                     else str(v))]
-    if models_dir:
-        cmd += ["--models-dir", str(models_dir)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=DOCS.parents[1],
-                          env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    cmd += [x for k, v in settings.items()
+            for x in ("--" + k.replace("_", "-"), str(v).lower() if isinstance(v, bool) else str(v))]
+    done = subprocess.run(cmd + (["--models-dir", str(models_dir)] if models_dir else []), capture_output=True,
+                          text=True, timeout=900, cwd=DOCS.parents[1], env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     if done.returncode != 0:
         raise RuntimeError(f"generate failed: {done.stderr[-800:]}")
     return json.loads(done.stdout)
@@ -252,33 +226,6 @@ def generation(engine, prompt: str, settings: dict) -> tuple[float, dict, object
     if last is None or last.type != "done":
         raise RuntimeError(f"generation failed: {getattr(last, 'message', 'no events')}")
     return time.perf_counter() - t, last.summary, session
-
-
-class JsonWorker:
-    """A process that answers each JSON line on its stdin with one on its stdout: our engine or another one held
-    ready in a process of its own (another thread count, another virtual environment)."""
-
-    def __init__(self, cmd: list[str], env: dict, quiet: bool = False):
-        self.proc = subprocess.Popen(cmd, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                     stderr=subprocess.DEVNULL if quiet else None)
-
-    def read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the worker {self.proc.args[1:3]} ended (exit {self.proc.wait()})")
-        return json.loads(line)
-
-    def ask(self, request: dict) -> dict:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def forward_after(model, tokens, context: int):

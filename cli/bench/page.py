@@ -1,19 +1,11 @@
 """`decoding-playground bench page`: does the page keep up with the engine?
 
-Taking turns, so that the noise of a shared machine hits every side alike:
-- **engine alone**: the same generation as a plain loop over the session's events, in this process; tokens/s =
-  output tokens / wall time from creating the session to `done`;
-- **the page's websocket without a browser**: `/ws` read by a plain websocket client that acknowledges every
-  message as the page does, to tell the server's own cost from the browser's;
-- **in the browser**: `decoding-playground serve` in its own process, as users run it (a client in the server's
-  process would take the GIL from its engine thread), and headless Chromium loading the page with
-  `autoplay=1&speed=max` into one tab, reloaded for each run once Chromium is quiet (cli/bench/browser.py); the
-  page's own figures (static/playground.js, `window.playgroundStats`) give the tokens that arrived and when, from
-  the press of play to `done`; long tasks come from PerformanceObserver('longtask') while streaming.
-
-`--model NAME`: the page on that model at 1 and --threads threads, a server per count (`serve --threads T`); per
-repeat every count in turn, first an /api/ws client alone (the engine's step, its TPOT), then the page. The gaps
-are what a viewer sees: the times between new tokens appearing in the page (`tokenTimes`), pooled over the repeats.
+Taking turns: the same generation as a loop over the session's events in this process (the engine alone); `/ws`
+read by a plain client that acknowledges every message as the page does (the server's own cost); and the page in
+headless Chromium against `serve` in its own process (a client in the server's process would take the GIL from its
+engine thread), from the press of play to `done` by the page's own figures (`window.playgroundStats`), with its long
+tasks while streaming. `--model NAME`: the page on that model at 1 and N threads, a server per count, each turn an
+/api/ws client alone (the engine's step) then the page; the gaps between tokens appearing in it are what a viewer sees.
 """
 from __future__ import annotations
 
@@ -26,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cli.bench.browser import PROMPT, browser_run, chromium_tab
-from cli.bench.lib import add_bench, generation, machine, table, take_turns
+from cli.bench.lib import add_bench, generation, goals, machine, table, take_turns
 from cli.bench.serve_clients import client, pcts
-from cli.bench.served import Server, wait_until_loaded
+from cli.bench.served import Server, per_thread_count
 
 GOAL_RATIO = 0.90
 GOAL_LONG_TASK_MS = 50.0
@@ -124,23 +116,15 @@ def run_page_threads(args) -> dict:
     counts = sorted({1, max(1, args.threads)})
     settings = {"model": args.model, "method": "none", "chat": "true", "max_tokens": args.max_tokens}
     api = {**settings, "chat": True}
-    servers = {}
-    try:
-        for t in counts:
-            servers[t] = Server("--threads", str(t), "--no-llamacpp", "--max-sessions", "2", models_dir=args.models_dir)
-        for s in servers.values():
-            wait_until_loaded(s.base, args.model)
-        with chromium_tab("page") as page:
-            for s in servers.values():                       # warm-up: pools, caches, the tab's window
-                browser_run(page, s.base, settings)
+    with per_thread_count(args.model, counts, "--max-sessions", "2", models_dir=args.models_dir) as servers, \
+            chromium_tab("page") as page:
+        for s in servers.values():                       # warm-up: pools, caches, the tab's window
+            browser_run(page, s.base, settings)
 
-            def turn(s):
-                alone = outside_playwright(client(s.base.replace("http://", "ws://"), 0, api))
-                return {"tpot_s": alone["tpot_s"], "page": browser_run(page, s.base, settings)}
-            runs = take_turns({t: lambda s=s: turn(s) for t, s in servers.items()}, args.repeats)
-    finally:
-        for s in servers.values():
-            s.stop()
+        def turn(s):
+            alone = outside_playwright(client(s.base.replace("http://", "ws://"), 0, api))
+            return {"tpot_s": alone["tpot_s"], "page": browser_run(page, s.base, settings)}
+        runs = take_turns({t: lambda s=s: turn(s) for t, s in servers.items()}, args.repeats)
     rows = {}
     for t, r in runs.items():
         step_ms = statistics.median(x["tpot_s"] for x in r if x["tpot_s"]) * 1e3
@@ -170,18 +154,15 @@ def tables(r: dict) -> list[str]:
 def threads_tables(r: dict) -> list[str]:
     s, rows = r["settings"], r["rows"]
     top = max(rows)
-    goals = [[f"more tokens/s in the page at {top} threads than at 1 (1% or more)",
-              f"{rows[top]['page_tokens_per_s'] / rows[1]['page_tokens_per_s']:.2f}x", ">= 1.01x",
-              rows[top]["page_tokens_per_s"] >= 1.01 * rows[1]["page_tokens_per_s"]]] if top > 1 else []
-    goals += [[f"p99 gap ÷ the step at {t} thread{'s' * (t > 1)}", x["p99_over_step"], f"<= {GOAL_GAP}x",
-               (x["p99_over_step"] or 99) <= GOAL_GAP] for t, x in rows.items()]
+    more = rows[top]["page_tokens_per_s"] / rows[1]["page_tokens_per_s"]
     return [table(["threads", "engine step ms", "page tok/s", "gaps", "median gap ms", "p99 gap ms (÷ step)",
                    "longest gap ms", "Chromium's cores", "long tasks"],
                   [[t, x["step_ms"], x["page_tokens_per_s"], x["gaps"], x["median_gap_ms"],
                     f"{x['p99_gap_ms'] or 0:.1f} ({x['p99_over_step'] or 0:.2f}x)", x["max_gap_ms"],
                     x["chromium_cores"], x["long_tasks"]] for t, x in rows.items()],
                   f"{s['model']}, plain decoding, chat, {s['max_tokens']} tokens, {r['repeats']} repeats"),
-            table(["goal", "measured", "target", "met"], goals)]
+            goals(([(f"page tokens/s at {top} threads over 1", more, ">=", 1.01)] if top > 1 else [])
+                  + [(f"p99 gap ÷ the step at {t} thread(s)", x["p99_over_step"], "<=", GOAL_GAP) for t, x in rows.items()])]
 
 
 def measure(args) -> dict:

@@ -1,11 +1,6 @@
-"""`bench serve --engine vllm`: the second seed's concurrency sweep, vLLM against our engine, through one real
-`decoding-playground serve --vllm` and its websockets, on the same SmolLM2 weights and prompts.
-
-At 1, 4 and 16 concurrent sessions: aggregate output tokens/s (all output tokens / wall time from the first
-start to the last `done`), TTFT and ITL (p50, p99) per client, for our engine (SmolLM2, chat, plain
-decoding) and for vLLM (plain, 1 thread, float32), the two alternated at each concurrency; and vLLM without
-the page: the same requests straight to its port (the bench sets its port and key: `--vllm-port`,
-$DECODING_PLAYGROUND_VLLM_API_KEY), what watching it through the page costs.
+"""`bench serve --engine vllm`: vLLM against our engine through one `decoding-playground serve --vllm` and its
+websockets, on the same SmolLM2 weights and prompts, at 1, 4 and 16 sessions taking turns; and vLLM without the
+page, the same requests straight to its port (the bench sets its port and key), for what the page costs it.
 """
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from cli.bench.lib import output_flags
@@ -106,3 +107,19 @@ def wait_until_loaded(base: str, model: str, timeout_s: float = 300.0) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{model} did not load within {timeout_s:.0f} s")
         time.sleep(0.2)
+
+
+@contextmanager
+def per_thread_count(model: str, counts, *args: str, models_dir=None):
+    """{count: a `Server` with `--threads count` and ARGS}, every one started and `model` loaded in each, so that the
+    counts can take turns."""
+    with ExitStack() as stack:
+        servers = {t: stack.enter_context(Server("--threads", str(t), "--no-llamacpp", *args, models_dir=models_dir))
+                   for t in counts}
+        for s in servers.values():
+            wait_until_loaded(s.base, model)
+        yield servers
+        ran = {t: next(m for m in get_json(s.base + "/api/models")["models"] if m["name"] == model).get("threads", t)
+               for t, s in servers.items()}
+        if any(ran[t] != t for t in ran):
+            raise RuntimeError(f"a server ran another thread count than asked: {ran}")

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cli.bench.lib import (add_bench, by_key, forward_after, generate_process, generation, machine, paired,
-                           paired_rates, shown, table, take_turns, timer)
+from cli.bench.heads_runs import measure
+from cli.bench.lib import (add_bench, by_key, forward_after, generate_process, goals, machine, paired, paired_rates, shown,
+                           table, take_turns, timer)
 from cli.bench.smollm2_profile import breakdown_table, step_breakdown
 from engine.kv.cache import KVCacheManager
 from engine.model.checkpoint import load_checkpoint
@@ -83,20 +84,6 @@ def step_costs(models: dict, tokens, repeats: int) -> dict:
     return by_key([r for results in turns.values() for r in results])
 
 
-def ngram_vs_plain(engine: InferenceEngine, prompt: str, repeats: int) -> dict:
-    """Decode-phase speed (1 / tpot: prefill excluded) of plain and `ngram` decoding, taking turns."""
-    settings = dict(model=NAME, chat=True, temperature=0, max_tokens=96, enable_prefix_caching=False)
-    runs = take_turns({k: lambda s=s: generation(engine, prompt, {**settings, **s})[1]
-                       for k, s in (("none", {"method": "none"}), ("ngram", NGRAM))}, repeats)
-    plain, ngram = runs["none"], runs["ngram"]
-    return {"num_output_tokens": plain[0]["num_output_tokens"],
-            "identical_output": all(r["text"] == plain[0]["text"] for r in plain + ngram),
-            **{f"{k}_tokens_per_s": statistics.median(1 / r["tpot_s"] for r in v) for k, v in runs.items()},
-            "speedup": paired([r["tpot_s"] for r in plain], [r["tpot_s"] for r in ngram]),
-            "acceptance_rate": ngram[-1]["acceptance_rate"], "mean_acceptance_length": ngram[-1]["mean_acceptance_length"],
-            "target_forward_calls": [plain[-1]["target_forward_calls"], ngram[-1]["target_forward_calls"]]}
-
-
 def character_step(inner: int = 50):
     """ms per decode step of our character model (its weights in the CPU's cache) over `inner` steps: it never uses
     the threads, so a slowdown from their mere presence would show."""
@@ -124,10 +111,11 @@ def thread_costs(model, tokens, counts, repeats: int) -> dict:
     return {c: by_key(v) for c, v in turns.items()}
 
 
-def generate_tokens_per_s(threads_: int, prompt: str = GENERATE_PROMPT, max_tokens: int = 64) -> dict:
-    """A fresh `generate --threads N` process, plain decoding: decode tokens/s (1 / TPOT) and its text."""
+def generate_tokens_per_s(threads_: int, prompt: str = GENERATE_PROMPT, max_tokens: int = 64, **settings) -> dict:
+    """A fresh `generate --threads N` process, greedy, plain decoding unless `settings` say otherwise: decode
+    tokens/s (1 / TPOT) and its text."""
     s = generate_process(prompt, {"model": NAME, "chat": True, "max_tokens": max_tokens, "temperature": 0,
-                                  "enable_prefix_caching": False, "method": "none", "threads": threads_})
+                                  "enable_prefix_caching": False, "method": "none", "threads": threads_, **settings})
     return {"tokens_per_s": 1.0 / s["tpot_s"], "text": s["text"]}
 
 
@@ -176,11 +164,11 @@ def run_smollm2(quick: bool = False, cache=None, max_threads: int = 2) -> dict:
          "times": {f"{a} {b}": v for (a, b), v in times.items()}, "floor_how": floor_how,
          "decode_tokens_per_s": 1e3 / one, "decode_over_floor": one / floor,
          "breakdown": step_breakdown(chosen, tokens, CONTEXT, 3 if quick else 9)}
-    engine = InferenceEngine(registry, max_sessions=2)
-    r["ngram"] = {label: ngram_vs_plain(engine, prompt, 1 if quick else 3)
+    engine = InferenceEngine(registry, max_sessions=2)           # `ngram` against plain decoding, as bench heads runs them
+    r["ngram"] = {label: measure(engine, [prompt], 96, 1 if quick else 3, [("ngram", NGRAM)])[None]
                   for label, prompt in (("summarise a paragraph", SUMMARY_PROMPT), ("open question", QUESTION_PROMPT))}
-    summary = r["ngram"]["summarise a paragraph"]
-    r["ngram_summary_speedup"] = summary["speedup"]["median"] if summary["identical_output"] else 0.0
+    summary = r["ngram"]["summarise a paragraph"]["rows"][0]
+    r["ngram_summary_speedup"] = summary["measured"] if summary["identical"] else 0.0
     if max_threads > 1:
         r["threads"] = run_threads(chosen, tokens, list(range(1, max_threads + 1)), 3 if quick else 9, 1 if quick else 5)
         if 2 in r["threads"]:
@@ -193,34 +181,29 @@ def run_smollm2(quick: bool = False, cache=None, max_threads: int = 2) -> dict:
 def tables(r: dict) -> list[str]:
     times = {tuple(k.split(" ")): v for k, v in r["times"].items()}
     med = {k: statistics.median(v) for k, v in times.items()}
-    goals = [[GOALS[k], f"{r[k]:.2f}", f"{op} {bound:g}", r[k] <= bound if op == "<=" else r[k] >= bound]
-             for k, (op, bound) in TARGETS.items() if k in r]
     mb = r["weight_bytes"] / 1e6
-    layout = table(["weights", "layout used (measured at load)", "one row + six rows through the LM head at load",
-                    "few-row products run padded", "load s"],
-                   [[f"{mb:.0f} MB float32", LAYOUT_LABELS[r["layout"]],
-                     ", ".join(f"{k} {v:.1f} ms" for k, v in r["layout_choice_ms"].items()),
-                     ", ".join(f"{n} as {p}" for n, p in sorted(r["padded_rows"].items())) or "none", r["load_s"]]])
     passes = {"read": "floor: a BLAS dot of each stored array with itself", "gemv": "floor: one `W @ x` per matrix "
               "stored [out, in]", "1": f"decode step, context {CONTEXT} ({r['layout']})"}
     floor = table(["pass", "median ms", "GB/s"],
                   [[passes[b], med[a, b], mb / med[a, b]] for a, b in med if a == "floor" or (a == r["layout"] and b == "1")],
-                  "The floor beside the step")
+                  f"The floor beside the step: {mb:.0f} MB of float32 weights, loaded in {r['load_s']:.1f} s in the layout "
+                  "measured faster at load (one row + six through the LM head: " + ", ".join(
+                      f"{k} {v:.1f} ms" for k, v in r["layout_choice_ms"].items()) + "); few-row products padded: "
+                  + (", ".join(f"{n} as {p}" for n, p in sorted(r["padded_rows"].items())) or "none"))
     names = list(dict.fromkeys(a for a, _ in med if a != "floor"))
     curve = table(["layout", *(f"n={n}" for n in ROWS), "prefill tok/s"],
                   [[LAYOUT_LABELS[a] + (" (used)" if a == r["layout"] else ""),
                     *(f"{med[a, str(n)]:.1f} ({med[a, str(n)] / med[a, '1']:.2f}x)" for n in ROWS),
                     f"{CONTEXT * 1e3 / med[a, 'prefill']:.0f}"] for a in names],
                   f"Verification cost curve: ms of a forward over n rows at context {CONTEXT}, and t(n)/t(1)")
-    ngram = table(["prompt", "plain tok/s", "ngram tok/s", "speed-up", "acceptance rate", "mean acceptance length",
-                   "target forwards (plain / ngram)", "identical output"],
-                  [[label, d["none_tokens_per_s"], d["ngram_tokens_per_s"], shown(d["speedup"]), d["acceptance_rate"],
-                    d["mean_acceptance_length"], " / ".join(map(str, d["target_forward_calls"])), d["identical_output"]]
-                   for label, d in r["ngram"].items()],
+    ngram = table(["prompt", "plain decoding ms a forward", "decode speed-up", "mean acceptance length",
+                   "t(verify)/t(1)", "identical output"],
+                  [[label, d["t1_ms"], shown(x["decode_speedup"]), x["mean_acceptance_length"], x["v"], x["identical"]]
+                   for label, d in r["ngram"].items() for x in d["rows"]],
                   f"`ngram` lookup (γ {NGRAM['num_speculative_tokens']}, n-gram {NGRAM['prompt_lookup_min']}.."
-                  f"{NGRAM['prompt_lookup_max']}) against plain decoding, decode phase")
-    out = [table(["goal", "measured", "target", "met"], goals), layout, floor, curve, breakdown_table(r["breakdown"]),
-           ngram]
+                  f"{NGRAM['prompt_lookup_max']}) against plain decoding, chat, greedy, 96 tokens")
+    out = [goals([(GOALS[k], r[k], op, bound) for k, (op, bound) in TARGETS.items() if k in r]), floor, curve,
+           breakdown_table(r["breakdown"]), ngram]
     if "threads" in r:
         per = r["threads"]
         out.append(table(["threads", "floor ms (GB/s)", "decode ms", "decode / floor", "decode speed-up",

@@ -1,10 +1,7 @@
-"""Where a SmolLM2 decode step's time goes beyond reading the weights (`bench smollm2`'s breakdown).
-
-The fastest of runs taking turns (interference only adds time, and the parts are subtracted from each other), no
-profiler (cProfile's cost per call would swamp the small operations): the whole step, its matrix products alone
-(every weight's one-row product, as the step makes them), the LM head's product alone, the floor
-(`WeightStream.read`), the step with its products answered from a table (everything but the products), and each
-operation outside the products on the model's own shapes, in a loop of as many calls as a step makes.
+"""Where a SmolLM2 decode step's time goes beyond reading the weights (`bench smollm2`'s breakdown): the fastest of
+runs taking turns (interference only adds time, and the parts are subtracted from each other), no profiler (its
+cost per call would swamp the small operations). Each operation outside the products runs on the model's own
+shapes, in a loop of as many calls as a step makes.
 """
 from __future__ import annotations
 

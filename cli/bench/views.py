@@ -1,30 +1,14 @@
 """`decoding-playground bench views`: every speed-up the page shows, through a real server and a real browser,
 beside `generate`'s for the same settings.
 
-Per case (SmolLM2 + EAGLE as the page's demo, target-mha + its draft model, SmolLM2 + n-gram lookup on a
-summary; every view with the same prompt and settings, 64 tokens):
-- **generate**: `decoding-playground generate --json` as fresh processes, plain decoding and the case's method
-  interleaved (ABBA, `--repeats` rounds, after one untimed run); the speed-up is the median of the rounds'
-  ratios of engine time per token, with the spread and verdict of engine/experiments/compare.py; beside it the
-  method's engine tokens/s;
-- **the page**: `decoding-playground serve` in its own process and headless Chromium (Playwright,
-  /usr/bin/chromium) loading the page with the case's settings in its address (the prefix cache off: every
-  run computes its prompt, as `generate` does), one tab reloaded per run:
-  - the Theory view open from the start of a run (on a server that has not yet measured this model's verify
-    curve, the view asks for it during the run), then "Measure against plain decoding";
-  - runs with the views closed, the Theory view open and the Cost view open, interleaved (`--repeats`
-    rounds): each run's engine time per token (the summary line), each open view against the closed run of
-    its round;
-  - the Theory view opened after a run, its measurement, then the Cost card (its measured speed-up, and its
-    predicted one for the run);
-  - the Race (plain decoding against the method) and the Shoot-out (the method's row).
-
-Both sides run SmolLM2's products on the same number of threads (`--threads`; by default as many as a server's
-default may take here, one core left free for the event loop and the browser).
-
-Goals (on a quiet machine): every measured on-screen speed-up within 15% of generate's median and no
-verdict the other way; a run's engine time with a view open within 10% of the same run with the views closed;
-the page's engine tokens/s within 15% of generate's. Results go to docs/benchmarks.md (section `bench views`).
+Per case (SmolLM2 + EAGLE as the page's demo, target-mha + its draft model, SmolLM2 + n-gram lookup on a summary;
+every view the same prompt and settings, 64 tokens): fresh `generate --json` processes, plain decoding and the
+method taking turns, with engine/experiments/compare.py's spread and verdict; then the page in headless Chromium
+against `serve` in its own process (the prefix cache off, as `generate` computes its whole prompt): the Theory
+view open from the start of a run (its curve measured meanwhile on a server that has none yet) and opened after
+one, runs with the views closed, the Theory view and the Cost view open taking turns, the Cost card, the Race and
+the Shoot-out. Both sides run SmolLM2's products on the same threads (`--threads`; by default as many as a server
+may take here: one core left free for the event loop and the browser).
 """
 from __future__ import annotations
 
@@ -103,11 +87,9 @@ def figures(page, selector: str) -> dict:
     """An on-screen speed-up's median, spread and verdict (the data attributes beside its text)."""
     el = page.locator(selector).first
     value = {k: el.get_attribute(f"data-{k}") for k in ("median", "speedup", "low", "high", "verdict", "speed-verdict")}
-    median = value["median"] or value["speedup"]
-    return {"median": float(median) if median not in (None, "", "None") else None,
-            "low": float(value["low"]) if value["low"] not in (None, "", "None") else None,
-            "high": float(value["high"]) if value["high"] not in (None, "", "None") else None,
-            "verdict": value["verdict"] or value["speed-verdict"], "text": el.inner_text()}
+    num = {k: float(v) if v not in (None, "", "None") else None for k, v in value.items() if "verdict" not in k}
+    return {"median": num["median"] if num["median"] is not None else num["speedup"], "low": num["low"],
+            "high": num["high"], "verdict": value["verdict"] or value["speed-verdict"], "text": el.inner_text()}
 
 
 def theory_measure(page) -> dict:
@@ -126,11 +108,9 @@ def views_case(page, base: str, label: str, settings: dict, prompt: str, repeats
     r["theory_from_start"] = theory_measure(page)
     curve(base, settings["model"])                                         # measured by now (or now)
     page_run(page, page_url(base, prompt, settings, autoplay=1))           # warm
-    runs = {"closed": [], "theory": [], "cost": []}
-    for _ in range(repeats):
-        for view in runs:
-            extra = {"view": view} if view != "closed" else {}
-            runs[view].append(page_run(page, page_url(base, prompt, settings, autoplay=1, **extra)))
+    runs = take_turns({view: lambda v=view: page_run(page, page_url(base, prompt, settings, autoplay=1,
+                                                                   **({"view": v} if v != "closed" else {})))
+                       for view in ("closed", "theory", "cost")}, repeats)
     r["page_runs"] = runs
     r["views_open"] = {view: statistics.median(o["ms_per_token"] / c["ms_per_token"] for o, c in zip(runs[view],
                                                                                                    runs["closed"]))
