@@ -129,7 +129,7 @@ docker-check: setup fetch
 		--smollm2-dir "$(DECODING_PLAYGROUND_CACHE)/models/smollm2-135m"
 
 # Hugging Face transformers for `bench engines` only (its thread race): torch's CPU build and transformers in a
-# virtual environment of their own under the cache, never the project's (cli/bench/engine_threads.py).
+# virtual environment of their own under the cache, never the project's (cli/bench/engines.py).
 TRANSFORMERS_VENV := $(DECODING_PLAYGROUND_CACHE)/transformers/venv
 transformers: $(TRANSFORMERS_VENV)/.stamp
 

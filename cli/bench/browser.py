@@ -32,12 +32,9 @@ INIT_SCRIPT = """
 
 
 def new_tab(browser):
-    """The one tab every browser run loads the page into, as a user reloads it.
-
-    NOTE: a new tab is a new headless window, and Chromium (156) builds each window's omnibox popup, a WebUI
-    renderer, for about a second after it opens (~0.6 s of CPU, measured with /proc and a trace). A run in a
-    fresh tab competes with it for the 2 cores (it cost 20-40 points of the ratio); reloading one tab does
-    not."""
+    """The one tab every browser run loads the page into, as a user reloads it. NOTE: a new tab is a new headless
+    window, whose omnibox popup Chromium builds for about a second after it opens: a run in a fresh tab would
+    compete with it for the cores; reloading one tab does not."""
     page = browser.new_page(viewport={"width": 1280, "height": 720})
     # the page says when it is done through the console: waiting costs the page nothing (polling from
     # here would, and wait_for_function evaluates strings in the page, which its CSP forbids)

@@ -61,8 +61,8 @@ class TransformersWorker:
         if not python.is_file():
             raise FileNotFoundError(f"no transformers environment at {python.parent.parent} (make transformers)")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENBLAS_", "OMP_", "MKL_"))}
-        self.proc = subprocess.Popen([str(python), str(WORKER), str(model_dir(NAME)), str(threads)], text=True,
-                                     env={**env, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        env.update(OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        self.proc = subprocess.Popen([str(python), str(WORKER), str(model_dir(NAME)), str(threads)], text=True, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.info = self.read()
 

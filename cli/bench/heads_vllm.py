@@ -14,7 +14,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from cli.bench.lib import generation, table
-from engine.external.openai_stream import stream_chat
+from cli.bench.vllm_engines import chat_summary
 from engine.external.vllm_rounds import acceptance_figures, own_counts
 from engine.external.vllm_server import EAGLE_GAMMA, VARIANTS, VllmServer, default_venv, unavailable_reason
 from engine.model.fetched import cache_dir, model_dir
@@ -57,19 +57,15 @@ def theirs(prompts, max_tokens: int, name: str) -> dict:
         if not asyncio.run(server.wait_ready()):
             return {"skipped": f"vLLM did not start: {server.error}"}
         steps, per_pos = 0, [0] * EAGLE_GAMMA
-
-        async def one(prompt):
-            return [e async for e in stream_chat(server.engine, prompt, {"max_tokens": max_tokens, "temperature": 0})]
         for prompt in prompts:
-            done = asyncio.run(one(prompt))[-1]
-            if done.type != "done":
-                return {"skipped": done.message}
-            counts = own_counts(done.summary["engine_metrics"], EAGLE_GAMMA)
+            counts = own_counts(chat_summary(server.engine, prompt, max_tokens)["engine_metrics"], EAGLE_GAMMA)
             if counts is None:
                 return {"skipped": "vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)"}
             steps += counts[0]
             per_pos = [p + a for p, a in zip(per_pos, counts[1])]
         return acceptance_figures(steps, per_pos)
+    except RuntimeError as e:                      # a request that failed: the row says why
+        return {"skipped": str(e)}
     finally:
         server.stop()
 
@@ -89,8 +85,8 @@ def compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
 
 
 def tables(r: dict) -> list[str]:
-    rows = [[label, f"not measured: {r[label]['skipped']}", None] if "skipped" in r[label] else
-            [label, r[label]["mean_acceptance_length"], " / ".join(f"{a:.2f}" for a in r[label]["acceptance_per_position"])]
-            for label in ("ours", "ours, full vocabulary", "vLLM")]
+    rows = [[label, f"not measured: {x['skipped']}", None] if "skipped" in x else
+            [label, x["mean_acceptance_length"], " / ".join(f"{a:.2f}" for a in x["acceptance_per_position"])]
+            for label, x in ((k, r[k]) for k in ("ours", "ours, full vocabulary", "vLLM"))]
     return [table(["drafting", "mean acceptance length", "acceptance per position"], rows,
                   f"Our EAGLE head in vLLM (its EAGLE layout), γ = {r['gamma']}, greedy, the same held-out questions")]

@@ -153,8 +153,8 @@ def table(header: list[str], rows: list[list], title: str | None = None) -> str:
 def goals(rows: list[tuple]) -> str:
     """A table of goals from (what, measured, "<=" or ">=", bound[, the measured value as shown]) rows."""
     return table(["goal", "measured", "target", "met"],
-                 [[what, shown_as[0] if shown_as else v, f"{op} {bound:g}",
-                   v is not None and (v <= bound if op == "<=" else v >= bound)] for what, v, op, bound, *shown_as in rows])
+                 [[what, shown_as[0] if shown_as else v, f"{op} {bound:g}", v is not None and (
+                     v <= bound if op == "<=" else v >= bound)] for what, v, op, bound, *shown_as in rows])
 
 
 def write_section(name: str, body: str, docs: Path | None = None) -> None:

@@ -88,7 +88,8 @@ def run_vllm_sweep(args) -> dict:
         for settings in engines.values():                                   # warm up both
             asyncio.run(many(ws_base, 1, {**settings, "max_tokens": 8}))
         for concurrency in CONCURRENCY:
-            sides = {name: lambda s=settings: asyncio.run(many(ws_base, concurrency, s)) for name, settings in engines.items()}
+            sides = {name: lambda s=settings: asyncio.run(many(ws_base, concurrency, s))
+                     for name, settings in engines.items()}
             sides["vllm, no page"] = lambda: asyncio.run(direct(url, key, concurrency, args.max_tokens))
             for name, got in take_turns(sides, args.repeats).items():
                 rows.append({"engine": name, "concurrency": concurrency, **merge(got)})

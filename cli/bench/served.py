@@ -14,12 +14,6 @@ import urllib.request
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from cli.bench.lib import output_flags
-
-
-def common_arguments(bp) -> None:
-    """The options every server benchmark takes."""
-    output_flags(bp, models_dir=True)
 
 
 def get_json(url: str) -> dict:

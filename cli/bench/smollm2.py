@@ -185,8 +185,10 @@ def tables(r: dict) -> list[str]:
     passes = {"read": "floor: a BLAS dot of each stored array with itself", "gemv": "floor: one `W @ x` per matrix "
               "stored [out, in]", "1": f"decode step, context {CONTEXT} ({r['layout']})"}
     floor = table(["pass", "median ms", "GB/s"],
-                  [[passes[b], med[a, b], mb / med[a, b]] for a, b in med if a == "floor" or (a == r["layout"] and b == "1")],
-                  f"The floor beside the step: {mb:.0f} MB of float32 weights, loaded in {r['load_s']:.1f} s in the layout "
+                  [[passes[b], med[a, b], mb / med[a, b]] for a, b in med
+                   if a == "floor" or (a == r["layout"] and b == "1")],
+                  f"The floor beside the step: {mb:.0f} MB of float32 weights, loaded in {r['load_s']:.1f} s in the layout"
+                  " "
                   "measured faster at load (one row + six through the LM head: " + ", ".join(
                       f"{k} {v:.1f} ms" for k, v in r["layout_choice_ms"].items()) + "); few-row products padded: "
                   + (", ".join(f"{n} as {p}" for n, p in sorted(r["padded_rows"].items())) or "none"))

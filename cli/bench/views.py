@@ -170,7 +170,8 @@ def checks(case: dict) -> dict:
     out = {}
     for key, _ in SHOWN:
         shown = case[key]
-        out[f"{key} within {GOAL_SPEEDUP:.0%}"] = shown["median"] is not None and abs(shown["median"] / g - 1) <= GOAL_SPEEDUP
+        out[f"{key} within {GOAL_SPEEDUP:.0%}"] = (shown["median"] is not None
+                                                   and abs(shown["median"] / g - 1) <= GOAL_SPEEDUP)
         out[f"{key} verdict not the other way"] = not ((shown["verdict"] == "faster" and g < 1)
                                                        or (shown["verdict"] == "slower" and g > 1))
     for view, ratio in case["views_open"].items():
@@ -187,9 +188,10 @@ def tables(r: dict) -> list[str]:
         rows.append([c["case"], shown(g["speedup"]), *(shown(c[k]) for k, _ in SHOWN),
                      f"{c['cost_predicted']:.2f}x" if c["cost_predicted"] else None,
                      f"{c['views_open']['theory']:.2f} / {c['views_open']['cost']:.2f} ({c['first_run_vs_closed']:.2f})",
-                     f"{c['page_tokens_per_s']:.0f} ÷ {g['tokens_per_s']:.0f} = {c['page_tokens_per_s'] / g['tokens_per_s']:.2f}"])
-    goals = [[c["case"], "; ".join(name for name, ok in c["checks"].items() if not ok) or "none", all(c["checks"].values())]
-             for c in r["cases"]]
+                     f"{c['page_tokens_per_s']:.0f} ÷ {g['tokens_per_s']:.0f} = "
+                     f"{c['page_tokens_per_s'] / g['tokens_per_s']:.2f}"])
+    goals = [[c["case"], "; ".join(name for name, ok in c["checks"].items() if not ok) or "none",
+              all(c["checks"].values())] for c in r["cases"]]
     return [table(["case", "generate", *(label for _, label in SHOWN), "Cost card (predicted)",
                    "engine time, Theory / Cost view open ÷ closed (first run, curve pending)",
                    "page ÷ generate engine tokens/s"], rows,
