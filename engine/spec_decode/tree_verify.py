@@ -32,7 +32,7 @@ Block verification (Sun et al. 2024, "Block Verification Accelerates Speculative
 draw eta_1..eta_k ~ U(0, 1), keep x_1..x_tau with tau = max{i : eta_i < h_i} (0 if none), then sample the last
 token from norm(max(0, b_tau p_tau - q_tau)), or from p_k when tau = k (bonus). Row i of p and q is the
 distribution of x_{i+1}. It emits the target's distribution too, and accepts at least as many tokens on average
-as token-by-token verification of the same drafts (the paper's Theorem 2; not on every draw).
+as token-by-token verification of the same drafts (the paper proves it optimal; not on every draw).
 """
 from __future__ import annotations
 
