@@ -83,7 +83,7 @@ class Playground:
     def view(self, kind: str) -> View:
         """A fresh view of a kind: html (the page) or json (programs)."""
         if kind == "html":
-            return HtmlView(ViewSources(self.registry, self.external.keys(), self.pool_snapshots))
+            return HtmlView(ViewSources(self.registry, self.external, self.pool_snapshots))
         return JsonView()
 
     @property

@@ -76,13 +76,18 @@
   })
 
   // --- the form: presets, view options, the URL -----------------------------------------------------------
+  // A control showing an external engine's value (applyServerSet) keeps its own in data-server-set: a preset
+  // writes there, the URL reads from there.
   function setValue(el, value) {
-    if (el.type === 'checkbox') el.checked = value === 'true' || value === true
-    else el.value = value
+    var own = el.dataset.serverSet ? JSON.parse(el.dataset.serverSet) : el
+    if (el.type === 'checkbox') own.checked = value === 'true' || value === true
+    else own.value = value
+    if (own !== el) el.dataset.serverSet = JSON.stringify(own)
   }
 
   function fieldValue(el) {
-    return el.type === 'checkbox' ? (el.checked ? 'true' : 'false') : el.value
+    var own = el.dataset.serverSet ? JSON.parse(el.dataset.serverSet) : el
+    return el.type === 'checkbox' ? (own.checked ? 'true' : 'false') : own.value
   }
 
   function syncUrl() {
@@ -368,23 +373,53 @@
 
   document.addEventListener('htmx:wsOpen', function () { stats.messages = 0; acked = 0 })
 
-  // Controls an external engine sets at start-up: the server names them in #server-set (app/views/page.py);
-  // they stay disabled, its reason as their title, until one of our models is picked again.
+  // Controls an external engine sets at start-up: the server names them in #server-set (app/views/page.py),
+  // with the values it is known to run with (data-values). They stay disabled, its reason as their title, each
+  // showing the server's value or "set by the server" (never our form's), until one of our models is picked
+  // again: then each gets back its own value, state and title.
+  var SET_BY_SERVER = 'set by the server'
+  var serverSetShown = ''
+  function showServerValue(el, value) {
+    el.dataset.serverSet = JSON.stringify({ title: el.title, disabled: el.disabled, value: el.value,
+      checked: el.checked, placeholder: el.placeholder || '' })
+    el.disabled = true
+    if (el.tagName === 'SELECT') {
+      var option = document.createElement('option')
+      option.value = el.value
+      option.text = value === undefined ? SET_BY_SERVER : value
+      option.dataset.serverValue = ''
+      el.insertBefore(option, el.firstChild)
+      el.selectedIndex = 0
+    } else if (el.type === 'checkbox') {
+      if (value === undefined) el.indeterminate = true
+      else el.checked = !!value
+    } else {
+      el.value = value === undefined ? '' : value
+      el.placeholder = value === undefined ? SET_BY_SERVER : ''
+    }
+  }
+  function restoreOwnValue(el) {
+    var own = JSON.parse(el.dataset.serverSet)
+    delete el.dataset.serverSet
+    el.querySelectorAll('option[data-server-value]').forEach(function (o) { o.remove() })
+    el.title = own.title
+    el.disabled = own.disabled
+    if (el.type === 'checkbox') { el.indeterminate = false; el.checked = own.checked }
+    else el.value = own.value
+    if (el.tagName !== 'SELECT' && el.type !== 'checkbox') el.placeholder = own.placeholder
+  }
   function applyServerSet() {
     var note = $('server-set')
     if (!note) return
-    var ids = (note.dataset.controls || '').split(' ').filter(Boolean)
-    document.querySelectorAll('[data-server-set]').forEach(function (el) {
-      if (ids.indexOf(el.id) >= 0) return
-      el.disabled = false
-      el.title = el.dataset.serverSet
-      delete el.dataset.serverSet
-    })
-    ids.forEach(function (id) {
+    var key = (note.dataset.controls || '') + (note.dataset.values || '') + note.textContent
+    if (key === serverSetShown) return
+    serverSetShown = key
+    document.querySelectorAll('[data-server-set]').forEach(restoreOwnValue)
+    var values = JSON.parse(note.dataset.values || '{}')
+    ;(note.dataset.controls || '').split(' ').filter(Boolean).forEach(function (id) {
       var el = $(id)
-      if (!el || el.dataset.serverSet !== undefined) return
-      el.dataset.serverSet = el.title
-      el.disabled = true
+      if (!el) return
+      showServerValue(el, values[id])
       el.title = note.textContent
     })
   }

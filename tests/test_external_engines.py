@@ -354,3 +354,26 @@ def test_llamacpps_errors_reach_us_as_an_excerpt_of_its_log(tmp_path):
     finally:
         server.close()
     server.on_exit(lambda *_: pytest.fail("a server we closed is not said to have died"))
+
+
+def test_the_panel_shows_an_external_engines_own_values_or_says_set_by_the_server(models_dir, tmp_path):
+    """The settings panel's values for an engine the app starts: vLLM's n-gram server on SmolLM2 (its description
+    as VllmServer makes it) gets SmolLM2's 3 KV heads, the chat template and its n-gram drafter; a server that says
+    nothing of itself only the chat template (its chat endpoint applies it); every other control it sets is
+    named, for static/playground.js to say "set by the server" in it."""
+    from app.views.page import SERVER_SET_CONTROLS, server_set
+    from engine.external.openai_stream import ExternalEngine
+    from engine.external.vllm_server import VARIANTS, VllmServer
+    from engine.model.fetched import is_fetched, model_dir
+    from engine.serving.registry import ModelRegistry
+
+    if not is_fetched("smollm2-135m"):
+        pytest.skip("!!! SmolLM2-135M is not fetched (make fetch): the panel's KV heads for vLLM SKIPPED !!!")
+    registry = ModelRegistry.from_dir(models_dir)
+    vllm = VllmServer(VARIANTS["ngram"], tmp_path / "venv", model_dir("smollm2-135m"), tmp_path).engine
+    external = {vllm.name: vllm, "elsewhere": ExternalEngine("elsewhere", "http://127.0.0.1:9/v1")}
+    s = server_set(vllm.name, external, registry)
+    assert s["values"] == {"f-num_kv_heads": "3 — GQA", "f-chat": True, "f-method": "n-gram lookup"}
+    assert s["controls"] == list(SERVER_SET_CONTROLS) and "set by the server" in s["reason"]
+    assert server_set("elsewhere", external, registry)["values"] == {"f-chat": True}
+    assert server_set(registry.default_target().name, external, registry) == {"reason": "", "controls": [], "values": {}}

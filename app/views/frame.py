@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Collection
+from typing import Callable, Mapping
 
 from engine.kv.cache import PoolSnapshot
 from engine.serving.registry import ModelRegistry
@@ -13,7 +13,7 @@ class ViewSources:
     """What the page's view reads besides the events: the models (for the form's choices) and the KV pools
     as they are now (drawn after a run has freed its blocks)."""
     registry: ModelRegistry | None = None
-    external: Collection[str] = ()                     # names of the external engines
+    external: Mapping[str, object] = field(default_factory=dict)   # the external engines by name
     pools: Callable[[], list[PoolSnapshot]] = list
 
 

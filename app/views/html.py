@@ -178,7 +178,8 @@ class HtmlView:
             text = ", ".join(setting_text(k, v) for k, v in d["changes"].items())
             frame.append("notes", m.note("settings_queued", f"{text}: queued, applies at the next round"))
         elif item.type == "model_options" and d["model"] in self.sources.external:
-            frame.replace["server-set"] = m.server_set(server_set(d["model"], self.sources.external))
+            frame.replace["server-set"] = m.server_set(server_set(d["model"], self.sources.external,
+                                                                  self.sources.registry))
         elif item.type == "model_options":
             frame.replace["server-set"] = m.server_set(server_set(None, ()))   # our model: every control applies
             opts = model_options(self.sources.registry, d["model"])

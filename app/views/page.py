@@ -288,6 +288,10 @@ def target_of(registry, name: str | None):
     return lm if lm is not None and lm.role == "target" else registry.default_target()
 
 
+METHOD_LABELS = {"none": "none (plain decoding)", "draft_model": "draft model", "ngram": "n-gram lookup",
+                 "medusa": "Medusa heads", "eagle": "EAGLE head"}
+
+
 def model_options(registry, name: str | None) -> dict:
     """What the form offers for a target: its KV-head variants, its draft model, whether it has a chat template."""
     target = target_of(registry, name)
@@ -296,12 +300,12 @@ def model_options(registry, name: str | None) -> dict:
     draft = registry.draft_for(target)
     chat = target.tokenizer is not None and getattr(target.tokenizer, "chat_template", None) is not None
     heads = target.meta.get("heads", [])
-    methods = [{"value": value, "label": label, "available": ok, "why": why} for value, label, ok, why in [
-        ("none", "none (plain decoding)", True, ""),
-        ("draft_model", "draft model", draft is not None, "no draft model shares this target's vocabulary"),
-        ("ngram", "n-gram lookup", True, ""),
-        ("medusa", "Medusa heads", "medusa" in heads, "no Medusa heads trained for this target"),
-        ("eagle", "EAGLE head", "eagle" in heads, "no EAGLE head trained for this target")]]
+    methods = [{"value": value, "label": METHOD_LABELS[value], "available": ok, "why": why} for value, ok, why in [
+        ("none", True, ""),
+        ("draft_model", draft is not None, "no draft model shares this target's vocabulary"),
+        ("ngram", True, ""),
+        ("medusa", "medusa" in heads, "no Medusa heads trained for this target"),
+        ("eagle", "eagle" in heads, "no EAGLE head trained for this target")]]
     return {"target": target.name, "attention": target.cfg.attention_kind,
             "num_kv_heads": target.cfg.num_key_value_heads, "variants": variants,
             "draft": draft.name if draft else None, "chat": chat, "heads": heads, "methods": methods,
@@ -316,18 +320,36 @@ def model_note(opts: dict) -> str:
     return f"{opts['target']}: {opts['num_kv_heads']} KV heads ({opts['attention']}){chat}; {draft}{heads}"
 
 
-# What an external engine fixes when it starts (its KV cache, attention and drafter): the page disables them.
-SERVER_SET_CONTROLS = ("f-num_kv_heads", "f-method", "f-num_speculative_tokens", "f-num_speculative_tokens_schedule",
-                       "f-draft_confidence_threshold", "f-prompt_lookup_min", "f-prompt_lookup_max", "f-kv_cache",
-                       "f-kv_cache_dtype", "f-block_size", "f-enable_prefix_caching")
+# What an external engine fixes when it starts (its KV cache, attention and drafter) and the chat template its
+# chat endpoint applies to every request: the page disables them.
+SERVER_SET_CONTROLS = ("f-num_kv_heads", "f-chat", "f-method", "f-num_speculative_tokens",
+                       "f-num_speculative_tokens_schedule", "f-draft_confidence_threshold", "f-prompt_lookup_min",
+                       "f-prompt_lookup_max", "f-kv_cache", "f-kv_cache_dtype", "f-block_size", "f-enable_prefix_caching")
 
 
-def server_set(model: str | None, external) -> dict:
-    """The controls that cannot apply to `model`, and why (none for our own models)."""
+def server_set(model: str | None, external, registry=None) -> dict:
+    """The controls that cannot apply to `model`, why, and the values its server is known to run with (none for
+    our own models); static/playground.js shows those values in the disabled controls, "set by the server" in the
+    others."""
     if model not in external:
-        return {"reason": "", "controls": []}
-    return {"reason": f"{model}: set by the server at start-up (KV cache, KV heads, block size, drafter)",
-            "controls": list(SERVER_SET_CONTROLS)}
+        return {"reason": "", "controls": [], "values": {}}
+    return {"reason": f"{model}: set by the server at start-up (KV cache, KV heads, block size, drafter; its chat "
+                      "template on every request)",
+            "controls": list(SERVER_SET_CONTROLS), "values": server_values(external[model], registry)}
+
+
+def server_values(engine, registry) -> dict:
+    """An external engine's settings as the panel shows them, by control: the chat template (its chat endpoint
+    applies it to every request), its speculative method where it says which, and the KV heads of our model
+    whose weights it serves (`our_model`, as vLLM and llama.cpp here do)."""
+    d = engine.description
+    values = {"f-chat": True}
+    if d.get("speculative_method") in METHOD_LABELS:
+        values["f-method"] = METHOD_LABELS[d["speculative_method"]]
+    lm = registry.models.get(d["our_model"]) if registry is not None and d.get("our_model") else None
+    if lm is not None:
+        values["f-num_kv_heads"] = f"{lm.cfg.num_key_value_heads} — {lm.cfg.attention_kind}"
+    return values
 
 
 def external_state(engine) -> str:
@@ -357,7 +379,7 @@ def page_context(query, playground, embed: bool) -> dict:
         "kv_cache_dtypes": list(KV_CACHE_DTYPES), "load_error": playground.load_error,
         "hideable": HIDEABLE, "max_prompt_chars": MAX_PROMPT_CHARS, "gauge_rows": gauge_rows(),
         "views": VIEWS, "view_links": view_links(query), "worked_table": worked_table(),
-        "layouts": LAYOUTS, "races": races, "server_set": server_set(state.values["model"], playground.external),
+        "layouts": LAYOUTS, "races": races, "server_set": server_set(state.values["model"], playground.external, registry),
     }
 
 

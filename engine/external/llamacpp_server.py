@@ -42,6 +42,9 @@ START_TIMEOUT_S = 120.0     # SmolLM2's GGUF loads in about a second; a loaded m
 STOP_GRACE_S = 5.0
 
 
+OUR_MODEL = "smollm2-135m"                          # our model converted from that GGUF (`fetch-model`)
+
+
 def gguf_path(cache_dir: str | Path | None = None) -> Path:
     """Where `fetch-model` keeps the SmolLM2 GGUF (engine/model/fetched.py's cache)."""
     return Path(cache_dir or cache_folder()) / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -89,9 +92,11 @@ class EmbeddedLlamaCpp:
                                        start_new_session=True)
         address = wait_listening(process, log_path, timeout_s)
         speculation = {"speculation": f"n-gram lookup: {ngram[0]}-gram, up to {ngram[1]} draft tokens"} if ngram else {}
+        ours = OUR_MODEL if path.name == gguf_path().name else None      # the weights of which model of ours
         engine = ExternalEngine(LABEL if ngram is None else NGRAM_LABEL, address + "/v1", None, address + "/metrics", key,
                                 "llamacpp", {"threads": threads, "file": path.name, "quantization": "Q4_1",
                                              "bytes": path.stat().st_size, "parallel": parallel, "n_ctx": ctx_size,
+                                             "our_model": ours, "speculative_method": "ngram" if ngram else "none",
                                              **speculation})
         server = cls(process, engine, log_path)
         threading.Thread(target=server.on_exit, args=(logger.error,), name="llamacpp-exit", daemon=True).start()

@@ -171,7 +171,7 @@ async def stream_chat(engine: ExternalEngine, prompt: str, settings: dict,
     """One chat generation on `engine`, as our events: Started, a SettingsApplied note for settings that
     cannot apply, per received chunk its tokens (status "target"), a RoundDone and Metrics, then Done or
     Error. Errors of the server or the network are an `Error` event, never an exception."""
-    s = validated(prompt, settings)
+    s = validated(prompt, settings).model_copy(update={"chat": True})   # its chat endpoint applies the template
     limits = engine.limits
     session_id = uuid.uuid4().hex[:12]
     rules = engine.rules

@@ -238,9 +238,11 @@ class VllmServer:
         return read_tail(self.log_path, limit)
 
     def describe(self) -> dict:
-        """What the model list shows: the state (ready flag), why it failed, the settings it started with."""
+        """What the model list shows: the state (ready flag), why it failed, the settings it started with, and the
+        name of our model whose checkpoint it serves (its folder's)."""
         spec = self.variant.speculative
         return {"ready": self.state == "ready", "state": self.state, "error": self.error,
+                "our_model": self.model_dir.name, "speculative_method": spec["method"] if spec else "none",
                 "threads": self.threads, "mode": "eager" if self.eager else "torch.compile", "dtype": "float32",
                 "kv_cache_gib": KV_CACHE_GIB, "speculation": spec,
                 "start_s": round(self.ready_s, 1) if self.ready_s is not None else None}

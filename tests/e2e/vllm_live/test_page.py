@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from engine.external.vllm_server import VARIANTS
 
+from ..test_external_page import assert_panel_shows_the_servers_values
 from ..test_playground import open_page, statuses, url, wait_state
 
 NGRAM = VARIANTS["ngram"].label
@@ -44,3 +45,16 @@ def test_the_draft_lane_says_what_vllm_drafted_and_accepted(vllm_app, page):
     lane = page.wait_for_selector("#draft-lane .lane-verdict:has-text('vLLM drafted')", timeout=120_000)
     assert "accepted" in lane.inner_text()
     wait_state(page, "done", timeout_s=180)
+
+
+def test_the_settings_panel_shows_vllms_values_while_its_chat_run_plays(vllm_app, page):
+    """vLLM · SmolLM2-135M · n-gram chosen and its run playing: SmolLM2's 3 KV heads (not our default model's),
+    the chat template ticked as the run used it, vLLM's n-gram drafter, the rest "set by the server"."""
+    base_url, _ = vllm_app
+    open_page(page, url(base_url, max_tokens=48, prompt=COPY_PROMPT, speed="2"))
+    page.select_option("#f-model", NGRAM)
+    page.wait_for_selector("#f-method[disabled]")
+    page.click("#btn-toggle")
+    wait_state(page, "running", timeout_s=120)
+    assert_panel_shows_the_servers_values(page, method="n-gram lookup")
+    page.click("#btn-stop")
