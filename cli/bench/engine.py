@@ -102,36 +102,23 @@ def prefix_reuse(model: Model, repeats: int) -> dict:
 
 def gqa_attention(quick: bool) -> list[dict]:
     """One attention decode step: 8 query heads, head dim 128, T = 4096, read through the KV store."""
-    rows = []
-    T = 4096
-    rng = np.random.default_rng(4)
+    T, rng, fns, mb = 4096, np.random.default_rng(4), {}, {}
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
-    fns = {}
     for kv_heads in (8, 2, 1):
-        cfg = ModelConfig(hidden_size=1024, num_hidden_layers=1, num_attention_heads=8,
-                          num_key_value_heads=kv_heads, head_dim=128, vocab_size=8,
-                          max_position_embeddings=T)
+        cfg = ModelConfig(hidden_size=1024, num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=kv_heads,
+                          head_dim=128, vocab_size=8, max_position_embeddings=T)
         store = KVStore(cfg, T // 16, 16, KV_CACHE_DTYPES["auto"])
         store.kv[0][:] = rng.standard_normal(store.kv[0].shape)
-
-        def step(store=store):
-            K, V = store.read(0, slice(0, T))
-            attention(q, K, V, T - 1)
-
-        fns[kv_heads] = step
-        rows.append({"kv_heads": kv_heads, "cache_mb_fp32": store.nbytes() / 2 ** 20})
+        fns[kv_heads] = lambda store=store: attention(q, *store.read(0, slice(0, T)), T - 1)
+        mb[kv_heads] = store.nbytes() / 2 ** 20
     # Steady state, as the seed's median of consecutive steps: after the MHA step has streamed its KV through
     # the shared L3, the MQA step needs some calls to return to its own speed, so each turn starts with 10 untimed
     # calls. "cold" is the first call after the other configurations ran, always in the same order: each layer of
     # a deep model reads its own KV once per step, so there the KV comes from memory.
     steady = medians(interleaved(fns, 5 if quick else 15, runs={k: 3 for k in fns}, warm=10))
     cold = medians(interleaved(fns, 11 if quick else 51, warm=0, abba=False))
-    for row in rows:
-        row["step_ms"] = steady[row["kv_heads"]]
-        row["speedup_vs_mha"] = steady[8] / steady[row["kv_heads"]]
-        row["cold_step_ms"] = cold[row["kv_heads"]]
-        row["cold_speedup_vs_mha"] = cold[8] / cold[row["kv_heads"]]
-    return rows
+    return [{"kv_heads": h, "cache_mb_fp32": mb[h], "step_ms": steady[h], "speedup_vs_mha": steady[8] / steady[h],
+             "cold_step_ms": cold[h], "cold_speedup_vs_mha": cold[8] / cold[h]} for h in fns]
 
 
 def batched_decode(cfg: ModelConfig, quick: bool, batch: int = 64) -> dict:

@@ -1,13 +1,9 @@
 """`decoding-playground bench engines`: our numpy engine against llama.cpp, Hugging Face transformers and vLLM on the
-same SmolLM2-135M weights, at 1 .. N threads (vLLM's part: cli/bench/vllm_engines.py).
-
-A decode step at batch 1 reads every weight once, so two engines' tokens/s should be near the inverse ratio of their
-weights' bytes: float32 here (our engine dequantizes the GGUF), Q4_1 in llama.cpp. Each engine as a user runs it, a
-fresh chat generation each time, greedy, every engine and thread count taking turns: ours fresh `generate --threads
-T` processes, llama.cpp a server per count, transformers a worker per count in its own virtual environment (`make
-transformers`: torch is no project dependency; cli/bench/hf_worker.py). Decode speed is 1 / time per token after
-the first, each engine's own way of seeing its tokens (our TPOT, llama.cpp's chunk arrivals, a stamp per token in
-transformers). The streaming bandwidth, one thread's BLAS dot of 256 MB with itself, gives the GB/s each reaches.
+same SmolLM2-135M weights at 1 .. N threads (vLLM's part: cli/bench/vllm_engines.py). Each engine as a user runs it,
+a fresh chat generation each time, greedy, every engine and count taking turns: ours fresh `generate --threads T`
+processes, llama.cpp a server per count, transformers a worker per count in its own virtual environment (`make
+transformers`; cli/bench/hf_worker.py). Decode speed is 1 / time per token after the first, as each engine sees its
+tokens; bytes per token against one thread's streaming bandwidth give the GB/s each reaches.
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
-"""`decoding-playground bench heads`: EAGLE and Medusa heads against plain decoding on SmolLM2 (n-gram beside them).
-
-Every figure comes from fresh generations as `generate` runs them, chat, greedy, plain decoding first per repeat and
-prompt (cli/bench/spec.py). Two speed-ups: of the decode phase (time per token after the first, what speculation
-changes) and of the whole generation, wall-clock; beside them the prediction from the same runs, L / (k c + v) a
-round mixed with the steps that had nothing to verify, and the same acceptance on an H100 by the Cost model's
-roofline (engine/experiments/theory.py). Prompts: held-out questions (the first 8 in the order `train-heads data
---held-out` answers them: subjects and tasks the heads never saw in training) and summaries of 4 paragraphs.
-A full run also writes its tables into the heads' model card (models/heads/smollm2-135m/README.md, between the same
-markers as in docs/benchmarks.md) and the demo's best EAGLE setting per thread count (heads_runs.py).
+"""`decoding-playground bench heads`: EAGLE and Medusa heads against plain decoding on SmolLM2 (n-gram beside them),
+in fresh generations as `generate` runs them (cli/bench/spec.py): the decode phase's speed-up and the whole
+generation's, the prediction from the same runs, the same acceptance on an H100 by the Cost model's roofline. Prompts:
+held-out questions (the heads never saw their subjects) and summaries of 4 paragraphs. A full run also writes its
+tables into the heads' card (models/heads/smollm2-135m/README.md, between the same markers as in docs/benchmarks.md)
+and the demo's best EAGLE setting per thread count (heads_runs.py).
 """
 from __future__ import annotations
 
@@ -15,7 +11,8 @@ import json
 
 import numpy as np
 
-from cli.bench.heads_runs import NAME, best_row, current_defaults, eagle_sweep, generate, measure, record_defaults
+from cli.bench.heads_runs import (NAME, best_row, config, current_defaults, eagle_sweep, generate, measure,
+                                  record_defaults)
 from cli.bench.heads_vllm import compare as vllm_compare
 from cli.bench.heads_vllm import tables as vllm_tables
 from cli.bench.lib import add_bench, goals, machine, machine_line, shown, table, write_section
@@ -51,16 +48,9 @@ CONFIDENCE = 0.5      # draft_confidence_threshold of the rows that stop early (
 
 
 def configs(quick: bool) -> list[tuple[str, dict]]:
-    if quick:
-        return [("eagle γ=3", {"method": "eagle", "num_speculative_tokens": 3}),
-                ("medusa γ=3", {"method": "medusa", "num_speculative_tokens": 3})]
-    return ([("ngram γ=3", {"method": "ngram", "num_speculative_tokens": 3})]
-            + [(f"eagle γ={k}", {"method": "eagle", "num_speculative_tokens": k}) for k in (1, 2, 3, 4)]
-            + [(f"eagle γ≤{k}, q≥{CONFIDENCE}", {"method": "eagle", "num_speculative_tokens": k,
-                                                 "draft_confidence_threshold": CONFIDENCE}) for k in (3, 5)]
-            + [(f"medusa γ={k}", {"method": "medusa", "num_speculative_tokens": k}) for k in (1, 2, 3)]
-            + [(f"medusa γ≤3, q≥{CONFIDENCE}", {"method": "medusa", "num_speculative_tokens": 3,
-                                                "draft_confidence_threshold": CONFIDENCE})])
+    return [config(*c) for c in ([("eagle", 3), ("medusa", 3)] if quick else
+                                 [("ngram", 3), *(("eagle", k) for k in (1, 2, 3, 4)), ("eagle", 3, CONFIDENCE),
+                                  ("eagle", 5, CONFIDENCE), *(("medusa", k) for k in (1, 2, 3)), ("medusa", 3, CONFIDENCE)])]
 
 
 def run(args) -> dict:

@@ -28,13 +28,15 @@ def generate(engine, prompt, max_tokens, **settings) -> dict:
                                 "enable_prefix_caching": False, **settings})
 
 
+def config(method: str, k: int, q: float = 0.0) -> tuple[str, dict]:
+    """(label, settings) of a method at γ = k (with a confidence threshold q: at most k, stopping below q)."""
+    return (f"{method} γ≤{k}, q≥{q}" if q else f"{method} γ={k}",
+            {"method": method, "num_speculative_tokens": k, **({"draft_confidence_threshold": q} if q else {})})
+
+
 def eagle_sweep(quick: bool) -> list[tuple[str, dict]]:
     """EAGLE's γ and confidence thresholds compared per thread count."""
-    out = []
-    for k, q in QUICK_SWEEP if quick else CONFIDENCE_SWEEP:
-        s = {"method": "eagle", "num_speculative_tokens": k, **({"draft_confidence_threshold": q} if q else {})}
-        out.append((f"eagle γ={k}" if not q else f"eagle γ≤{k}, q≥{q}", s))
-    return out
+    return [config("eagle", k, q) for k, q in (QUICK_SWEEP if quick else CONFIDENCE_SWEEP)]
 
 
 def measure(engine, prompts, max_tokens, repeats, cfgs, counts=(None,)) -> dict:

@@ -1,11 +1,8 @@
-"""`decoding-playground bench smollm2`: the real pretrained model's speed, everything taking turns in one run.
-
-The floor (one pass over exactly the weight bytes a step reads, engine/model/layout.py's `WeightStream`, two ways)
-beside a forward over n = 1..9 rows at a context of 256 (the verification cost curve t(n)/t(1)) in the layout
-chosen at load and, unless --quick, the other one, and a 256-token prefill; where a step's time goes
-(cli/bench/smollm2_profile.py); `ngram` lookup against plain decoding through the chat template, on a paragraph to
-summarise and on an open question. With --threads N (N > 1): the floor, the step, the curve and a character
-model's step at 1 .. N threads, then fresh `generate --threads T` processes taking turns, as a user runs them.
+"""`decoding-playground bench smollm2`: the real pretrained model's speed, everything taking turns in one run: the
+floor (one pass over exactly the weight bytes a step reads, engine/model/layout.py's `WeightStream`) beside a forward
+over n = 1..9 rows at a context of 256 (the verification cost curve) in the layout chosen at load and, unless
+--quick, the other one; a 256-token prefill; where a step's time goes (smollm2_profile.py); `ngram` lookup against
+plain decoding; with --threads N, the same at 1 .. N threads, then fresh `generate --threads T` processes.
 """
 from __future__ import annotations
 

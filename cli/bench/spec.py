@@ -1,14 +1,11 @@
 """Speculative decoding measured in fresh generations, and `bench engine`'s sweep of the first seed: the draft model
-at k x temperature and n-gram lookup at every k.
+at k x temperature, n-gram lookup at every k.
 
-Per repeat and prompt every setting runs in turn, plain decoding first (`by_prompt`), so that a prompt's runs are
-neighbours and a drift of the machine hits them alike; a speed-up is the median of the repeats' ratios. Beside
-each measurement, predictions from the same runs' figures (`figures`): c, the drafting time per draft forward over
-the plain runs' one-token forward, and v, the verification forward over it (in-run means: a forward inside a
-generation costs more than the same call in a loop, whose cache and predictors stay warm); E = (1 - a^(k+1)) /
-(1 - a) tokens per target call at acceptance a; the flat-verify bound E / (k c + 1) (Leviathan et al., as if
-verifying k + 1 tokens cost one step) and the curve prediction E / (k c + v). What a measurement loses against
-the curve prediction is what the session spends besides the models.
+Per repeat and prompt every setting runs in turn, plain decoding first (`by_prompt`); a speed-up is the median of the
+repeats' ratios. Beside it, predictions from the same runs (`figures`): c and v are in-run means (a forward inside a
+generation costs more than the same call in a loop, whose caches stay warm), E = (1 - a^(k+1)) / (1 - a) tokens a
+target call at acceptance a, the flat-verify bound E / (k c + 1) (Leviathan et al.) and the curve prediction
+E / (k c + v); what a measurement loses against the latter is what the session spends besides the models.
 """
 from __future__ import annotations
 

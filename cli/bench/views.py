@@ -1,14 +1,9 @@
 """`decoding-playground bench views`: every speed-up the page shows, through a real server and a real browser,
-beside `generate`'s for the same settings.
-
-Per case (SmolLM2 + EAGLE as the page's demo, target-mha + its draft model, SmolLM2 + n-gram lookup on a summary;
-every view the same prompt and settings, 64 tokens): fresh `generate --json` processes, plain decoding and the
-method taking turns, with engine/experiments/compare.py's spread and verdict; then the page in headless Chromium
-against `serve` in its own process (the prefix cache off, as `generate` computes its whole prompt): the Theory
-view open from the start of a run (its curve measured meanwhile on a server that has none yet) and opened after
-one, runs with the views closed, the Theory view and the Cost view open taking turns, the Cost card, the Race and
-the Shoot-out. Both sides run SmolLM2's products on the same threads (`--threads`; by default as many as a server
-may take here: one core left free for the event loop and the browser).
+beside `generate`'s for the same settings, in three cases (SmolLM2 + EAGLE as the page's demo, target-mha + its
+draft model, SmolLM2 + n-gram on a summary; 64 tokens): fresh `generate --json` processes taking turns, then the
+page in headless Chromium against `serve` (the prefix cache off, as `generate` computes its whole prompt): the Theory
+view open from the start and opened after a run, runs with the views closed, Theory or Cost open taking turns, the
+Cost card, the Race and the Shoot-out. Both sides run SmolLM2's products on the same threads (`--threads`).
 """
 from __future__ import annotations
 
