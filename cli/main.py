@@ -26,8 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
         training_cli = None
     if training_cli is not None and hasattr(training_cli, "add_parser"):
         training_cli.add_parser(sub)
-        from engine.training import head_cli
+        from engine.training import draft_cli, head_cli
         head_cli.add_parser(sub)
+        draft_cli.add_parser(sub)
     return p
 
 

@@ -94,10 +94,15 @@ def lm_head_weight(params, cfg: ModelConfig):
     return params["model.embed_tokens.weight"] if cfg.tie_word_embeddings else params["lm_head.weight"]
 
 
-def forward(params, cfg: ModelConfig, ids, targets=None, hidden_targets=None, hidden_weight: float = 0.0):
+def forward(params, cfg: ModelConfig, ids, targets=None, hidden_targets=None, hidden_weight: float = 0.0,
+            head_rows=None):
     """ids [B, T] -> (mean cross-entropy in nats if targets is given else logits [B, T, V], cache).
 
-    targets: next tokens [B, T], or a teacher's next-token probabilities [B, T, V] (distillation).
+    targets: next tokens [B, T], or a teacher's next-token probabilities [B, T, V] (distillation), or its top-k
+    (idx [B, T, k] columns of the logits, probabilities [B, T, k]; positions whose probabilities are all 0 do
+    not count: ops.sparse_soft_cross_entropy_forward).
+    head_rows: [Vh] distinct token ids; the LM head is then restricted to those rows (logits [B, T, Vh]), a
+    softmax over a sampled vocabulary that keeps a large vocabulary's head affordable in training.
     Without targets the second value is the residual stream after each layer ([L] x [B, T, C]).
     hidden_targets: a teacher's residual streams (as above); the loss then adds hidden_weight x the mean
     over layers of the relative squared error mean((x - t)^2) / mean(t^2) (layer-wise distillation)."""
@@ -111,10 +116,16 @@ def forward(params, cfg: ModelConfig, ids, targets=None, hidden_targets=None, hi
         layer_caches.append(c)
         hidden.append(x)
     h, c_nf = ops.rmsnorm_forward(x, params["model.norm.weight"], cfg.rms_norm_eps)
-    logits, c_head = ops.linear_forward(h, lm_head_weight(params, cfg))  # [B, T, V]
+    head = lm_head_weight(params, cfg)
+    logits, c_head = ops.linear_forward(h, head if head_rows is None else head[head_rows])  # [B, T, V or Vh]
     if targets is None:
         return logits, hidden
-    if targets.ndim == 3:  # a teacher's probabilities [B, T, V] (distillation)
+    if isinstance(targets, tuple):  # a teacher's top-k (distillation)
+        idx, p = targets
+        loss, c_ce = ops.sparse_soft_cross_entropy_forward(logits.reshape(B * T, -1), idx.reshape(B * T, -1),
+                                                           p.reshape(B * T, -1))
+        c_ce = ("sparse", c_ce)
+    elif targets.ndim == 3:  # a teacher's probabilities [B, T, V] (distillation)
         loss, c_ce = ops.soft_cross_entropy_forward(logits.reshape(B * T, -1), targets.reshape(B * T, -1))
         c_ce = ("soft", c_ce)
     else:
@@ -128,17 +139,22 @@ def forward(params, cfg: ModelConfig, ids, targets=None, hidden_targets=None, hi
             scale = hidden_weight / (len(hidden) * d.size * float(np.vdot(t_l, t_l) / t_l.size))
             loss = loss + scale * float(np.vdot(d, d))
             dhidden.append(d * (2 * scale))  # d loss / d x_l
-    return loss, (c_emb, layer_caches, c_nf, c_head, c_ce, dhidden, (B, T))
+    return loss, (c_emb, layer_caches, c_nf, c_head, c_ce, dhidden, (B, T), head_rows)
 
 
 def backward(cache, cfg: ModelConfig):
     """Gradients of the mean loss for every parameter, as a dict with the parameter names."""
-    c_emb, layer_caches, c_nf, c_head, c_ce, dhidden, (B, T) = cache
+    c_emb, layer_caches, c_nf, c_head, c_ce, dhidden, (B, T), head_rows = cache
     g = {}
     kind, c_ce = c_ce
-    ce_backward = ops.soft_cross_entropy_backward if kind == "soft" else ops.cross_entropy_backward
+    ce_backward = {"soft": ops.soft_cross_entropy_backward, "sparse": ops.sparse_soft_cross_entropy_backward,
+                   "hard": ops.cross_entropy_backward}[kind]
     dlogits = ce_backward(1.0, c_ce).reshape(B, T, -1)
     dh, dhead = ops.linear_backward(dlogits, c_head)
+    if head_rows is not None:  # the rows not in the head get no gradient from it
+        full = np.zeros((cfg.vocab_size, dhead.shape[1]), dhead.dtype)
+        full[head_rows] = dhead
+        dhead = full
     dx, g["model.norm.weight"] = ops.rmsnorm_backward(dh, c_nf)
     for layer in reversed(range(cfg.num_hidden_layers)):
         if dhidden is not None:      # the layer-wise distillation term of this layer's output

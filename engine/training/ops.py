@@ -227,6 +227,25 @@ def soft_cross_entropy_backward(dloss, cache):  # -> dlogits [N, V] = (q - p) / 
     return (q - p) * (q.dtype.type(dloss) / q.shape[0])
 
 
+def sparse_soft_cross_entropy_forward(logits, idx, p):  # [N, V], [N, k] int, [N, k] -> mean -sum_j p_j log q[idx_j]
+    """Distillation from a teacher's top-k: p holds its k most probable tokens' probabilities, idx their columns
+    of the logits (distinct within a row). Rows whose p is all zero (padding) do not count in the mean."""
+    m = logits.max(-1, keepdims=True)
+    e = np.exp(logits - m)
+    z = e.sum(-1, keepdims=True)
+    logq = np.take_along_axis(logits, idx, -1) - m - np.log(z)  # [N, k]
+    n = max(1, int((p.sum(-1) > 0).sum()))
+    loss = -(p * logq).sum() / n
+    return loss, (e / z, idx, p, n)
+
+
+def sparse_soft_cross_entropy_backward(dloss, cache):  # -> dlogits [N, V] = (q sum_j p_j - scatter(p)) / n
+    q, idx, p, n = cache
+    d = q * p.sum(-1, keepdims=True)
+    d[np.arange(len(d))[:, None], idx] -= p  # idx distinct within a row: no accumulation needed
+    return d * (d.dtype.type(dloss) / n)
+
+
 # --- SiLU (Medusa's residual blocks) ---------------------------------------------------------------
 def silu_forward(x):  # [...] -> x * sigmoid(x)
     sig = 1.0 / (1.0 + np.exp(-x))

@@ -1,0 +1,75 @@
+"""The draft model's card (models/drafts/TARGET/README.md), from what `train-draft TARGET export` records in
+training.json and the c table `train-draft TARGET measure` left in the data folder."""
+from __future__ import annotations
+
+
+def _acceptance_rows(held: dict) -> list[str]:
+    rows = ["| draft vocabulary | acceptance per position | L at γ=1 | L at γ=2 | L at γ=3 | L at γ=4 |",
+            "|---|---|---|---|---|---|"]
+    names = {"full": "full (49,152 tokens)", "subset": "frequent subset + the context's tokens"}
+    for key, name in names.items():
+        a = held[key]
+        mal = a["mean_acceptance_length"]
+        rows.append(f"| {name} | {' / '.join(f'{x:.2f}' for x in a['per_position'])} | "
+                    + " | ".join(f"{mal[g]:.2f}" for g in sorted(mal, key=int)) + " |")
+    return rows
+
+
+def card(target: str, info: dict, c_table: str | None, status: str) -> str:
+    tc, data = info["config"], info["data"]
+    losses = [h for h in info["history"] if "loss" in h]
+    curve = ", ".join(f"{h['step']}: {h['loss']:.2f}" for h in losses[::max(1, len(losses) // 12)])
+    lines = [
+        f"# A draft model for {target}",
+        "",
+        status,
+        "",
+        f"A Llama decoder (`LlamaForCausalLM`) with {target}'s tokenizer, chat template and full vocabulary, distilled "
+        "from it in numpy (engine/training/draft_train.py, the handwritten backward of engine/training/llama.py, "
+        "gradient-checked): "
+        f"{tc['num_hidden_layers']} layers x {tc['hidden_size']}, {tc['num_attention_heads']} query heads sharing "
+        f"{tc['num_key_value_heads']} KV heads (head dim {tc['head_dim']}), MLP {tc['intermediate_size']}, tied "
+        f"embedding and LM head; {info['parameters']:,} parameters (float16 safetensors).",
+        "",
+        "## Shape: c, a draft step over a target step",
+        "",
+        "The LM head of a drafting engine can be the full vocabulary or, like the EAGLE head's, the "
+        f"{info['vocab_subset']:,} most frequent tokens of the training answers (vocab_subset.json) plus the "
+        "context's tokens: the table times both with the engine's own forward (random weights of each shape, "
+        "interleaved with the target's decode steps; `decoding-playground train-draft "
+        f"{target} measure`).",
+        "",
+        c_table or "(no measurement recorded: run `train-draft ... measure`)",
+        "",
+        "## Data",
+        "",
+        f"{target}'s own greedy answers (chat template) to the prompts of engine/training/head_prompts.py, and its "
+        f"top-{data['topk']} next-token distribution at every position (engine/training/head_data.py): "
+        f"{data['conversations']:,} conversations, {data['answer_tokens']:,} answer tokens, "
+        f"{data['counted_positions']:,} positions with a teacher distribution (the prompt's after the system prompt "
+        f"count too)" + (f", generated in {data['generation_s'] / 3600:.1f} h on a shared core" if data["generation_s"]
+                         else "") + f". The subset covers {data['coverage_of_subset']:.1%} of the answers' tokens.",
+        "",
+        "## Training",
+        "",
+        f"{info['steps']:,} of {tc['steps']:,} steps ({info['train_s'] / 3600:.1f} h on one shared core) of "
+        f"{tc['batch_size']} windows of at most {tc['seq_len']} positions; the loss is the cross-entropy against "
+        "the teacher's top-k renormalised, over a sampled vocabulary (the subset plus the step's teacher tokens); "
+        f"AdamW (weight decay {tc['weight_decay']}), peak lr {tc['lr']}, {tc['warmup_steps']} warm-up steps then "
+        "cosine; the embedding starts as the target's projected onto its top principal directions.",
+        "",
+        f"Training loss (nats) by step: {curve}.",
+        "",
+    ]
+    if "held_out" in info:
+        held = info["held_out"]
+        lines += ["## Held-out acceptance (offline, temperature 0)", "",
+                  f"The target's greedy answers to {held['conversations']} held-out prompts (subjects and code tasks "
+                  "no training prompt has); a chain started at every answer position, drafts from the float16 "
+                  "weights (`train-draft ... eval --checkpoint models/drafts/...`).", "",
+                  *_acceptance_rows(held), ""]
+    lines += ["## Reproduce / continue", "",
+              f"`decoding-playground train-draft {target} data --prompts N` (resumable; `--held-out` for the held-out "
+              f"answers), `... train --resume --config '{{\"steps\": {tc['steps']}}}'` (continues the state in "
+              f"$DECODING_PLAYGROUND_CACHE/drafts/{target}/state), then `... export`.", ""]
+    return "\n".join(lines)
