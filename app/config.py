@@ -16,7 +16,7 @@ built by `decoding-playground serve` from its options:
 | DECODING_PLAYGROUND_TOKEN | `--token` | none (workshop mode off) |
 | DECODING_PLAYGROUND_MAX_NUM_BATCHED_TOKENS | `--max-num-batched-tokens` | none: chunks of about 250 ms by each model's measured speed (engine/serving/scheduler.py); 0: no chunked prefill |
 | DECODING_PLAYGROUND_FRAME_ANCESTORS | `--frame-ancestors` | `*` (who may frame `/embed`) |
-| DECODING_PLAYGROUND_THREADS | `--threads` | measured when SmolLM2 loads (engine/model/threads.py) |
+| DECODING_PLAYGROUND_THREADS | `--threads` | every core but one (engine/model/thread_choice.py) |
 | DECODING_PLAYGROUND_DEMO | – | `auto`: the page opens on SmolLM2 + chat + EAGLE when fetched; `character`: our models |
 | DECODING_PLAYGROUND_VLLM (1/0) | `--vllm` / `--no-vllm` | off: start vLLM servers on the fetched SmolLM2 (app/ws/vllm.py) |
 | DECODING_PLAYGROUND_VLLM_VENV | – | `make vllm`'s: $DECODING_PLAYGROUND_CACHE/vllm/venv |
@@ -178,7 +178,7 @@ class AppConfig:
     vllm_variants: tuple[str, ...] = ("plain", "ngram", "eagle")
     vllm_port: int | None = None          # the first vLLM server's loopback port (the next ones' follow)
     vllm_compile: bool = False            # torch.compile: faster decode, far longer start-up (docs/external-engines.md)
-    threads: int | None = None            # weight-product threads of models that stream from memory; None: measured
+    threads: int | None = None            # weight-product threads of models that stream from memory; None: the rule
     curve_at_start: bool = False          # measure the demo model's verify curve at start-up (serve: yes)
     freeze_gc: bool = False               # once the models are loaded, the cycle collector skips them (serve: yes)
 

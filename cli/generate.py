@@ -105,7 +105,7 @@ def cmd_models(args) -> int:
 def add_threads_argument(p) -> None:
     p.add_argument("-t", "--threads", type=threads_count, default=None, metavar="N",
                    help="threads for the weight products of models that stream from memory (SmolLM2); our small "
-                        "models stay on one (default: measured when SmolLM2 loads, logged with why)")
+                        "models stay on one (default: every core of a 2-3 core machine, one left free from 4 on; logged with why)")
 
 
 def threads_count(value: str) -> int:

@@ -11,7 +11,7 @@
 NOTE: BLAS is pinned to one thread before numpy is first imported. OpenBLAS's second thread splits each
 product into fixed halves and waits for both, so on a shared machine every product waits for a core another
 process may hold, and steps and prefills become many times slower. More cores for a memory-bound model come
-from `--threads N` (engine/model/threads.py), which never waits for a busy core.
+from `--threads N` (engine/model/threads.py), whose caller computes a late helper's share itself.
 """
 import os
 

@@ -317,7 +317,7 @@ def pool(repeats: int) -> None:
     busy = (sum(after) - sum(before) - (after[3] + after[4] - before[3] - before[4])) / os.sysconf("SC_CLK_TCK")
     mine = sum(os.times()[:2]) - sum(own[:2])
     print(f"other processes: {(busy - mine) / (time.perf_counter() - t0):.2f} cores busy meanwhile; "
-          f"late helpers taken over: {T.set_threads(2).late}")
+          f"late helper shares taken over: {getattr(T.set_threads(2).processes(), 'taken_over', 0)}")
 
 
 def main() -> None:

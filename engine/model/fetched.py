@@ -148,7 +148,7 @@ def _shared_model(path: Path) -> Model:
             del weights                                        # before the layouts' copies: a lower peak
             model = use_fastest_layout(model)                  # memory-bound: see engine/model/layout.py
             model.weights_stream_ms = stream_ms(model)        # the floor of a decode step, for the page
-            threads_for(model)                                 # --threads, else measured on it (thread_choice.py)
+            threads_for(model)                                 # --threads, else a rule (thread_choice.py)
             _models[path] = model
         return model
 

@@ -96,7 +96,7 @@ class PanelWeight:
             return out[:n]
         if pool is None:
             return whole()
-        return pool.product(whole, pool.chunked(chunks, assemble), (self.shape, padded))
+        return assemble(pool.run(chunks()))
 
     def to_array(self):  # -> [C, D]
         return self.panels.transpose(1, 0, 2).reshape(self.shape)
@@ -133,7 +133,7 @@ class OutInWeight:
 
         def chunks():
             return [lambda a=a, b=b: np.dot(t[a:b], x) for a, b in self.edges(pool)]
-        return pool.product(lambda: np.dot(t, x), pool.chunked(chunks, np.concatenate), (self.shape, 1))
+        return np.concatenate(pool.run(chunks()))
 
     def rows(self, x, pool=None):  # [n, C] -> [n, D]
         n, t = x.shape[0], self.t
@@ -150,8 +150,7 @@ class OutInWeight:
 
         def chunks():
             return [lambda a=a, b=b: self.columns(x, a, b) for a, b in self.edges(pool)]
-        return pool.product(whole, pool.chunked(chunks, lambda parts: np.concatenate(parts, axis=1)),
-                            (self.shape, n))
+        return np.concatenate(pool.run(chunks()), axis=1)
 
     def columns(self, x, start: int, stop: int):  # [n, C] -> x @ W[:, start:stop], block by block of rows of W
         """A few rows: each block's GEMVs for every row while it is in cache. More (a prefill chunk): one GEMM a

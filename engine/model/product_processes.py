@@ -1,36 +1,12 @@
-"""Parts of a weight's few-row products computed in helper processes, outside this process's GIL.
+"""Few-row weight products shared with helper processes, outside this process's GIL (the design: threads.py).
 
-A decode step of SmolLM2 is 121 products, 120 of them 1.3-7 MB. Helper threads (engine/model/threads.py) hand a
-product's chunks over through the GIL and a lock, about 0.1 ms a hand-off, as long as a small product streams:
-two threads made a step only 1.1-1.2x as fast while a bare read of the weights is 1.8x. A helper process has a
-GIL of its own: it waits spinning on a semaphore (sem_trywait, no system call) and starts a part within
-microseconds, so every product of a step can be split (docs/benchmarks.md, `bench smollm2`).
-
-Each helper holds its own copy of its share of every weight it has been given, in private memory (huge pages,
-as the engine's own buffer: weights in shared memory sit in small pages and stream 13-22% slower). The weights a
-helper needs are sent once, on the first product that needs them (`weight`). A product then costs a copy of its
-few input rows to shared memory, two semaphore posts and a copy of the helper's output columns back.
+Each helper keeps a private copy of its fixed share of every weight, sent on the weight's first product; a product
+costs a copy of its input rows to each helper's shared segment, a semaphore post each way and a copy back. A
+helper late beyond PATIENCE times the caller's own part gets no new post till it has answered the late one: one
+post, one answer, so an answer used is always to the latest post, and no buffer a helper may still read is written.
 
     far = ProductProcesses(helpers=1)
-    entry = far.weight(panels)      # None where the helpers cannot take it
-    far.rows(entry, x, out)         # x [n, C] @ panels [P, C, b] -> out [P, n, b], split by whole panels
-    far.rows(far.weight(t), x, out) # x [n, C] @ t.T, t [D, C] -> out [n, D], split by blocks of 256 rows
-
-A helper starts its part some tens of microseconds after the caller starts its own, and on some hosts streams
-a little slower: equal shares kept the caller waiting a quarter of a 2-thread step. So where the caller's share
-ends moves, per weight shape and row count, inside helper 1's share, by whole units (panels, blocks), half-way
-after each product to where both would have finished together at the rates they had (`_next_mid`).
-
-A helper late beyond PATIENCE times the caller's own part (it lost its core) has its part computed by the caller,
-as with threads; a helper that died is noticed there and the far path is switched off (`alive`). Where the caller
-waited longer than its own part took in more than SLOW of recent products (the helpers share their cores with
-something), the next products run on the caller alone (`keeping_up`), then sharing is tried again: REST of them,
-twice as many as last time where the helpers fell behind again within RECENT shared products (a core taken for
-seconds, by a browser beside the server, would otherwise cost the caller a wait every few steps), at most
-MAX_REST; not where they slept meanwhile (no part for SPIN_S: a prefill, a bench's other thread count), as
-their first parts after a wake are slow anyway. Each part is the same BLAS call on the same panels or rows as in
-one thread, so the floats are the same. Helpers exit with this process: daemonic, and a helper whose parent has
-gone stops within a second.
+    far.rows(far.weight(w), x, out)  # x [n, C] @ panels [P, C, b] -> out [P, n, b]; or @ t.T, t [D, C] -> [n, D]
 """
 from __future__ import annotations
 
@@ -47,50 +23,28 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-MAX_ROWS = 9                   # products of more rows (prefill chunks) stay on threads (layout.FEW_ROWS)
+MAX_ROWS = 9                   # products of more rows (prefill chunks) go to the thread pool (layout.FEW_ROWS)
 BLOCK_ROWS = 256               # an [out, in] share's rows a few-row product takes at a time (layout.BLOCK_ROWS)
-ARENA_FLOATS = 16 << 20        # 64 MB: a helper's weight shares are carved from allocations of this size
 X_FLOATS = MAX_ROWS * 8192     # a helper's input rows: up to MAX_ROWS rows of 8,192 inputs
 OUT_FLOATS = MAX_ROWS * 65536  # its output: up to MAX_ROWS rows of 65,536 columns
-SPIN_S = 0.02                  # a helper spins this long for the next part before it sleeps (a step's gaps are ~ms)
-PATIENCE = 3.0                 # a helper's part may take this many times the caller's own part
-MIN_PATIENCE_S = 100e-6
+ARENA_FLOATS = 16 << 20        # a helper's shares are carved from allocations of this size
+SPIN_S = 0.02                  # a helper polls this long for its next post before it sleeps: a step's products
+                               # follow each other far faster than a sleeping process wakes
+PATIENCE, MIN_PATIENCE_S = 3.0, 100e-6   # a helper's part may take this many times the caller's own part
 START_S = 60.0                 # the most a helper may take to start or to take a weight
-SLOW, SLOW_AVERAGING = 0.25, 1 / 32   # beyond this share of recent products slow, the caller rests its helpers
-REST = 256                     # products (about two decode steps) run alone before sharing is tried again
-RECENT, MAX_REST = 256, 2048    # falling behind again within RECENT shared products doubles the rest, up to this
-
-SEQ, OP, INDEX, ROWS, DONE, CPU_NS, NDIM, SHAPE = range(8)          # SHAPE: up to 3 slots
-START = SHAPE + 3                                                   # where in its share a part starts
+OP, WEIGHT, ROWS = range(3)              # the control words of a helper's segment
 PRODUCT, ATTACH, EXIT = 1, 2, 3
-CTRL_BYTES, NAME_BYTES = 128, 128
+CTRL_BYTES = 64
 
 
-def _segment_views(buf):  # a helper's shared segment -> (ctrl [16] int64, name bytes, x, out)
-    ctrl = buf[:CTRL_BYTES].cast("q")     # a memoryview: its items are Python ints, read and written in ~30 ns
-    name = np.ndarray(NAME_BYTES, np.uint8, buf, CTRL_BYTES)
-    x = np.ndarray(X_FLOATS, np.float32, buf, CTRL_BYTES + NAME_BYTES)
-    out = np.ndarray(OUT_FLOATS, np.float32, buf, CTRL_BYTES + NAME_BYTES + X_FLOATS * 4)
-    return ctrl, name, x, out
-
-
-def write_post(ctrl, seq: int, op: int, index: int, rows: int, start: int = 0) -> None:
-    """Post `seq`. A helper still on a late part may read meanwhile: SEQ is -1 while the fields change (x86 and
-    CPython keep these stores in order)."""
-    ctrl[SEQ] = -1
-    ctrl[OP], ctrl[INDEX], ctrl[ROWS], ctrl[START] = op, index, rows, start
-    ctrl[SEQ] = seq
-
-
-def read_post(ctrl) -> tuple[int, int, int, int, int] | None:
-    """(seq, op, index, rows, start) of the post in `ctrl`, or None where it changed while being read."""
-    seq = int(ctrl[SEQ])
-    op, index, rows, start = int(ctrl[OP]), int(ctrl[INDEX]), int(ctrl[ROWS]), int(ctrl[START])
-    return None if seq < 0 or int(ctrl[SEQ]) != seq else (seq, op, index, rows, start)
+def _views(buf):  # a helper's segment -> (control words, x, out)
+    ctrl = buf[:CTRL_BYTES].cast("q")      # a memoryview: its items are plain ints, cheaper than numpy's
+    x = np.ndarray(X_FLOATS, np.float32, buf, CTRL_BYTES)
+    return ctrl, x, np.ndarray(OUT_FLOATS, np.float32, buf, CTRL_BYTES + X_FLOATS * 4)
 
 
 def part(w, x, out) -> None:
-    """x [n, C] times a share of a weight, into `out`: panels [P, C, b] -> out [P, n, b]; rows of an [out, in]
+    """x [n, C] times a share of a weight into `out`: panels [P, C, b] -> out [P, n, b]; rows of an [out, in]
     matrix [R, C] -> out [n, R], one GEMV (one row) or block by block of BLOCK_ROWS rows, as layout.py does."""
     if w.ndim == 3:
         np.matmul(x, w, out=out)
@@ -98,22 +52,19 @@ def part(w, x, out) -> None:
         np.dot(w, x[0], out=out[0])
     else:
         for a in range(0, w.shape[0], BLOCK_ROWS):
-            block = w[a:a + BLOCK_ROWS]
             for j in range(x.shape[0]):
-                np.dot(block, x[j], out=out[j, a:a + len(block)])
+                np.dot(w[a:a + BLOCK_ROWS], x[j], out=out[j, a:a + BLOCK_ROWS])
 
 
 def part_views(w, n: int, xbuf, obuf) -> tuple:
-    """`part`'s arguments for n rows times `w` (a share from where it starts): w, x [n, C] and out as views of
-    a helper's input and output buffers."""
+    """`part`'s arguments for n rows times the share `w`: w, and x [n, C] and out as views of a helper's buffers."""
     shape = (w.shape[0], n, w.shape[2]) if w.ndim == 3 else (n, w.shape[0])
     c = w.shape[-2] if w.ndim == 3 else w.shape[1]
     return w, xbuf[:n * c].reshape(n, c), obuf[:math.prod(shape)].reshape(shape)
 
 
 def _wait(work, parent: int) -> bool:
-    """Take the next part: spin SPIN_S, then sleep on the semaphore a second at a time while the parent lives.
-    The spin does not yield the core: a helper that did started late on every product (docs/benchmarks.md)."""
+    """Take the next post: poll SPIN_S, then sleep on the semaphore a second at a time while the parent lives."""
     end = time.perf_counter() + SPIN_S
     while time.perf_counter() < end:
         if work.acquire(False):
@@ -124,265 +75,160 @@ def _wait(work, parent: int) -> bool:
     return True
 
 
-class Arena:
-    """Homes for a helper's weight shares, carved in the order they arrive (a step's reading order: each is sent
-    on its first product) from allocations of ARENA_FLOATS. numpy backs allocations of 4 MB or more with huge
-    pages; shares of 0.6-3.5 MB allocated one by one sit in small pages, and a helper streamed them so much
-    slower than the engine thread its own share that the engine thread waited for it on every product."""
-
-    def __init__(self, floats: int = ARENA_FLOATS):
-        self.floats, self.buf, self.used = floats, None, 0
-
-    def take(self, shape: tuple) -> np.ndarray:
-        n = int(np.prod(shape))
-        if n >= self.floats:
-            return np.empty(shape, np.float32)
-        if self.buf is None or self.used + n > self.floats:
-            self.buf, self.used = np.empty(self.floats, np.float32), 0
-        out = self.buf[self.used:self.used + n].reshape(shape)
-        self.used += -(-n // 16) * 16                # the next share starts on a 64-byte line
-        return out
-
-
-def serve(segment: str, work, done, parent: int) -> None:
-    """A helper process: attach weights' shares and compute parts until told to exit or the parent is gone."""
+def serve(segment: str, inbox, work, done, parent: int) -> None:
+    """A helper process: take weights' shares and compute parts till told to exit or its parent is gone (it stops
+    within a second of its parent's death)."""
     shm = shared_memory.SharedMemory(segment)
-    ctrl, name, xbuf, obuf = _segment_views(shm.buf)
-    shares: dict[int, np.ndarray] = {}
-    views: dict[tuple, tuple] = {}                   # (index, start, rows) -> `part`'s arguments (`part_views`)
-    arena = Arena()
-    last = 0
+    ctrl, xbuf, obuf = _views(shm.buf)
+    shares, views, arena, used = {}, {}, None, 0
     done.release()                                   # started
-    while _wait(work, parent):
-        post = read_post(ctrl)
-        if post is None or post[0] == last:          # being written (its release follows), or done
-            continue
-        seq, op, index, rows, start = post
-        if op == EXIT:
-            break
-        if op == ATTACH:
-            src = shared_memory.SharedMemory(bytes(name).rstrip(b"\0").decode())
-            shape = tuple(ctrl[SHAPE:SHAPE + ctrl[NDIM]])
-            share = arena.take(shape)                # private, in huge pages like the engine's buffer
-            share[...] = np.ndarray(shape, np.float32, src.buf)
-            shares[index] = share
-            src.close()
-        elif op == PRODUCT:
-            cpu = time.thread_time()
-            args = views.get((index, start, rows))
-            if args is None:
-                args = views[index, start, rows] = part_views(shares[index][start:], rows, xbuf, obuf)
-            part(*args)
-            ctrl[CPU_NS] = int((time.thread_time() - cpu) * 1e9)
-        last = seq
-        ctrl[DONE] = seq
+    while _wait(work, parent) and ctrl[OP] != EXIT:
+        if ctrl[OP] == ATTACH:
+            # shares carved in arrival order from allocations numpy backs with huge pages, as the engine's own
+            # weights: allocated one by one they would sit in small pages and stream slower than the caller's share
+            index, shape = inbox.recv()
+            n = math.prod(shape)
+            if arena is None or used + n > len(arena):
+                arena, used = np.empty(max(n, ARENA_FLOATS), np.float32), 0
+            shares[index], used = arena[used:used + n].reshape(shape), used + -(-n // 16) * 16    # 64-byte lines
+            inbox.recv_bytes_into(shares[index].reshape(-1))
+        else:
+            key = (ctrl[WEIGHT], ctrl[ROWS])
+            if key not in views:
+                views[key] = part_views(shares[key[0]], key[1], xbuf, obuf)
+            part(*views[key])
         done.release()
-    del ctrl, name, xbuf, obuf
+    del ctrl, xbuf, obuf, views
     shm.close()
 
 
-class _Helper:
+class _Helper:  # a helper process, its shared segment (control words, input rows, output), semaphores and pipe
+
     def __init__(self, ctx, number: int):
-        size = CTRL_BYTES + NAME_BYTES + (X_FLOATS + OUT_FLOATS) * 4
-        self.shm = shared_memory.SharedMemory(create=True, size=size)
-        self.ctrl, self.name, self.x, self.out = _segment_views(self.shm.buf)     # a new segment is zeros
+        self.shm = shared_memory.SharedMemory(create=True, size=CTRL_BYTES + (X_FLOATS + OUT_FLOATS) * 4)
+        self.ctrl, self.x, self.out = _views(self.shm.buf)
         self.work, self.done = ctx.Semaphore(0), ctx.Semaphore(0)
-        self.process = ctx.Process(target=serve, args=(self.shm.name, self.work, self.done, os.getpid()),
+        inbox, self.outbox = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=serve, args=(self.shm.name, inbox, self.work, self.done, os.getpid()),
                                    name=f"products-far-{number}", daemon=True)
         self.process.start()
-        self.seq = 0
-        started = self.answered(0, time.perf_counter() + START_S)
-        self.shm.unlink()                             # both processes keep their mapping; nothing left in /dev/shm
+        self.pending, self.gone = True, False       # a post (its start) not answered yet; given up for good
+        started = self.wait(time.perf_counter() + START_S, sleep=True)
+        self.shm.unlink()                            # both processes keep their mapping; nothing left in /dev/shm
         if not started:
             self.process.kill()
-            raise RuntimeError(f"helper process {self.process.name} did not start (exit code "
-                               f"{self.process.exitcode}; a script that uses it needs `if __name__ == '__main__':`)")
+            raise RuntimeError(f"{self.process.name} did not start (a script needs `if __name__ == '__main__':`)")
 
-    def answered(self, seq: int, deadline: float) -> bool:
-        """Whether the helper has answered `seq` (0: its start) by `deadline`, sleeping while it lives."""
-        while True:
-            if self.done.acquire(timeout=0.05):
-                if self.ctrl[DONE] == seq:
-                    return True
-            elif not self.process.is_alive() or time.perf_counter() > deadline:
-                return False
-
-    def post(self, op: int, index: int = 0, rows: int = 0, start: int = 0) -> int:
-        self.seq += 1
-        write_post(self.ctrl, self.seq, op, index, rows, start)
+    def post(self, op: int, weight: int = 0, rows: int = 0) -> None:
+        self.ctrl[OP], self.ctrl[WEIGHT], self.ctrl[ROWS] = op, weight, rows
+        self.pending = True
         self.work.release()
-        return self.seq
 
-    def finished(self, seq: int, deadline: float) -> int:
-        """How many looks part `seq` took to be done (1: done when first looked at), spinning, or 0 where it was
-        not done by `deadline` (perf_counter); a stale part's post is consumed."""
-        looks = 0
-        while True:
-            looks += 1
-            if self.done.acquire(False):
-                if self.ctrl[DONE] == seq:
-                    return looks
-                continue
-            if time.perf_counter() > deadline:
-                return 0
+    def answered(self) -> bool:  # whether it has answered its last post: a look that never blocks
+        if self.pending and self.done.acquire(False):
+            self.pending = False
+        return not self.pending
+
+    def wait(self, deadline: float, sleep: bool = False) -> bool:
+        """Whether it answers its last post by `deadline` (perf_counter), polling, or sleeping while it lives."""
+        sleep = sleep or deadline == math.inf
+        while not self.answered():
+            if time.perf_counter() > deadline or sleep and not self.process.is_alive():
+                return False
+            if sleep and self.done.acquire(timeout=0.05):
+                self.pending = False
+        return True
+
+    def give_up(self, why: str) -> None:
+        self.gone = True
+        self.process.kill()
+        logger.warning("helper process %s %s: the caller computes its shares from now on", self.process.name, why)
 
 
 @dataclass
 class SharedWeight:
     w: np.ndarray            # panels [P, C, b] or an [out, in] matrix [D, C], as stored
     index: int               # its name in the helpers
-    edges: list[int]         # the caller's share is edges[0]:edges[1], helper i's edges[i+1]:edges[i+2]
-    max_rows: int            # the most rows a product of it may have here (the helpers' output buffers)
+    edges: list[int]         # share i is w[edges[i]:edges[i+1]]: the caller's share 0, helper i's share i
 
 
 class ProductProcesses:
-    """`helpers` helper processes that each compute a share of a weight's output for few-row products, the
-    caller computing the first share. A weight is stored as engine/model/layout.py stores it: panels [P, C, b]
-    (shares of whole panels) or an [out, in] matrix [D, C] (shares of whole BLOCK_ROWS-row blocks). One caller
-    at a time."""
+    """`helpers` processes that each compute a fixed share of few-row products, the caller share 0 with the odd
+    units (a helper starts only once the caller has posted). One caller at a time."""
 
-    def __init__(self, helpers: int):
+    def __init__(self, helpers: int, patience: float = PATIENCE):
         ctx = multiprocessing.get_context("spawn")
         self.helpers = [_Helper(ctx, i + 1) for i in range(helpers)]
-        self.alive = True
-        self.products = 0            # products shared so far, and how many of them a helper was late for
-        self.late = 0
-        self.cpu_beyond = 0.0        # seconds of the helpers' CPU beyond the caller's, summed (a shared clock)
-        self.slow = 0.0              # recent products' share in which the caller waited longer than its own part
-        self.resting = 0             # products left to run on the caller alone (`keeping_up`)
-        self.rest = REST             # the last rest's length
-        self.shared = RECENT         # products shared since the last rest
-        self.slept = False           # and whether the helpers have slept in between (no part for SPIN_S)
-        self.posted_at = 0.0         # when the last product was posted
-        self._weights: dict[int, tuple] = {}    # id(w) -> (w, index, edges); the reference keeps ids unique
-        self._mids: dict[tuple, int] = {}       # (weight's shape, rows) -> where the caller's share ends now
-        self._plans: dict[tuple, tuple] = {}    # (weight's index, rows, mid) -> `_plan`
+        self.patience = patience     # math.inf: always wait for a live helper's answer (tests)
+        self.parts = 0               # parts posted to helpers so far, and how many of them the caller computed
+        self.taken_over = 0
+        self._weights: dict[int, SharedWeight] = {}    # id(w) -> its entry, whose reference keeps ids unique
+        self._plans: dict[tuple, list] = {}            # (weight, rows) -> the views its products use (Python's cost)
         self._lock = threading.Lock()
 
     def weight(self, w) -> SharedWeight | None:
         """`w` (panels or an [out, in] matrix) with each helper's share sent (once), or None where it cannot be
-        shared (not float32, fewer panels or blocks than parts)."""
-        entry = self._weights.get(id(w))
-        if entry is not None and entry.w is w:
-            return entry
-        align, parts = (1 if w.ndim == 3 else BLOCK_ROWS), len(self.helpers) + 1
+        shared (not float32, fewer panels or blocks than shares, MAX_ROWS rows of a share beyond OUT_FLOATS) or
+        not now (a helper still on a late part: it is sent on a later product)."""
+        if id(w) in self._weights:
+            return self._weights[id(w)]
+        align, helpers = (1 if w.ndim == 3 else BLOCK_ROWS), len(self.helpers)
         units = -(-w.shape[0] // align)
-        if w.dtype != np.float32 or units < parts or not self.alive:
+        each = units // (helpers + 1)                # a helper's units; the caller's share has the rest
+        edges = [0] + [min(w.shape[0], (units - (helpers - i) * each) * align) for i in range(helpers)] + [w.shape[0]]
+        columns = max(b - a for a, b in zip(edges, edges[1:])) * (w.shape[2] if w.ndim == 3 else 1)
+        if w.dtype != np.float32 or each == 0 or MAX_ROWS * columns > OUT_FLOATS:
             return None
         with self._lock:
-            return self._attach(w, [min(w.shape[0], units * i // parts * align) for i in range(parts + 1)])
-
-    def _attach(self, w, edges: list[int]) -> SharedWeight:
-        index = len(self._weights) + 1
-        for h, (a, b) in zip(self.helpers, zip(edges[1:], edges[2:])):
-            share = w[a:b]
-            src = shared_memory.SharedMemory(create=True, size=share.nbytes)
-            try:
-                np.ndarray(share.shape, np.float32, src.buf)[...] = share
-                h.name[:] = 0
-                h.name[:len(src.name)] = np.frombuffer(src.name.encode(), np.uint8)
-                h.ctrl[NDIM] = share.ndim
-                for i, d in enumerate(share.shape):
-                    h.ctrl[SHAPE + i] = d
-                if not h.answered(h.post(ATTACH, index), time.perf_counter() + START_S):
-                    self.alive = False
-                    raise RuntimeError(f"helper process {h.process.name} did not take a weight (exit code "
-                                       f"{h.process.exitcode})")
-            finally:
-                src.close()
-                src.unlink()
-        columns = max(b - a for a, b in zip(edges, edges[1:])) * (w.shape[2] if w.ndim == 3 else 1)
-        entry = self._weights[id(w)] = SharedWeight(w, index, edges, min(MAX_ROWS, OUT_FLOATS // columns))
+            if not all(h.gone or h.answered() for h in self.helpers):
+                return None
+            index = len(self._weights) + 1
+            for h, a, b in zip(self.helpers, edges[1:], edges[2:]):
+                try:            # through its pipe into its arena (a helper stopped meanwhile holds the caller here)
+                    if not h.gone:
+                        h.post(ATTACH)
+                        h.outbox.send((index, w[a:b].shape))
+                        h.outbox.send_bytes(np.ascontiguousarray(w[a:b]))
+                    if h.gone or h.wait(time.perf_counter() + START_S, sleep=True):
+                        continue
+                except OSError:                      # it has died
+                    pass
+                h.give_up("did not take a weight")
+            entry = self._weights[id(w)] = SharedWeight(w, index, edges)
         return entry
 
-    def rows(self, entry: SharedWeight, x, out):  # x [n, C] times the weight -> out ([P, n, b] or [n, D])
-        w, edges, n = entry.w, entry.edges, x.shape[0]      # n <= entry.max_rows, x float32 and contiguous
-        flat = x.reshape(-1)
-        panels = w.ndim == 3
-        key = (w.shape, n)
+    def rows(self, entry: SharedWeight, x, out) -> None:
+        """x [n, C] (float32, contiguous, n <= MAX_ROWS) times the weight into `out` ([P, n, b] or [n, D]). The
+        caller polls while it waits: its CPU time is the product's time, as a shared clock needs."""
+        w, n = entry.w, x.shape[0]
+        cols = (lambda a, e: out[a:e]) if w.ndim == 3 else (lambda a, e: out[:, a:e])       # out for units a:e
+        plan = self._plans.get((entry.index, n))
+        if plan is None:                             # per helper: its views of x and of its output, its share
+            plan = self._plans[entry.index, n] = [(h, *part_views(w[a:e], n, h.x, h.out)[1:], a, e)
+                                     for h, a, e in zip(self.helpers, entry.edges[1:], entry.edges[2:])]
         with self._lock:
-            self.products += 1
-            mid = self._mids.get(key, edges[1])              # the caller's share ends here, in helper 1's share
-            mine, theirs = self._plan(entry, n, mid)
-            now = time.perf_counter()
-            if self.shared and now - self.posted_at > SPIN_S:
-                self.slept = True
-            self.posted_at = now
-            seqs = []
-            for h, start, _, _, _, xs in theirs:
-                xs[...] = flat
-                seqs.append(h.post(PRODUCT, entry.index, n, start))
-            t = time.perf_counter()
-            part(mine, x, out[:mid] if panels else out[:, :mid])
-            own = time.perf_counter() - t
-            deadline = t + own + max(MIN_PATIENCE_S, PATIENCE * own)
-            helper_cpu = 0.0
-            for i, ((h, _, a, e, result, _), seq) in enumerate(zip(theirs, seqs)):
-                looks = h.finished(seq, deadline)
-                if looks:
-                    cpu = h.ctrl[CPU_NS] / 1e9
-                    if i == 0:                        # its time: till the caller saw it done, if it waited
-                        took = time.perf_counter() - t if looks > 1 else cpu
-                        self._mids[key] = self._next_mid(edges, mid, panels, own, took)
-                    if panels:
-                        out[a:e] = result
-                    else:
-                        out[:, a:e] = result
-                    helper_cpu = max(helper_cpu, cpu)
-                else:                                 # late: this share here; the helper's result is dropped
-                    self.late += 1
-                    part(w[a:e], x, out[a:e] if panels else out[:, a:e])
-                    if not h.process.is_alive():
-                        self.alive = False
-                        logger.warning("helper process %s has died: products run on threads from now on",
-                                       h.process.name)
-            # the caller spins while it waits, so its CPU time is its wall time here
-            wall = time.perf_counter() - t
-            self.cpu_beyond += max(0.0, helper_cpu - wall)
-            self.slow += ((wall > 2 * own) - self.slow) * SLOW_AVERAGING
-            self.shared += 1
-            if self.slow > SLOW:
-                again = self.shared < RECENT and not self.slept
-                self.rest = min(MAX_REST, 2 * self.rest) if again else REST
-                self.resting, self.slow, self.shared, self.slept = self.rest, 0.0, 0, False
-            return out
-
-    @staticmethod
-    def _next_mid(edges: list[int], mid: int, panels: bool, own: float, helper: float) -> int:
-        """Where the caller's share ends next time: half-way to where the caller (`own` seconds for its share)
-        and helper 1 (`helper` seconds for the rest of its share) would have finished together at their rates
-        this time, by whole units, inside helper 1's share. Half-way: one product's times are noisy; whole
-        way at once: a weight in one product a step, the LM head, would take hundreds of steps a unit at a
-        time."""
-        unit = 1 if panels else BLOCK_ROWS
-        caller_rate, helper_rate = mid / max(own, 1e-9), (edges[2] - mid) / max(helper, 1e-9)
-        balanced = edges[2] * caller_rate / (caller_rate + helper_rate)
-        units = int((balanced - mid) / 2 / unit)     # toward zero: no move for less than two units off
-        return min(edges[2] - unit, max(edges[1], mid + units * unit))
-
-    def keeping_up(self) -> bool:
-        """Whether the next product should be shared: not while resting after the helpers fell behind."""
-        if self.resting:
-            self.resting -= 1
-            return False
-        return True
-
-    def _plan(self, entry: SharedWeight, n: int, mid: int) -> tuple:
-        """The caller's share of `entry` for n rows when its share ends at `mid`, and per helper (helper, where
-        its part starts in its share, the part's first and last unit in the weight, its output as a view of
-        the helper's buffer shaped as that part of `out`, its input as a flat view of its buffer). Kept: a
-        product's Python costs microseconds too."""
-        plan = self._plans.get((entry.index, n, mid))
-        if plan is None:
-            w, edges = entry.w, entry.edges
-            starts = [mid] + edges[2:-1]
-            theirs = []
-            for i, h in enumerate(self.helpers):
-                a, e = starts[i], edges[i + 2]
-                _, xs, result = part_views(w[a:e], n, h.x, h.out)
-                theirs.append((h, a - edges[i + 1], a, e, result, xs.reshape(-1)))
-            plan = self._plans[entry.index, n, mid] = (w[:mid], theirs)
-        return plan
+            posted, skipped = [], []
+            for h, xs, result, a, e in plan:
+                if h.gone or not h.answered():       # given up, or still on a part it was late for
+                    skipped.append((a, e))
+                    continue
+                xs[...] = x
+                h.post(PRODUCT, entry.index, n)
+                posted.append((h, result, a, e))
+            self.parts += len(posted)
+            t, mid = time.perf_counter(), entry.edges[1]
+            part(w[:mid], x, cols(0, mid))
+            deadline = time.perf_counter() + max(MIN_PATIENCE_S, self.patience * (time.perf_counter() - t))
+            for h, result, a, e in posted:
+                if h.wait(deadline):
+                    cols(a, e)[...] = result
+                    continue
+                self.taken_over += 1
+                skipped.append((a, e))
+                if not h.process.is_alive():
+                    h.give_up("has died")
+            for a, e in skipped:                     # computed here
+                part(w[a:e], x, cols(a, e))
 
     def close(self) -> None:
         self._plans.clear()                           # views of the segments: they must go before the segments
@@ -390,8 +236,6 @@ class ProductProcesses:
             if h.process.is_alive():
                 h.post(EXIT)
                 h.process.join(timeout=2.0)
-            h.ctrl = h.name = h.x = h.out = None
+                h.process.kill()                      # where it was stopped, or still on a late part
+            h.ctrl = h.x = h.out = None
             h.shm.close()
-        self.alive = False
-
-

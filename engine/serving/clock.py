@@ -14,8 +14,9 @@ runs only while the session's own code runs, and adds each forward's time as who
 The clock (engine/kv/runner.py's `clock_for`) is the engine thread's CPU time: time the thread waits is not
 counted, whether for the GIL (the server's event loop renders the page in another thread), for a core (another
 process, the browser) or for anything else. For a model whose weight products also run on helper threads
-(`--threads N`, engine/model/threads.py) it adds, per shared product, the helpers' CPU time beyond the engine
-thread's own: a product takes as long as its busiest thread.
+(`--threads N`, engine/model/threads.py) it adds, per product shared with helper threads, their CPU time beyond
+the engine thread's own (it polls for helper processes: its CPU time covers those): a product takes as long as its
+busiest thread.
 """
 from __future__ import annotations
 

@@ -1,5 +1,11 @@
 """Weight products on several threads (engine/model/threads.py): every chunk once, the same floats at every
-thread count, a late helper taken over, and the measured choice."""
+thread count (helper processes answering, stopped, or not used), and the thread choice's rule.
+
+No test here depends on how fast the machine is: helper processes are waited for (`patience` infinite) or stopped
+on purpose, and helper threads are held on events."""
+import math
+import os
+import signal
 import threading
 
 import numpy as np
@@ -10,8 +16,9 @@ from engine.model import thread_choice as C
 from engine.model import threads as T
 from engine.model.layout import FEW_ROWS, LAYOUTS, PanelWeight, use_layout
 from engine.model.llama import forward
+from engine.model.product_processes import PATIENCE
 
-WAIT_S = 10.0      # the most a test waits for a helper thread to be scheduled (it is normally microseconds)
+WAIT_S = 10.0      # the most a test waits for a helper thread to be scheduled (a liveness bound only)
 
 
 @pytest.fixture
@@ -20,17 +27,19 @@ def restore_threads():
     yield
     for threads in (2, 3):
         pool = T.set_threads(threads)
-        pool.share, pool.use_processes = None, True
+        pool.use_processes = True
+        if pool.processes() is not None:
+            pool.processes().patience = PATIENCE
     T.set_threads(before)
 
 
 def sharing(threads: int, processes: bool = True) -> T.ProductPool:
-    """The process's pool of `threads`, sharing every product (not only those measured faster shared): the
-    shared products are the ones whose floats the tests compare; few-row products in helper processes, or
-    (`processes=False`) all in chunks on the threads."""
+    """The process's pool of `threads`: few-row products in helper processes whose every share is waited for
+    (so each is computed by its helper), or (`processes=False`) all in chunks on the thread pool."""
     pool = T.set_threads(threads)
-    pool.share = True if threads > 1 else None
     pool.use_processes = processes and threads > 1
+    if pool.processes() is not None:
+        pool.processes().patience = math.inf
     return pool
 
 
@@ -48,7 +57,7 @@ def test_every_task_runs_once_and_results_keep_their_order(threads):
 
 
 def test_helpers_take_chunks():
-    """The caller's chunks wait until a helper has run one: the pool's helpers do share the work."""
+    """The caller's chunk waits until a helper thread has run one: the pool's helpers do share the work."""
     pool = T.ProductPool(2)
     helper_ran = threading.Event()
     caller = threading.get_ident()
@@ -67,28 +76,26 @@ def test_helpers_take_chunks():
     assert not all(by_caller for _, by_caller in results)
 
 
-def test_a_helper_that_stalls_is_taken_over_and_its_late_result_dropped():
-    """A helper stuck in its chunk (here: held on an event, as a preempted thread is held by the scheduler) costs
-    the caller its patience, not the helper's delay: the caller computes the chunk itself, and the stuck chunk's
-    result, when it comes, goes nowhere."""
+def test_the_caller_runs_every_chunk_a_stalled_helper_has_not_begun():
+    """A helper thread held in its chunk (as a preempted thread is held by the scheduler): the caller runs every
+    other chunk itself, and waits only for the held one."""
     pool = T.ProductPool(2)
-    stuck, release, caller = threading.Event(), threading.Event(), threading.get_ident()
+    caller, release = threading.get_ident(), threading.Event()
+    ran_by = {}
 
     def task(i):
-        if threading.get_ident() != caller and not stuck.is_set():
-            stuck.set()
-            release.wait(WAIT_S)
-            return "late"
-        if threading.get_ident() == caller and i == 0:
-            assert stuck.wait(WAIT_S), "no helper thread took a chunk"
+        ran_by[i] = threading.get_ident() == caller
+        if not ran_by[i]:
+            assert release.wait(WAIT_S), "the caller did not run the other chunks"
+        elif sum(ran_by.values()) == 5:          # every chunk but one: the held one, or its own last
+            release.set()
         return i
     try:
-        results = pool.run([lambda i=i: task(i) for i in range(6)])
-        assert results == list(range(6))
-        assert pool.late == 1
+        assert pool.run([lambda i=i: task(i) for i in range(6)]) == list(range(6))
     finally:
         release.set()
         pool.close()
+    assert sum(not by_caller for by_caller in ran_by.values()) <= 1
 
 
 def test_an_error_in_a_chunk_reaches_the_caller():
@@ -97,38 +104,10 @@ def test_an_error_in_a_chunk_reaches_the_caller():
     def boom():
         raise ZeroDivisionError("chunk")
     try:
-        with pytest.raises(ZeroDivisionError):
-            pool.run([lambda: 1, boom, lambda: 3, lambda: 4])
-        for _ in range(3):         # alone, shared, then the faster: each raises
+        for tasks in ([lambda: 1, boom, lambda: 3, lambda: 4], [boom, lambda: 2], [lambda: 1, boom]):
             with pytest.raises(ZeroDivisionError):
-                pool.product(boom, pool.chunked(lambda: [lambda: 1, boom], list), "shape")
+                pool.run(tasks)
         assert pool.run([lambda: 1, lambda: 2]) == [1, 2]
-    finally:
-        pool.close()
-
-
-def test_each_product_shape_runs_the_way_measured_faster_and_sometimes_the_other():
-    """First alone, then shared, then the faster of the two means, and one run in EXPLORE the other way."""
-    timing = [0, None, None]
-    assert T.share_next(timing, 4) is False                         # the run then sets the alone mean
-    timing[1] = 0.002
-    assert T.share_next(timing, 4) is True
-    timing[2] = 0.001                                               # shared faster
-    assert [T.share_next(timing, 4) for _ in range(6)] == [True, False, True, True, True, False]
-    timing[1:] = [0.001, 0.002]                                     # alone faster
-    assert [T.share_next(timing, 4) for _ in range(4)] == [False, False, False, True]
-
-
-def test_a_shape_measured_slower_shared_runs_on_the_caller_alone():
-    """A busy machine, where sharing costs more than it gives: the averages say so and the caller works alone
-    (but for the runs that keep measuring the other way)."""
-    pool = T.ProductPool(2)
-    try:
-        pool.timings["shape"] = [1, 0.001, 0.050]
-        ran = [pool.product(lambda: "alone", pool.chunked(lambda: [lambda: 1, lambda: 2], list), "shape")
-               for _ in range(pool.EXPLORE - 2)]
-        assert ran == ["alone"] * (pool.EXPLORE - 2)
-        assert pool.timings["shape"][1] != 0.001 and pool.timings["shape"][2] == 0.050    # the alone mean follows
     finally:
         pool.close()
 
@@ -147,11 +126,13 @@ def test_products_are_the_same_floats_at_every_thread_count(layout, processes, p
         T.set_threads(1)
         one = [T.vec_product(x[0], lw)] + [T.rows_product(x[:n], lw) for n in (1, 2, 3, 5, FEW_ROWS, 24)]
         for threads in (2, 3):
-            pool = sharing(threads, processes)
-            far = pool.processes()
-            before = far.products if far else 0
+            far = sharing(threads, processes).processes()
+            before = (far.parts, far.taken_over) if far else None
             many = [T.vec_product(x[0], lw)] + [T.rows_product(x[:n], lw) for n in (1, 2, 3, 5, FEW_ROWS, 24)]
-            assert (far.products - before == 6) if processes else far is None     # every product of few rows
+            if processes:                    # every product of few rows, each helper's share by its helper
+                assert (far.parts - before[0], far.taken_over) == (6 * (threads - 1), before[1])
+            else:
+                assert far is None
             for a, b in zip(one, many):
                 assert np.array_equal(a, b)
 
@@ -182,37 +163,58 @@ def test_greedy_decoding_is_identical_at_every_thread_count(make_model, layout, 
         assert all(np.array_equal(a, b) for a, b in zip(runs[threads][1], runs[1][1]))
 
 
-def test_the_choice_is_measured_per_thread_count_and_says_why(make_model, restore_threads):
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_a_stopped_helper_process_changes_no_logit_and_holds_no_step(make_model, layout, restore_threads):
+    """A helper process stopped in mid-run (its core taken for long): the steps finish, the caller computing the
+    helper's shares, and every logit is one thread's."""
+    plain, weights = make_model("tiny", hidden_size=128, intermediate_size=320, vocab_size=704, seed=5)
+    model = use_layout(type(plain)(plain.cfg, weights), layout)
+    prompt = np.random.default_rng(6).integers(0, plain.cfg.vocab_size, 20)
+    runs = {}
+    for threads in (1, 2):
+        far = sharing(threads).processes()
+        mgr = KVCacheManager(model.cfg, num_blocks=8, block_size=8)
+        seq = mgr.new_sequence()
+        logits = [forward(model, prompt, 0, mgr.append_slots(seq, prompt))]
+        for i in range(8):
+            if far is not None and i == 2:
+                far.patience = PATIENCE
+                os.kill(far.helpers[0].process.pid, signal.SIGSTOP)
+            token = [int(logits[-1][-1].argmax())]
+            logits.append(forward(model, token, len(prompt) + i, mgr.append_slots(seq, token)))
+        if far is not None:
+            os.kill(far.helpers[0].process.pid, signal.SIGCONT)
+            assert far.taken_over >= 1
+        runs[threads] = logits
+    assert all(np.array_equal(a, b) for a, b in zip(runs[2], runs[1]))
+
+
+def test_the_choice_is_the_rule_or_the_request_and_says_why():
+    assert [C.choose(None, c).threads for c in (1, 2, 3, 4, 8, 64)] == [1, 2, 3, 3, 7, C.MAX_THREADS]
+    assert [C.choose(None, c, serving=True).threads for c in (1, 2, 3, 4)] == [1, 1, 2, 3]
+    assert C.choose(None, 1).reason == "one core available"
+    assert C.choose(None, 2).reason == "2 cores, every one" and C.choose(None, 8).reason == "8 cores, one left free"
+    assert C.choose(None, 64).reason == f"64 cores, at most {C.MAX_THREADS}"
+    assert "a server leaves one" in C.choose(None, 2, serving=True).reason
+    asked = C.choose(3, 2, serving=True)
+    assert asked.threads == 3 and asked.reason.startswith("--threads 3 (the default here would be 1: 2 cores, a server")
+
+
+def test_the_choice_is_applied_when_a_model_loads_and_a_request_applies_at_once(make_model, restore_threads,
+                                                                                  monkeypatch):
+    """`threads_for` sets the process's pool and times one pass over the weights at that count (the floor a page
+    shows); `request_threads` afterwards switches the pool at once."""
+    for name in ("_choice", "_requested", "_serving"):
+        monkeypatch.setattr(C, name, getattr(C, name))
+    monkeypatch.setattr(C, "_choice", None)
     plain, weights = make_model("tiny", hidden_size=128, intermediate_size=320, vocab_size=704, seed=5)
     model = use_layout(type(plain)(plain.cfg, weights), "out_in")
-    choice = C.choose_threads(model, cores=2, rounds=2)
-    assert set(choice.step_ms) == set(choice.read_ms) == {1, 2}
-    assert choice.threads in (1, 2) and choice.reason
-    assert all(v > 0 for v in choice.read_gb_per_s().values())
-    one = C.choose_threads(model, cores=1, rounds=1)
-    assert one.threads == 1 and "one core" in one.reason and set(one.step_ms) == {1}
-    served = C.choose_threads(model, cores=2, rounds=1, serving=True)        # measured both, takes one
-    assert set(served.step_ms) == {1, 2} and served.threads == 1 and "a server leaves one core" in served.reason
-
-
-def test_more_threads_are_chosen_on_the_median_rounds_step_gain_and_not_on_the_read():
-    def picked(gain, cores=4, serving=False):
-        counts = range(1, len(gain) + 2)
-        choice = C.ThreadChoice(1, "", cores, {n: 30.0 for n in counts}, {n: 20.0 + n for n in counts},
-                                {1: 1.0, **{n: g for n, g in zip(counts[1:], gain)}}, 540_000_000)
-        C.pick(choice, serving)
-        return choice
-    two = picked([1.28, 1.30])                  # the read slower at 2 and 3 threads: the step decides
-    assert two.threads == 2 and "1.28x as fast as one (the median round)" in two.reason
-    assert picked([1.28, 1.36]).threads == 3    # 1.36 / 1.28 >= STEP_GAIN
-    assert picked([1.04, 1.03]).threads == 1    # below STEP_GAIN
-    one = picked([1.04], cores=2)
-    assert one.threads == 1 and "2 threads 1.04x" in one.reason
-    assert picked([1.3], cores=2, serving=True).threads == 1
-
-def test_a_default_leaves_a_core_free_from_four_cores_on_and_a_servers_on_every_machine():
-    assert [C.candidate_threads(c) for c in (1, 2, 3, 4, 8, 64)] == [1, 2, 3, 3, 7, C.MAX_THREADS]
-    assert [C.candidate_threads(c, serving=True) for c in (1, 2, 3, 4, 8, 64)] == [1, 1, 2, 3, 7, C.MAX_THREADS]
+    C.request_threads(2)
+    choice = C.threads_for(model)
+    assert choice is C.current_choice() and (choice.threads, T.threads()) == (2, 2)
+    assert set(choice.read_ms) == {2} and choice.read_ms[2] > 0 and "--threads 2" in choice.reason
+    C.request_threads(1)
+    assert (C.current_choice().threads, T.threads()) == (1, 1)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 257])

@@ -1,5 +1,5 @@
 """SmolLM2 on several threads (engine/model/threads.py): the same greedy tokens, plain and speculative, and a
-choice measured at load that says why."""
+thread choice made at load that says why."""
 import pytest
 
 from engine.model import thread_choice as C
@@ -13,8 +13,6 @@ def restore_threads():
     before = T.threads()
     yield
     C.request_threads(None)
-    for threads in (2, 3):
-        T.set_threads(threads).share = None
     T.set_threads(before)
 
 
@@ -22,18 +20,16 @@ def restore_threads():
 def test_greedy_output_is_identical_at_every_thread_count(run_session, method, restore_threads):
     runs = {}
     for threads in (1, 2, 3):
-        T.set_threads(threads).share = True if threads > 1 else None      # every product in chunks
+        T.set_threads(threads)
         summary, tokens = run_session(PROMPT, chat=True, method=method, num_speculative_tokens=3, max_tokens=32)
         runs[threads] = (summary["text"], [t.id for t in tokens])
     assert runs[2] == runs[1] and runs[3] == runs[1]
 
 
-def test_loading_measured_every_thread_count_and_said_why(smollm2):
+def test_loading_chose_a_thread_count_and_said_why(smollm2):
     choice = C.current_choice()
-    assert choice is not None and choice.reason
-    assert set(choice.step_ms) == set(choice.read_ms) == set(range(1, C.candidate_threads(choice.cores) + 1))
-    assert choice.weight_bytes > 500e6
-    assert choice.auto_threads in choice.step_ms
+    assert choice is not None and choice.reason and 1 <= choice.threads <= C.MAX_THREADS
+    assert all(ms > 0 for ms in choice.read_ms.values())
 
 
 def test_the_cost_view_shows_the_roofline_per_thread_count(smollm2_dir, models_dir, restore_threads):
