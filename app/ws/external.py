@@ -28,6 +28,9 @@ from engine.serving.events import Done
 logger = logging.getLogger(__name__)
 
 HOLD_POLL_S = 0.02                  # how often a held external run re-checks its gate
+# a llama.cpp server started here that gave no /v1/models is asked again (twice, a second apart): on a loaded
+# machine the first read can miss its timeout while our own models load beside it
+CONFIG_READS, CONFIG_RETRY_S = 3, 1.0
 
 
 def start_embedded_llamacpp(threads: int) -> list[EmbeddedLlamaCpp]:
@@ -53,9 +56,17 @@ def start_embedded_llamacpp(threads: int) -> list[EmbeddedLlamaCpp]:
 
 async def publish_server_config(engines: list[ExternalEngine]) -> None:
     """What each server publishes about itself (/v1/models, llama.cpp's /props) goes into its description
-    (the model list), read once at start-up; an engine that is down is offered anyway, and says so."""
+    (the model list), read at start-up; an engine that is down is offered anyway, and says so."""
     async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as client:
         configs = [await fetch_server_config(e, client) for e in engines]
+        for _ in range(CONFIG_READS - 1):
+            missing = [i for i, (e, config) in enumerate(zip(engines, configs))
+                       if e.kind == "llamacpp" and not config.get("models")]
+            if not missing:
+                break
+            await asyncio.sleep(CONFIG_RETRY_S)
+            for i in missing:
+                configs[i] = await fetch_server_config(engines[i], client)
     for engine, config in zip(engines, configs):
         engine.description["published"] = config
         if not config.get("models"):
