@@ -6,6 +6,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from app.body_limits import BodyLimitMiddleware
 from app.config import AppConfig
 from app.paths import STATIC_DIR
 from app.routers import api, health, metrics, pages, vendor, watch, ws
@@ -28,7 +29,8 @@ def create_app(config: AppConfig | None = None) -> FastAPI:
     app = FastAPI(title="Decoding Playground", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.config = config
     app.add_middleware(TokenMiddleware, token=config.token)
-    app.add_middleware(SecurityHeadersMiddleware)        # also on the token middleware's 401
+    app.add_middleware(BodyLimitMiddleware)              # each route's body limit, before any route reads it
+    app.add_middleware(SecurityHeadersMiddleware)        # also on the token middleware's 401 and the 413
     app.add_middleware(HostMiddleware, allowed_hosts=config.allowed_hosts, bind_host=config.bind_host)  # outermost
 
     app.include_router(health.router)
