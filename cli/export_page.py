@@ -2,7 +2,6 @@
 file that plays it anywhere, with no server (app/views/standalone.py) — for decks built by script."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -32,12 +31,12 @@ def cmd_export_page(args) -> int:
 
     source = "stdin" if args.recording == "-" else args.recording
     try:
-        text = sys.stdin.read() if args.recording == "-" else Path(args.recording).read_text(encoding="utf-8")
-        recording = Recording.from_json(json.loads(text), name=None if args.recording == "-" else Path(source).name)
+        body = sys.stdin.buffer.read() if args.recording == "-" else Path(args.recording).read_bytes()
+        recording = Recording.read(body, name=None if args.recording == "-" else Path(source).name)
         options = PageOptions(layout=args.layout, presenter=args.presenter, theme=args.theme, speed=args.speed,
                               hide=[h.strip() for h in args.hide.split(",") if h.strip()], autoplay=args.autoplay)
         html = standalone_page(recording, options, compress=not args.plain)
-    except (OSError, ValueError, RecordingError) as e:       # (json's errors are ValueErrors)
+    except (OSError, ValueError, RecordingError) as e:
         print(f"decoding-playground export-page: error: {source}: {e}", file=sys.stderr)
         return 2
     except (KeyError, TypeError, AttributeError) as e:       # events of the right names, wrong contents

@@ -98,7 +98,11 @@ def test_export_page_turns_a_recording_file_into_the_page(live_server, recorded,
     assert r.returncode == 0 and len(frames_of(r.stdout)) == len(frames_of(html))
 
 
-@pytest.mark.parametrize("content, needle", [("{}", "not a recording"), ("[1", "Expecting"),
+@pytest.mark.parametrize("content, needle", [("{}", "not a recording"), ("[1", "not a recording"),
+                                             ('{"format": "decoding-playground/recording", "version": 1, "events": [1',
+                                              "event 0: an object with a type, not a number"),
+                                             ('{"format": "decoding-playground/recording", "version": 1, "events": [{',
+                                              "event 0: Expecting property name"),
                                              ('{"format": "decoding-playground/recording", "version": 9}', "version")])
 def test_export_page_refuses_what_is_not_a_recording_in_one_line(tmp_path, content, needle):
     source = tmp_path / "bad.json"

@@ -154,7 +154,11 @@ def test_a_partial_recording_replays_up_to_where_it_ends(recorded):
                  "events": [{"type": "metrics", "values": {}}]}).encode(), "started"),
     (json.dumps({"format": "decoding-playground/recording", "version": 1,
                  "events": [{"type": "started", "session_id": "s", "settings": "nonsense", "model": {},
-                             "draft_model": None, "prompt_tokens": 5}]}).encode(), "do not render"),
+                             "draft_model": None, "prompt_tokens": 5}]}).encode(),
+     "event 0 (started): settings must be an object, not a string"),
+    (json.dumps({"format": "decoding-playground/recording", "version": 1,
+                 "events": [{"type": "started", "session_id": "s", "settings": {}, "model": {},
+                             "draft_model": None, "prompt_tokens": [{}]}]}).encode(), "do not render"),
 ])
 def test_a_file_that_is_not_a_recording_is_refused_with_its_reason(client, body, message):
     response = client.post("/teach/replays", content=body)

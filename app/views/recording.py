@@ -2,37 +2,32 @@
 
 A `Recording` is one run's engine events in order (the objects of engine/serving/events.py; their JSON form is
 `to_dict()`), plus the KV pools as the page drew them after the run had freed its blocks. Exported, it is
-a JSON file (`to_json`) that `from_json` reads back; app/views/replay.py turns it into the very messages the page
-received, one per round, without an engine.
+a JSON file (`to_json`) that app/views/recording_file.py reads back; app/views/replay.py turns it into the very
+messages the page received, one per round, without an engine.
 
 NOTE (invariants):
 - The store keeps the most recent recordings within a budget of events (memory is bounded whatever the
   number of viewers); a recording never holds more than MAX_EVENTS events (it says so when cut).
-- Keys are not guessable: random for live runs, a hash of the content for uploaded files. Only a page that
+- Keys are not guessable: random for live runs, a hash of the file for uploaded ones. Only a page that
   showed the run (or someone who has the file) can read a recording back.
 - One recording per run: the first view that sees a run's `started` records it (`claim`); every other view
   of the same run (a room's broadcaster, a late watcher's snapshot) only refers to it, by its key.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 
-from engine.serving.events import Event, event_from_dict
+from app.views.json import dumps, event_dict
+from app.views.recording_file import FORMAT, MAX_EVENTS, VERSION, RecordingError, read_recording
+from engine.serving.events import Event
 
-FORMAT = "decoding-playground/recording"
-VERSION = 1
-MAX_EVENTS = 40_000             # a 4,096-token run is about 17,000 events
+__all__ = ["FORMAT", "MAX_EVENTS", "RECORDINGS", "VERSION", "Recording", "RecordingError", "RecordingStore"]
 STORE_EVENTS = 400_000          # all kept recordings together
 MAX_RECORDINGS = 64
-
-
-class RecordingError(ValueError):
-    """A file that is not a recording this version can replay."""
 
 
 class Recording:
@@ -86,38 +81,33 @@ class Recording:
         return None
 
     # --- the file ---------------------------------------------------------------------------------
-    def to_json(self) -> dict:
+    def _head(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "created": self.created, "prompt": self.prompt,
-                "settings": self.settings, "complete": self.complete, "truncated": self.truncated,
-                "events": [e.to_dict() for e in list(self.events)],       # (a copy: the run may go on meanwhile)
-                "kv_after": [{"key": list(k), "pool": p} for k, p in list(self.snapshots.items())]}
+                "settings": self.settings, "complete": self.complete, "truncated": self.truncated}
+
+    def _kv_after(self) -> list:
+        return [{"key": list(k), "pool": p} for k, p in list(self.snapshots.items())]
+
+    def to_json(self) -> dict:
+        return {**self._head(), "events": [e.to_dict() for e in list(self.events)],   # (a copy: the run may go on)
+                "kv_after": self._kv_after()}
+
+    def to_json_bytes(self) -> bytes:
+        """`to_json()` as the file's bytes, written an event at a time: one call over a long run's events would
+        hold the GIL, which the event loop needs, for a tenth of a second."""
+        events = [dumps(event_dict(e)).encode() for e in list(self.events)]
+        return b"".join([dumps(self._head())[:-1].encode(), b',"events":[', b",".join(events), b'],"kv_after":',
+                         dumps(self._kv_after()).encode(), b"}"])
+
+    @classmethod
+    def read(cls, body: bytes | Iterable[bytes], name: str | None = None) -> "Recording":
+        """A recording file's bytes, read and checked field by field (app/views/recording_file.py)."""
+        return read_recording(cls, body, name)
 
     @classmethod
     def from_json(cls, data, name: str | None = None) -> "Recording":
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise RecordingError(f"not a recording of this playground (expected \"format\": \"{FORMAT}\")")
-        if data.get("version") != VERSION:
-            raise RecordingError(f"recording version {data.get('version')!r}; this page replays version {VERSION}")
-        events = data.get("events")
-        if not isinstance(events, list) or not events:
-            raise RecordingError("the recording has no events")
-        if len(events) > MAX_EVENTS:
-            raise RecordingError(f"{len(events):,} events: at most {MAX_EVENTS:,}")
-        canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-        rec = cls(hashlib.sha256(canonical).hexdigest()[:32], data.get("prompt"), "file", name,
-                  data.get("created") if isinstance(data.get("created"), (int, float)) else None)
-        for i, d in enumerate(events):
-            try:
-                rec.add(event_from_dict(d))
-            except ValueError as e:
-                raise RecordingError(f"event {i}: {e}") from None
-        if rec.started is None:
-            raise RecordingError("the first event must be 'started'")
-        for item in data.get("kv_after") or []:
-            if isinstance(item, dict) and isinstance(item.get("key"), list) and isinstance(item.get("pool"), dict):
-                rec.snapshots[tuple(item["key"])] = item["pool"]
-        rec.truncated = bool(data.get("truncated"))
-        return rec
+        """A recording from its JSON form, already parsed (tests, tools): read as a file is."""
+        return cls.read(dumps(data).encode(), name)
 
 
 class RecordingStore:

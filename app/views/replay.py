@@ -6,7 +6,8 @@ recording always gives the same frames.
 """
 from __future__ import annotations
 
-import anyio
+import json
+from collections.abc import Iterator
 
 from app.protocol import Batch, Notice, RenderContext
 from app.views.html import HtmlView
@@ -79,7 +80,10 @@ def replay_frames(recording: Recording) -> list[str]:
     return frames
 
 
-async def render_replay(recording: Recording) -> list[str]:
-    """`replay_frames` off the event loop: a long run is thousands of fragments, and rendering them reads no
-    engine state, so a worker thread does it while the event loop serves everyone else."""
-    return await anyio.to_thread.run_sync(replay_frames, recording)
+def frames_json(frames: list[str]) -> Iterator[str]:
+    """The frames as one JSON array, written a frame at a time: a single `json.dumps` over a long run's frames
+    (tens of MB) would hold the GIL, which the event loop needs, for its whole length."""
+    yield "["
+    for i, frame in enumerate(frames):
+        yield ("," if i else "") + json.dumps(frame, ensure_ascii=False)
+    yield "]"

@@ -13,15 +13,14 @@ as on /embed), and the file's own query string overrides them (`run.html?layout=
 from __future__ import annotations
 
 import base64
-import gzip
-import json
 import time
+import zlib
 from dataclasses import dataclass, field
 
 from app.paths import STATIC_DIR
 from app.views.page import DEFAULT_SPEED, HIDEABLE, LAYOUTS, SPEEDS, THEMES, PageState, gauge_rows
 from app.views.recording import Recording
-from app.views.replay import replay_frames
+from app.views.replay import frames_json, replay_frames
 from app.views.templating import templates
 
 RUN_LAYOUTS = [(v, label) for v, label in LAYOUTS if not v.startswith("view:")]    # no teaching views in a file
@@ -64,11 +63,13 @@ class PageOptions:
 
 def encode_frames(frames: list[str], compress: bool = True) -> tuple[str, str]:
     """The frames as the page's `<script type="application/json">` holds them: (encoding, text). Plain JSON has
-    `<` escaped, so that no frame can end the script element."""
-    text = json.dumps(frames, separators=(",", ":"), ensure_ascii=False)
+    `<` escaped, so that no frame can end the script element. Written and compressed a frame at a time, so
+    that the thread doing it lets the GIL go (app/views/replay.py's `frames_json`)."""
     if compress:
-        return "gzip+base64", base64.b64encode(gzip.compress(text.encode(), 9, mtime=0)).decode()
-    return "json", text.replace("<", "\\u003c")
+        gz = zlib.compressobj(9, zlib.DEFLATED, 31)         # 31: a gzip member (header with no time: the same bytes)
+        packed = [gz.compress(piece.encode("utf-8", "replace")) for piece in frames_json(frames)] + [gz.flush()]
+        return "gzip+base64", base64.b64encode(b"".join(packed)).decode()
+    return "json", "".join(piece.replace("<", "\\u003c") for piece in frames_json(frames))
 
 
 def _static(name: str) -> str:

@@ -1,10 +1,14 @@
 """What every teaching view's endpoint shares: its fragments, the form as htmx sends it, numbers from a query,
-and engine jobs at most one of a kind at a time (so a room of viewers cannot queue engine work here)."""
+engine jobs at most one of a kind at a time (so a room of viewers cannot queue engine work here), and the
+worker threads that read and render what clients upload, a few at a time."""
 from __future__ import annotations
 
-from contextlib import contextmanager
+import asyncio
+import weakref
+from contextlib import asynccontextmanager, contextmanager
 from urllib.parse import parse_qsl
 
+import anyio
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 
@@ -12,8 +16,6 @@ from app.views.page import FORM_SETTINGS
 from app.views.recording import RECORDINGS
 from app.views.templating import templates
 from engine.serving.settings import GenerationSettings, SettingsError
-
-MAX_FORM_BYTES = 64 * 1024
 
 
 def fragment(request: Request, name: str, **context) -> HTMLResponse:
@@ -47,6 +49,44 @@ class OneAtATime:
 
 
 RUNS = OneAtATime()        # faults, race, shoot-out, the Theory view's plain run
+
+
+class WorkerSlots:
+    """Work a client's request brings that reads no engine state (reading an uploaded recording, rendering a
+    replay's frames, building a one-file page) runs in a worker thread, at most `size` at a time. Beyond that a
+    request waits up to `wait_s` for a turn, then gets BusyError.
+
+    NOTE: a worker's Python shares the GIL with the event loop, which waits for it up to the switch interval
+    (5 ms) each time it wakes while a worker runs; with more workers at once its wait grows, and none finishes
+    sooner (they take turns on the one GIL). Hence a small `size`."""
+
+    def __init__(self, size: int, wait_s: float):
+        self.size, self.wait_s = size, wait_s
+        self.running = 0
+        self._turns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()     # event loop -> its semaphore
+
+    @asynccontextmanager
+    async def turn(self):
+        turns = self._turns.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(self.size))
+        try:
+            async with asyncio.timeout(self.wait_s):
+                await turns.acquire()
+        except TimeoutError:
+            raise BusyError() from None
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            turns.release()
+
+    async def run(self, fn, *args):
+        """`fn(*args)` in a worker thread, when a turn is free."""
+        async with self.turn():
+            return await anyio.to_thread.run_sync(fn, *args)
+
+
+UPLOADS = WorkerSlots(size=2, wait_s=3.0)
 
 
 async def teaching_run(request: Request, playground, max_tokens: int, run) -> HTMLResponse:
@@ -84,10 +124,9 @@ async def on_engine_thread(playground, job):
 
 async def form_fields(request: Request) -> dict:
     """A form as htmx sends it (url-encoded): text values, the last of repeated names (a checkbox and its
-    hidden twin). Parsed here: starlette's form parser needs python-multipart, which nothing else needs."""
+    hidden twin). Parsed here: starlette's form parser needs python-multipart, which nothing else needs.
+    The body is at most the route's limit (app/body_limits.py: 64 KiB), refused before it is read."""
     body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
-        raise SettingsError("form", f"at most {MAX_FORM_BYTES // 1024} KiB")
     return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
 
 
