@@ -421,35 +421,33 @@ def test_a_patient_job_waits_for_an_idle_thread_and_takes_steps_once_hurried(reg
     would stall that run's stream. It takes none while a session moves, even past job_max_wait_s, and runs once
     the thread is idle; hurried (a view asks for it), it takes steps between the session's rounds."""
     engine = InferenceEngine(registry, max_sessions=8)
-    steps = []                                          # per job step: whether a session was in the scheduler
 
     async def scenario():
         thread = EngineThread(engine, asyncio.get_running_loop(), ServerMetrics(), chunk_seconds=None,
                               job_max_wait_s=0.0)
 
-        def job():
+        def job(steps: list):                           # per step: whether a session was in the scheduler
             while True:                                 # until its future is cancelled
                 steps.append(bool(thread.scheduler.entries))
                 yield
+
+        async def idle_steps(steps: list) -> None:      # the session has ended: the job runs
+            while not (len(steps) >= 5 and not steps[-1]):
+                await asyncio.sleep(0.02)
 
         thread.start()
         counts = []
         for hurry in (False, True):
             session = GenerationSession(engine, PROMPTS[1], {"max_tokens": 40, "method": "none"})
-            collector = Collector()
+            collector, steps = Collector(), []
             await thread.add(session, SessionLink(session, pacing(), collector, max_backlog=10_000))
-            future = thread.submit(job(), patient=True)
+            future = thread.submit(job(steps), patient=True)
             if hurry:
                 thread.hurry(future)
             await asyncio.wait_for(collector.ended.wait(), 60)
-            for _ in range(100):                        # idle now: the job runs
-                if len(steps) >= 5 and not steps[-1]:
-                    break
-                await asyncio.sleep(0.02)
+            await asyncio.wait_for(idle_steps(steps), 60)
             future.cancel()
-            await asyncio.sleep(0.05)
             counts.append((sum(steps), len(steps)))
-            steps.clear()
         await thread.stop()
         return counts
 

@@ -254,20 +254,23 @@ def test_1000_random_messages_leave_the_server_healthy(room_server):
     async def scenario():
         async with connect(room_server) as c:
             types: dict[str, int] = {}
+            marker = "end-of-the-fuzz"
 
-            async def drain():
+            async def drain():           # until the answer to the marker: every message before it is answered
                 async for raw in c.ws:
-                    t = json.loads(raw)["type"]
-                    types[t] = types.get(t, 0) + 1
+                    m = json.loads(raw)
+                    types[m["type"]] = types.get(m["type"], 0) + 1
+                    if m["type"] == "error" and marker in m["message"]:
+                        return
 
             reader = asyncio.create_task(drain())
             for i, m in enumerate(messages):
                 await c.ws.send(m)
                 if i % 50 == 0:
                     await asyncio.sleep(0.01)
-            await c.send(type="reset")
-            await asyncio.sleep(0.5)
-            reader.cancel()
+            await c.send(type="reset")                           # ends any run, and waits for it to end
+            await c.send(type=marker)
+            await asyncio.wait_for(reader, 60)
             assert types.get("error", 0) > 100, types
             # the same connection still works
             c.seen.clear()
