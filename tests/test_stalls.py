@@ -111,7 +111,8 @@ def test_a_long_prefill_runs_in_chunks_and_a_bystander_gets_its_first_token_afte
         async def scenario():
             models = await asyncio.to_thread(get_json, srv.base + "/api/models")
             deadline = time.monotonic() + 600                       # SmolLM2's weights load in the background
-            while any(m.get("loading") for m in models["models"]) and time.monotonic() < deadline:
+            while any(m.get("loading") for m in models["models"]):
+                assert time.monotonic() < deadline, "the models did not load within 600 s"
                 await asyncio.sleep(0.2)
                 models = await asyncio.to_thread(get_json, srv.base + "/api/models")
             settings, prompt = long_prompt(models["models"])

@@ -28,17 +28,18 @@ def test_smollm2s_tokens_appear_as_they_are_made_and_a_fast_models_ten_times_a_s
     second). Tolerance: 80% of its token messages hold one token (a stalled event loop may join two rounds).
     The character target's rounds take about a millisecond: at most 10 messages a second, plus the first."""
     async def scenario():
-        deadline = time.monotonic() + 120                       # SmolLM2's weights load in the background
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 600                       # SmolLM2's weights load in the background
+        while True:
             models = {m["name"]: m for m in (await asyncio.to_thread(get_json, live_server + "/api/models"))["models"]}
             if "smollm2-135m" in models and not models["smollm2-135m"].get("loading"):
                 break
+            assert time.monotonic() < deadline, "SmolLM2 did not load within 600 s"
             await asyncio.sleep(0.2)
         slow, _ = await full_speed_run(live_server, model="smollm2-135m", method="none", chat="true",
                                        max_tokens="24")
         fast, seconds = await full_speed_run(live_server, model="target-mha", method="none", max_tokens="300")
         return slow, fast, seconds
 
-    slow, fast, seconds = run(scenario(), timeout=300)
+    slow, fast, seconds = run(scenario(), timeout=900)
     assert sum(slow) >= 12 and sum(n == 1 for n in slow) >= 0.8 * len(slow), slow
     assert sum(fast) >= 100 and len(fast) <= 10 * seconds + 2, (fast, seconds)
