@@ -10,6 +10,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from manual_clock import ManualClock
 from test_ws_api import run
 
 from app.metrics import ServerMetrics
@@ -49,21 +50,6 @@ class Collector:
     @property
     def events(self):
         return [e for b in self.batches for e in b]
-
-
-class ManualClock:
-    """A clock the test moves: by `tick` at every reading and by whatever `advance` adds. For the engine thread's
-    pacing here, for the engine time in tests/test_engine_time.py."""
-
-    def __init__(self, tick: float = 0.0):
-        self.t, self.tick = 0.0, tick
-
-    def __call__(self) -> float:
-        self.t += self.tick
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 class GateLog(SessionLink):

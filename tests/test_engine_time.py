@@ -6,7 +6,8 @@ import asyncio
 import time
 
 import pytest
-from test_engine_thread import Collector, ManualClock, pacing
+from manual_clock import ManualClock, use_as_engine_clock
+from test_engine_thread import Collector, pacing
 from test_ws_api import run
 
 from app.metrics import ServerMetrics
@@ -21,16 +22,7 @@ JOB_STEP_S = 1.0         # what each step of the job below takes on the engine c
 
 @pytest.fixture
 def manual_clock(monkeypatch):
-    """Every engine clock (engine/kv/runner.py's `clock_for`, as the session, its forwards and the scheduler's
-    batched forwards read it) is this one."""
-    import engine.kv.runner as runner_module
-    import engine.serving.scheduler as scheduler_module
-    import engine.serving.session as session_module
-
-    clock = ManualClock(tick=1e-6)       # every stretch of work takes some time
-    for module in (runner_module, session_module, scheduler_module):
-        monkeypatch.setattr(module, "clock_for", lambda model: clock)
-    return clock
+    return use_as_engine_clock(monkeypatch, ManualClock(tick=1e-6))     # every stretch of work takes some time
 
 
 @pytest.fixture(scope="module")
