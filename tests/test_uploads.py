@@ -9,7 +9,6 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -17,6 +16,7 @@ from websockets.sync.client import connect
 
 from app.config import AppConfig
 from app.main import create_app
+from cli.bench.faults_bodies import big_recording
 from engine.serving.session import GenerationSession
 from live_server import serve
 
@@ -192,22 +192,6 @@ class LoopStalls:
         finally:
             if fd is not None:
                 os.close(fd)
-
-
-def big_recording(events: list[dict], target_bytes: int) -> bytes:
-    """A valid recording of about `target_bytes`: a real run's rounds repeated, each repeat numbered after the last."""
-    head, rounds, tail = events[:2], events[2:-1], events[-1:]
-    last_round = max(e.get("round", 0) for e in rounds)
-    out, size, shift = list(head), 0, 0
-    while size < target_bytes:
-        for e in rounds:
-            e = {**e, "round": e["round"] + shift} if "round" in e else e
-            out.append(e)
-            size += len(json.dumps(e, separators=(",", ":"))) + 1
-        shift += last_round
-    data = {**FORMAT, "created": 0, "prompt": PROMPT, "settings": head[0]["settings"], "complete": True,
-            "truncated": False, "events": out + tail, "kv_after": []}
-    return json.dumps(data, separators=(",", ":")).encode()
 
 
 def test_a_16_mb_upload_beside_a_streaming_run_never_stalls_the_event_loop_50_ms(models_dir):

@@ -34,6 +34,7 @@ import statistics
 import time
 import urllib.request
 
+from cli.bench import faults_bodies
 from cli.bench.lib import add_bench, machine, table
 from cli.bench.served import Server, get_json
 from engine.serving.scheduler import CHUNK_SECONDS
@@ -55,7 +56,9 @@ def add_parser(bench_subparsers) -> None:
     bp.add_argument("--budgets", default="0,time,8,64,256",
                     help="prefill budgets compared, --max-num-batched-tokens of a server each (0: whole prefills; "
                          "time: the default, chunks sized in time)")
-    bp.add_argument("--parts", default="stuck,prefill,fuzz", help="which parts to run (default all)")
+    bp.add_argument("--parts", default="stuck,prefill,fuzz,bodies,uploads", help="which parts to run (default all; "
+                    "bodies, uploads: cli/bench/faults_bodies.py)")
+    faults_bodies.add_arguments(bp)
 
 
 async def poll(predicate, timeout: float, every: float = 0.02):
@@ -363,7 +366,7 @@ def tables(r: dict) -> list[str]:
         out.append(table(["mutated forms", "answered", "error notes", "runs checked", "tokens lost", "runs short"],
                          [[fz["forms"], fz["answered"], fz["errors"], fz["runs_checked"], fz["tokens_lost"],
                            fz["runs_short"]]], "Fuzz (`/ws`, seed 19), each form followed by a probe that must be answered"))
-    return out
+    return out + faults_bodies.tables(r)
 
 
 def run(args) -> dict:
@@ -379,4 +382,5 @@ def run(args) -> dict:
     if "fuzz" in parts:
         with Server(models_dir=args.models_dir) as srv:
             r["fuzz"] = asyncio.run(fuzz_forms(srv.base, args.forms))
+    r.update(faults_bodies.run_parts(parts, args))
     return r
