@@ -115,6 +115,28 @@ def test_a_replayed_file_exports_as_it_came_and_replays_the_same(client, small_r
         [f.replace(first["key"], "").replace(first["key"][:8], "") for f in first["frames"]]     # but for the key
 
 
+MARKUP = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
+
+
+def test_markup_in_an_uploaded_recordings_strings_is_shown_as_text(client, small_recording):
+    """Every text a file brings (the prompt's and output's tokens, the draft's and the top-5's texts, the model's name,
+    the file's name) reaches the frames escaped: replayed, it is text, never markup that could run a script."""
+    data = json.loads(small_recording)
+    for e in data["events"]:
+        for item in [e, *e.get("prompt_tokens", []), *e.get("tokens", [])]:
+            if isinstance(item, dict) and isinstance(item.get("text"), str):
+                item["text"] = MARKUP
+        for name in ("top_p", "top_q", "residual_top"):
+            for row in e.get(name, []):
+                row[1] = MARKUP
+        if e["type"] == "started":
+            e["model"]["name"] = MARKUP
+    response = client.post("/teach/replays", content=json.dumps(data), headers={"X-File-Name": MARKUP})
+    frames = "".join(response.json()["frames"])
+    assert response.status_code == 200 and "&lt;img src=x onerror" in frames
+    assert "<img src=x" not in frames and "<script>alert" not in frames
+
+
 def test_beyond_its_turns_an_upload_waits_then_is_told_the_server_is_busy(client, small_recording, monkeypatch):
     from app.routers.teach.common import UPLOADS
 
