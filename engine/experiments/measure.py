@@ -183,7 +183,7 @@ def distribution_steps(engine: InferenceEngine, prompt: str, samples: int, tempe
                        progress=None) -> Job[dict]:
     """The first seed's experiment: one round with gamma = 1 from `prompt`, `samples` times.
 
-    Speculative sampling (draft x ~ q, verified against p by `engine.speculative.verify`), direct sampling
+    Speculative sampling (draft x ~ q, verified against p by `engine.spec_decode.verify.verify`), direct sampling
     from p, and draft-only sampling from q, each compared with p by total variation distance. `progress(i, n)`
     is told how far it is after every slice.
     """
