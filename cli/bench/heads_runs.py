@@ -1,9 +1,5 @@
-"""`bench heads`' runs and their figures: fresh generations of SmolLM2 as `generate` runs them, per thread count, and
-the speed-ups, acceptance, c and v read from them (the method: cli/bench/heads.py); and the demo's EAGLE setting per
-thread count that a run records (models/heads/smollm2-135m/demo.json, read by engine/spec_decode/heads.py).
-
-Whether speculation gains from more threads depends on how the verification of γ + 1 rows (v = t(γ+1)/t(1)) and
-the head's drafting (c) scale against the one-token step, so the best setting is a property of the thread count.
+"""`bench heads`' runs: fresh generations of SmolLM2 as `generate` runs them, per thread count, the figures read from
+them (cli/bench/spec.py), and the demo's best EAGLE setting per thread count (models/heads/smollm2-135m/demo.json).
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""What every bench shares: runs taken in turns, medians and bands, the machine line, tables from rows, and the
-sections of docs/benchmarks.md.
-
-A bench compares things measured in one run, taking turns (`take_turns`), so that the noise of a shared machine
-hits every side alike; a speed-up is the median of its rounds' ratios, with the band and verdict of
-engine/experiments/compare.py's rule (`paired`). Between a section's markers a bench writes generated text only:
-its tables, then one machine line; the prose around them belongs to the doc.
+"""What every bench shares: runs taken in turns (a drift of the machine hits every side alike), paired speed-ups with
+engine/experiments/compare.py's band and verdict, the machine line, tables from rows, and the sections of
+docs/benchmarks.md (between a section's markers a bench writes generated text only; the prose belongs to the doc).
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""`decoding-playground bench page`: does the page keep up with the engine?
-
-Taking turns: the same generation as a loop over the session's events in this process (the engine alone); `/ws`
-read by a plain client that acknowledges every message as the page does (the server's own cost); and the page in
-headless Chromium against `serve` in its own process (a client in the server's process would take the GIL from its
-engine thread), from the press of play to `done` by the page's own figures (`window.playgroundStats`), with its long
-tasks while streaming. `--model NAME`: the page on that model at 1 and N threads, a server per count, each turn an
-/api/ws client alone (the engine's step) then the page; the gaps between tokens appearing in it are what a viewer sees.
+"""`decoding-playground bench page`: does the page keep up with the engine? Taking turns: the engine alone in this
+process, /ws read by a plain client that acknowledges as the page does, and the page in headless Chromium against
+`serve` in its own process. `--model NAME`: the page at 1 and N threads, the gaps between tokens a viewer sees.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""`decoding-playground bench serve`: a real server under real websocket clients.
-
-`decoding-playground serve` runs in its own process (the clients' Python must not share its GIL), driven by
-`websockets` clients on /api/ws at full speed: one client alone and N at once taking turns (aggregate output tokens/s,
-TTFT, ITL between rounds, TPOT, errors, KV blocks left once all have gone); W read-only watchers of one presenter on
-/watch/{id}/ws, each of which must see the run end; then, the server stopped, the same sessions through the engine's
-`Scheduler` in a loop in this process: the ceiling the server can reach. `--sweep`: γ x concurrency; `--model`: the
-workshop room on one model at 1 .. N threads (`run_room`); `--engine vllm`: ours against vLLM (serve_vllm.py).
+"""`decoding-playground bench serve`: a real server (its own process) under real /api/ws clients, one alone and N at
+once taking turns, W watchers of one presenter, then the engine's `Scheduler` alone in this process (the ceiling);
+`--sweep`: γ x concurrency; `--model`: the room at 1 .. N threads; `--engine vllm`: ours against vLLM (serve_vllm.py).
 """
 from __future__ import annotations
 

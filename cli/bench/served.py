@@ -15,7 +15,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 
-
 def get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())
@@ -87,19 +86,18 @@ class Server:
         self.stop()
 
 
-def wait_until_loaded(base: str, model: str, timeout_s: float = 300.0) -> None:
-    """Until the server's start-up has loaded `model` (/api/models: loading false). Sessions started on a fetched
-    model while its server still loads it in the background each took gigabytes (servers were killed for memory):
-    a bench starts once the model is in."""
+def wait_until_loaded(base: str, model: str | None = None, timeout_s: float = 300.0) -> None:
+    """Until the server's start-up has loaded `model` (None: every model; /api/models: loading false). A fetched
+    model loads in the background, and sessions started on it meanwhile each took gigabytes."""
     deadline = time.monotonic() + timeout_s
     while True:
         models = {m["name"]: m for m in get_json(base + "/api/models")["models"]}
-        if model not in models:
+        if model is not None and model not in models:
             raise SystemExit(f"the server offers no model {model!r}: {', '.join(models)}")
-        if not models[model].get("loading"):
+        if not any(m.get("loading") for name, m in models.items() if model in (None, name)):
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{model} did not load within {timeout_s:.0f} s")
+            raise RuntimeError(f"{model or 'the models'} did not load within {timeout_s:.0f} s")
         time.sleep(0.2)
 
 

@@ -1,11 +1,12 @@
 """`decoding-playground bench smollm2`: the real pretrained model's speed, everything taking turns in one run: the
 floor (one pass over exactly the weight bytes a step reads, engine/model/layout.py's `WeightStream`) beside a forward
 over n = 1..9 rows at a context of 256 (the verification cost curve) in the layout chosen at load and, unless
---quick, the other one; a 256-token prefill; where a step's time goes (smollm2_profile.py); `ngram` lookup against
+--quick, the other one; a 256-token prefill; where a step's time goes (`step_breakdown`); `ngram` lookup against
 plain decoding; with --threads N, the same at 1 .. N threads, then fresh `generate --threads T` processes.
 """
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from pathlib import Path
@@ -13,27 +14,23 @@ from pathlib import Path
 import numpy as np
 
 from cli.bench.heads_runs import measure
-from cli.bench.lib import (add_bench, by_key, forward_after, generate_process, goals, machine, paired, paired_rates, shown,
-                           table, take_turns, timer)
-from cli.bench.smollm2_profile import breakdown_table, step_breakdown
+from cli.bench.lib import (add_bench, by_key, forward_after, generate_process, goals, machine, paired, paired_rates,
+                           pooled, shown, table, take_turns, timer)
 from engine.kv.cache import KVCacheManager
 from engine.model.checkpoint import load_checkpoint
 from engine.model.fetched import cache_dir, fetched_models, is_fetched
-from engine.model.layout import LAYOUTS, PanelWeight, WeightStream, use_layout
-from engine.model.llama import Model, forward
+from engine.model.layout import LAYOUTS, PanelWeight, WeightStream, use_layout, weights_of
+from engine.model.llama import Model, attention, forward, rms_norm_vector, swiglu
 from engine.model.thread_choice import request_threads
 from engine.model.threads import read_chunked, set_threads, threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
 
 NAME = "smollm2-135m"
-TARGETS = {"decode_over_floor": ("<=", 1.25), "decode_tokens_per_s": (">=", 25.0),
-           "ngram_summary_speedup": (">=", 1.3), "threads_decode_speedup": (">=", 1.25),
-           "threads_decode_over_floor": ("<=", 1.25)}
-GOALS = {"decode_over_floor": "decode step (context 256) / floor, medians",
-         "decode_tokens_per_s": "decode, tokens/s (context 256)",
-         "ngram_summary_speedup": "`ngram` speed-up, summarisation, T=0, identical output",
-         "threads_decode_speedup": "`generate` tokens/s, 2 threads over 1",
-         "threads_decode_over_floor": "`generate` step at 2 threads / the 2-thread floor"}
+GOALS = {"decode_over_floor": ("decode step (context 256) / floor, medians", "<=", 1.25),
+         "decode_tokens_per_s": ("decode, tokens/s (context 256)", ">=", 25.0),
+         "ngram_summary_speedup": ("`ngram` speed-up, summarisation, T=0, identical output", ">=", 1.3),
+         "threads_decode_speedup": ("`generate` tokens/s, 2 threads over 1", ">=", 1.25),
+         "threads_decode_over_floor": ("`generate` step at 2 threads / the 2-thread floor", "<=", 1.25)}
 SUMMARY_PROMPT = (
     "Summarize the following paragraph in two sentences.\n\n"
     "The Great Barrier Reef is the world's largest coral reef system, composed of over 2,900 individual reefs "
@@ -141,6 +138,69 @@ def models_to_time(lm, quick: bool) -> dict:
     return models
 
 
+def step_breakdown(model, tokens, context: int, repeats: int = 9) -> dict:
+    """Where a decode step's time goes beyond reading the weights: the fastest of turns (interference only adds time,
+    and the parts are subtracted from each other), no profiler (its cost per call would swamp the small operations);
+    each operation outside the products on the model's own shapes, as many calls as a step makes."""
+    cfg = model.cfg
+    layers, nq, nkv, hd = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    rows = forward_after(model, tokens, context)
+    rng = np.random.default_rng(0)
+    products = [(w, rng.standard_normal((1, w.shape[0])).astype(np.float32)) for w in weights_of(model)]
+    head, x_head = products[-1]
+
+    def all_products():
+        for w, x in products:
+            model.dot(x, w)
+
+    def f32(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    q, kv, x, y = f32(1, nq, hd), f32(2, nkv, context + 1, hd), f32(cfg.hidden_size), f32(cfg.hidden_size)
+    gate_up, rotation = f32(2 * cfg.intermediate_size), model.rotation[context]
+    pairs = f32((nq + nkv) * hd).view(np.complex64).reshape(nq + nkv, hd // 2)      # |rotation| = 1
+
+    def times(n, fn):
+        return lambda: [fn() for _ in range(n)]
+
+    table_of = {}
+
+    def looked_up(x, w):      # a product answered from a table: the step without its matrix products
+        if id(w) not in table_of:
+            table_of[id(w)] = model.dot(x, w)
+        return table_of[id(w)].copy()
+
+    without = copy.copy(model)                         # the same model, its products looked up
+    without.dot = looked_up
+    rows(1, through=without)                           # fills the table
+    parts = {"step": lambda: rows(1), "products": all_products, "without": lambda: rows(1, through=without),
+             "lm_head": lambda: model.dot(x_head, head), "floor": WeightStream(model).read,
+             "attention": times(layers, lambda: attention(q, kv[0], kv[1], context)),
+             "rms_norm": times(2 * layers + 1, lambda: rms_norm_vector(x, model.c_eps)),
+             "swiglu": times(layers, lambda: swiglu(gate_up[:cfg.intermediate_size], gate_up[cfg.intermediate_size:])),
+             "rope": times(layers, lambda: np.multiply(pairs, rotation, out=pairs)),
+             "residual": times(2 * layers, lambda: np.add(y, x, out=y))}
+    measured = take_turns({k: timer(fn) for k, fn in parts.items()}, repeats, abba=False)
+    return {k: min(pooled(v)) for k, v in measured.items()}
+
+
+OPERATIONS = {"attention": "attention over the cached positions (scores, softmax, values), every layer",
+              "rms_norm": "RMSNorm, 2 a layer + 1", "swiglu": "SwiGLU, 1 a layer", "rope": "RoPE, 1 a layer",
+              "residual": "residual adds, 2 a layer"}
+
+
+def breakdown_table(ms: dict) -> str:
+    step, rest = ms["step"], ms["without"]
+    rest_ops = rest - sum(ms[k] for k in OPERATIONS)
+    rows = [["the whole step", ms["step"]], ["its matrix products (every weight's one-row product)", ms["products"]],
+            ["of which the LM head", ms["lm_head"]], ["the floor: one bare pass over the weight bytes", ms["floor"]],
+            ["everything else: the step with its products looked up in a table", rest]]
+    rows += [[f"- {label}", ms[k]] for k, label in OPERATIONS.items()]
+    rows.append(["- the rest: Python lines, reshapes, K/V writes, cache bookkeeping, the table's copies", rest_ops])
+    return table(["part", "ms", "share of the step"], [[what, f"{v:.2f}", f"{v / step:.1%}"] for what, v in rows],
+                 "Where a decode step's time goes (fastest of the turns)")
+
+
 def run_smollm2(quick: bool = False, cache=None, max_threads: int = 2) -> dict:
     if not is_fetched(NAME, cache):
         raise SystemExit(f"bench smollm2: {NAME} is not in the cache {cache or cache_dir()}; "
@@ -201,7 +261,7 @@ def tables(r: dict) -> list[str]:
                    for label, d in r["ngram"].items() for x in d["rows"]],
                   f"`ngram` lookup (γ {NGRAM['num_speculative_tokens']}, n-gram {NGRAM['prompt_lookup_min']}.."
                   f"{NGRAM['prompt_lookup_max']}) against plain decoding, chat, greedy, 96 tokens")
-    out = [goals([(GOALS[k], r[k], op, bound) for k, (op, bound) in TARGETS.items() if k in r]), floor, curve,
+    out = [goals([(what, r[k], op, bound) for k, (what, op, bound) in GOALS.items() if k in r]), floor, curve,
            breakdown_table(r["breakdown"]), ngram]
     if "threads" in r:
         per = r["threads"]
