@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.bench.serve_clients import many  # noqa: E402
-from cli.bench.serve_vllm import direct, wait_for_vllm  # noqa: E402
+from cli.bench.serve import direct, wait_for_vllm  # noqa: E402
 from cli.bench.served import Server  # noqa: E402
 from engine.external.vllm_server import VARIANTS, free_port  # noqa: E402
 

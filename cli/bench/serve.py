@@ -1,26 +1,31 @@
 """`decoding-playground bench serve`: a real server (its own process) under real /api/ws clients, one alone and N at
 once taking turns, W watchers of one presenter, then the engine's `Scheduler` alone in this process (the ceiling);
-`--sweep`: γ x concurrency; `--model`: the room at 1 .. N threads; `--engine vllm`: ours against vLLM (serve_vllm.py).
+`--sweep`: γ x concurrency; `--model`: the room at 1 .. N threads; `--engine vllm`: ours against vLLM through one
+`serve --vllm`, and vLLM straight to its port (the same requests without the page), for what the page costs it.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import secrets
 import statistics
 import time
 from contextlib import contextmanager
 
+import httpx
+
 from cli.bench.lib import add_bench, goals, machine, pooled, table, take_turns
-from cli.bench.serve_clients import PROMPTS, client, many, merge, ms, p50_p99, pcts
-from cli.bench.serve_vllm import run_vllm_sweep, vllm_tables
+from cli.bench.serve_clients import PROMPTS, client, figures, many, merge, ms, p50_p99, pcts
 from cli.bench.served import Server, get_json, per_thread_count
+from engine.external.vllm_server import SERVED_NAME, VARIANTS, free_port
 
 SWEEP_GAMMAS = ("none", 2, 4, 6)
-SWEEP_CONCURRENCY = (1, 4, 16)
+CONCURRENCY = (1, 4, 16)      # sessions at once: the sweep's, the room's and vLLM's against ours
 WATCHER_DONE = re.compile(r'id="run-status"[^>]*data-state="done"')
 START_TIMEOUT_S = 60.0
-ROOM = (1, 4, 16)
+VLLM_READY_TIMEOUT_S = 900.0
 KNEE_GAIN = 1.25       # tokens/s from one concurrency to the next (4x the sessions) below this: past the knee
 
 
@@ -179,10 +184,10 @@ def run_main(args) -> dict:
 
 def run_sweep(args) -> dict:
     rows, started = [], machine()
-    with server(max(SWEEP_CONCURRENCY), args.models_dir) as base:
+    with server(max(CONCURRENCY), args.models_dir) as base:
         ws_base = base.replace("http://", "ws://")
-        asyncio.run(many(ws_base, max(SWEEP_CONCURRENCY), settings_of("draft_model", 4, args.max_tokens)))  # warm up
-        for concurrency in SWEEP_CONCURRENCY:
+        asyncio.run(many(ws_base, max(CONCURRENCY), settings_of("draft_model", 4, args.max_tokens)))  # warm up
+        for concurrency in CONCURRENCY:
             runs = take_turns({g: lambda s=settings_of("draft_model", g, args.max_tokens): asyncio.run(
                 many(ws_base, concurrency, s)) for g in SWEEP_GAMMAS}, args.repeats)
             baseline = merge(runs["none"])["tokens_per_s"]
@@ -205,14 +210,14 @@ def run_room(args) -> dict:
     products stop being bound by memory and start being bound by arithmetic: the knee (`knee`)."""
     started, counts = machine(), list(range(1, max(1, args.threads) + 1))
     settings = {"model": args.model, "method": "none", "chat": True, "max_tokens": args.max_tokens}
-    with per_thread_count(args.model, counts, "--max-sessions", str(max(ROOM)), "--max-queue", str(max(ROOM)),
+    with per_thread_count(args.model, counts, "--max-sessions", str(max(CONCURRENCY)), "--max-queue", str(max(CONCURRENCY)),
                           models_dir=args.models_dir) as servers:
         ws = {t: s.base.replace("http://", "ws://") for t, s in servers.items()}
         for t in counts:                            # warm up: the KV pools are touched
-            asyncio.run(many(ws[t], max(ROOM), settings))
+            asyncio.run(many(ws[t], max(CONCURRENCY), settings))
         results = {c: take_turns({t: lambda t=t: asyncio.run(many(ws[t], c, settings)) for t in counts}, args.repeats)
-                   for c in ROOM}
-    rows = {t: {c: merge(results[c][t]) for c in ROOM} for t in counts}
+                   for c in CONCURRENCY}
+    rows = {t: {c: merge(results[c][t]) for c in CONCURRENCY} for t in counts}
     return {"machine": started, "settings": settings, "repeats": args.repeats, "rows": rows,
             "knee": {t: knee(rows[t]) for t in counts}}
 
@@ -264,7 +269,7 @@ def room_tables(r: dict) -> list[str]:
     rows = [[t, c, x["errors"], x["tokens_per_s"], p50_p99(x["ttft_s"]), p50_p99(x["itl_s"])]
             for t, by in r["rows"].items() for c, x in by.items()]
     knees = [[t, ", ".join(f"{step}: {g:.2f}x" for step, g in k["gains"].items()),
-              k["at"] or f"none up to {max(ROOM)}"] for t, k in r["knee"].items()]
+              k["at"] or f"none up to {max(CONCURRENCY)}"] for t, k in r["knee"].items()]
     out = [table(["threads", "sessions", "errors", "output tok/s", "TTFT p50 / p99 (ms)", "ITL p50 / p99 (ms)"], rows,
                  f"{s['model']}, plain decoding, chat, {s['max_tokens']} tokens, a server per thread count, "
                  f"{r['repeats']} turns"),
@@ -272,9 +277,97 @@ def room_tables(r: dict) -> list[str]:
     if len(ts) > 1:
         a, b = ts[0], ts[-1]
         out.append(table(["sessions", f"tokens/s, {b} threads over {a}"],
-                         [[c, r["rows"][b][c]["tokens_per_s"] / r["rows"][a][c]["tokens_per_s"]] for c in ROOM
+                         [[c, r["rows"][b][c]["tokens_per_s"] / r["rows"][a][c]["tokens_per_s"]] for c in CONCURRENCY
                           if r["rows"][b][c]["tokens_per_s"] and r["rows"][a][c]["tokens_per_s"]]))
     return out
+
+
+# --- vLLM against ours -------------------------------------------------------------------------------------
+def wait_for_vllm(base: str) -> dict:
+    deadline = time.monotonic() + VLLM_READY_TIMEOUT_S
+    while True:
+        vllm = [m for m in get_json(base + "/api/models")["models"] if m.get("engine") == "vllm"]
+        if vllm and all(m["ready"] for m in vllm):
+            return vllm[0]
+        failed = [m.get("error") for m in vllm if m.get("state") == "failed"]
+        if failed or not vllm or time.monotonic() > deadline:
+            raise SystemExit(f"bench serve --engine vllm: vLLM is not ready: {failed or vllm or 'not offered'}")
+        time.sleep(1.0)
+
+
+async def direct_client(client: httpx.AsyncClient, url: str, key: str, i: int, max_tokens: int,
+                        gate: asyncio.Event) -> dict:
+    """One chat request straight to vLLM (no page): its tokens, TTFT and gaps between chunks, on this clock."""
+    body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True, "return_token_ids": True}
+    out = {"ok": False, "tokens": 0, "ttft_s": None, "itl_s": [], "error": None}
+    await gate.wait()
+    t0 = last = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                ids = [t for c in json.loads(line[6:]).get("choices", []) for t in c.get("token_ids") or []]
+                if ids:
+                    now = time.perf_counter()
+                    if out["ttft_s"] is None:
+                        out["ttft_s"] = now - t0
+                    else:
+                        out["itl_s"].append(now - last)
+                    last, out["tokens"] = now, out["tokens"] + len(ids)
+        out.update(ok=r.status_code == 200, started_at=t0, done_at=last)
+    except httpx.HTTPError as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+async def direct(url: str, key: str, n: int, max_tokens: int) -> dict:
+    """`many` without the page: n requests at once straight to vLLM."""
+    gate = asyncio.Event()
+    async with httpx.AsyncClient(timeout=600, trust_env=False, limits=httpx.Limits(max_connections=n)) as client:
+        tasks = [asyncio.create_task(direct_client(client, url, key, i, max_tokens, gate)) for i in range(n)]
+        await asyncio.sleep(0.2)
+        gate.set()
+        results = await asyncio.gather(*tasks)
+    return figures(n, results)
+
+
+def run_vllm_sweep(args) -> dict:
+    started = machine()
+    engines = {"ours": {"model": "smollm2-135m", "chat": True, "method": "none", "max_tokens": args.max_tokens},
+               "vllm": {"model": VARIANTS["plain"].label, "max_tokens": args.max_tokens}}
+    rows = []
+    n = max(CONCURRENCY)
+    port, key = free_port(), secrets.token_urlsafe(24)
+    os.environ["DECODING_PLAYGROUND_VLLM_API_KEY"] = key            # the served process's environment
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    with Server("--vllm", "--vllm-variants", "plain", "--vllm-port", str(port), "--no-llamacpp", "--max-sessions",
+                str(n), "--max-queue", str(n), models_dir=args.models_dir, start_timeout_s=120.0) as srv:
+        described = wait_for_vllm(srv.base)
+        ws_base = srv.base.replace("http://", "ws://")
+        for settings in engines.values():                                   # warm up both
+            asyncio.run(many(ws_base, 1, {**settings, "max_tokens": 8}))
+        for concurrency in CONCURRENCY:
+            sides = {name: lambda s=settings: asyncio.run(many(ws_base, concurrency, s))
+                     for name, settings in engines.items()}
+            sides["vllm, no page"] = lambda: asyncio.run(direct(url, key, concurrency, args.max_tokens))
+            for name, got in take_turns(sides, args.repeats).items():
+                rows.append({"engine": name, "concurrency": concurrency, **merge(got)})
+    return {"machine": started, "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, "vllm": described}
+
+
+def vllm_tables(r: dict) -> list[str]:
+    v = r["vllm"]
+    by = {(row["engine"], row["concurrency"]): row["tokens_per_s"] for row in r["rows"]}
+    return [table(["engine", "sessions", "tokens/s (all)", "TTFT p50 / p99 ms", "ITL p50 / p99 ms", "errors"],
+                  [[x["engine"], x["concurrency"], x["tokens_per_s"], p50_p99(x["ttft_s"]), p50_p99(x["itl_s"]),
+                    x["errors"]] for x in r["rows"]],
+                  f"Our engine and vLLM ({v['name']}: {v['threads']} thread, {v['dtype']}, {v['mode']}) through one "
+                  f"`serve --vllm`, {r['max_tokens']} tokens, {r['repeats']} turns"),
+            table(["sessions", "what the page costs vLLM's tokens/s (1 - through the page / straight to its port)"],
+                  [[c, f"{1 - by[('vllm', c)] / by[('vllm, no page', c)]:+.1%}"] for c in CONCURRENCY
+                   if by.get(("vllm", c)) and by.get(("vllm, no page", c))])]
 
 
 def measure(args) -> dict:
