@@ -32,15 +32,15 @@ SPIN_S = 0.02                  # a helper polls this long for its next post befo
                                # follow each other far faster than a sleeping process wakes
 PATIENCE, MIN_PATIENCE_S = 3.0, 100e-6   # a helper's part may take this many times the caller's own part
 START_S = 60.0                 # the most a helper may take to start or to take a weight
+REST, MAX_REST = 256, 2048     # products a late helper sits out (its core is likely taken for a while, and one
+                               # polling holds a core the caller needs), twice the last rest if late again soon
 OP, WEIGHT, ROWS = range(3)              # the control words of a helper's segment
-PRODUCT, ATTACH, EXIT = 1, 2, 3
-CTRL_BYTES = 64
+PRODUCT, ATTACH, EXIT, CTRL_BYTES = 1, 2, 3, 64
 
 
-def _views(buf):  # a helper's segment -> (control words, x, out)
-    ctrl = buf[:CTRL_BYTES].cast("q")      # a memoryview: its items are plain ints, cheaper than numpy's
+def _views(buf):  # a helper's segment -> (control words: a memoryview, whose items are plain ints, x, out)
     x = np.ndarray(X_FLOATS, np.float32, buf, CTRL_BYTES)
-    return ctrl, x, np.ndarray(OUT_FLOATS, np.float32, buf, CTRL_BYTES + X_FLOATS * 4)
+    return buf[:CTRL_BYTES].cast("q"), x, np.ndarray(OUT_FLOATS, np.float32, buf, CTRL_BYTES + X_FLOATS * 4)
 
 
 def part(w, x, out) -> None:
@@ -113,6 +113,7 @@ class _Helper:  # a helper process, its shared segment (control words, input row
                                    name=f"products-far-{number}", daemon=True)
         self.process.start()
         self.pending, self.gone = True, False       # a post (its start) not answered yet; given up for good
+        self.rest, self.last_rest, self.since = 0, REST, REST   # products to sit out; the last rest; posts since
         started = self.wait(time.perf_counter() + START_S, sleep=True)
         self.shm.unlink()                            # both processes keep their mapping; nothing left in /dev/shm
         if not started:
@@ -209,9 +210,11 @@ class ProductProcesses:
         with self._lock:
             posted, skipped = [], []
             for h, xs, result, a, e in plan:
-                if h.gone or not h.answered():       # given up, or still on a part it was late for
+                if h.gone or h.rest or not h.answered():     # given up, resting, or on a part it was late for
+                    h.rest, h.since = max(0, h.rest - 1), 0
                     skipped.append((a, e))
                     continue
+                h.since += 1
                 xs[...] = x
                 h.post(PRODUCT, entry.index, n)
                 posted.append((h, result, a, e))
@@ -224,6 +227,7 @@ class ProductProcesses:
                     cols(a, e)[...] = result
                     continue
                 self.taken_over += 1
+                h.rest = h.last_rest = min(MAX_REST, 2 * h.last_rest) if h.since < REST else REST
                 skipped.append((a, e))
                 if not h.process.is_alive():
                     h.give_up("has died")

@@ -1,9 +1,8 @@
 """How many threads the weight products of models that stream from memory run on (engine/model/threads.py):
 `--threads N` (serve: or DECODING_PLAYGROUND_THREADS), else a rule on the cores this process may use. A server
-leaves one core for its event loop and a browser beside it, as vLLM's CPU backend keeps a core free: a helper
-process holds its core for the whole of a run (docs/benchmarks.md, `bench page --model`). Otherwise every core of
-a 2-3 core machine, one left free from 4 on, at most MAX_THREADS. A rule rather than a measurement at load: that
-takes seconds and follows whatever else the machine runs at that moment; `bench smollm2` measures the gain.
+leaves a core for its event loop and a browser beside it, as vLLM's CPU backend keeps one free (a helper process
+holds its core for a whole run: docs/benchmarks.md, `bench page --model`); otherwise every core of a 2-3 core
+machine, one free from 4 on, at most MAX_THREADS. A measurement at load would follow whatever else ran then.
 
     request_threads(None, serving=True)   # serve, before a model loads (None: the rule)
     choice = threads_for(model)           # when the first model that streams from memory loads: applied, logged
@@ -84,8 +83,7 @@ def _settle(choice: ThreadChoice, read_ms: dict[int, float]) -> None:
     global _choice
     choice.read_ms, _choice = read_ms, choice
     set_threads(choice.threads)
-    logger.info("threads: %d for the weight products of models that stream from memory: %s",
-                choice.threads, choice.reason)
+    logger.info("threads: %d for the weight products of memory-bound models: %s", choice.threads, choice.reason)
 
 
 def read_ms(model, threads: int, passes: int = 3) -> float:

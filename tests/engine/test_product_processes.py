@@ -96,6 +96,41 @@ def test_a_stopped_helper_is_taken_over_gets_no_post_till_it_answers_and_its_lat
         far.close()
 
 
+def test_a_late_helper_sits_out_rest_products_and_twice_as_many_when_late_again_soon():
+    """A helper late once (stopped on purpose, then let run and answer) gets no post for REST products; late again
+    within REST posts of that, for 2 * REST; after REST posts on time, for REST again. Counted in posts."""
+    far = P.ProductProcesses(1, patience=math.inf)
+    data = stored("panels", 256, 2048)
+    x = np.random.default_rng(4).standard_normal((2, 256)).astype(np.float32)
+    expected, helper = one_thread(data, x), far.helpers[0]
+
+    def late_then_sits_out(products: int):
+        stop(helper.process.pid)
+        far.patience = P.PATIENCE
+        try:
+            assert np.array_equal(product(far, data, x), expected)               # late: taken over
+        finally:
+            os.kill(helper.process.pid, signal.SIGCONT)
+        far.patience = math.inf
+        assert helper.wait(time.perf_counter() + WAIT_S, sleep=True)             # it answers the late part
+        parts = far.parts
+        for _ in range(products):
+            assert np.array_equal(product(far, data, x), expected)
+        assert far.parts == parts, "posted to a resting helper"
+        assert np.array_equal(product(far, data, x), expected) and far.parts == parts + 1
+
+    try:
+        assert np.array_equal(product(far, data, x), expected)
+        late_then_sits_out(P.REST)
+        late_then_sits_out(2 * P.REST)                  # late again on its first post after the rest
+        for _ in range(P.REST):                         # REST posts on time
+            assert np.array_equal(product(far, data, x), expected)
+        late_then_sits_out(P.REST)
+        assert far.taken_over == 3
+    finally:
+        far.close()
+
+
 def test_a_helper_that_dies_is_taken_over_and_given_up():
     """A helper killed: the caller computes its share (the same floats), and from then on every product runs
     without it, posted to no one."""
