@@ -11,11 +11,7 @@ from pathlib import Path
 from cli.bench.lib import cpu_seconds
 
 CHROMIUM = Path("/usr/bin/chromium")
-
-
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
-
-
 INIT_SCRIPT = """
     document.addEventListener('htmx:wsBeforeSend', function () {
       if (!window.__benchStart) window.__benchStart = performance.now()
@@ -29,17 +25,6 @@ INIT_SCRIPT = """
         }
       }, 0)
     })"""
-
-
-def new_tab(browser):
-    """The one tab every browser run loads the page into, as a user reloads it. NOTE: a new tab is a new headless
-    window, whose omnibox popup Chromium builds for about a second after it opens: a run in a fresh tab would
-    compete with it for the cores; reloading one tab does not."""
-    page = browser.new_page(viewport={"width": 1280, "height": 720})
-    # the page says when it is done through the console: waiting costs the page nothing (polling from
-    # here would, and wait_for_function evaluates strings in the page, which its CSP forbids)
-    page.add_init_script(INIT_SCRIPT)
-    return page
 
 
 def chromium_pids() -> list[int]:
@@ -117,6 +102,12 @@ def chromium_tab(bench: str):
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
                                      args=["--disable-gpu", "--no-sandbox", "--disable-background-networking"])
         try:
-            yield new_tab(browser)
+            # one tab reloaded per run: a new tab is a new headless window, whose omnibox popup Chromium builds
+            # for about a second after it opens, competing with the run for the cores
+            page = browser.new_page(viewport={"width": 1280, "height": 720})
+            # the page says when it is done through the console: waiting costs the page nothing (polling from
+            # here would, and wait_for_function evaluates strings in the page, which its CSP forbids)
+            page.add_init_script(INIT_SCRIPT)
+            yield page
         finally:
             browser.close()

@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 from cli.bench import faults_bodies
-from cli.bench.lib import add_bench, machine, table
+from cli.bench.lib import add_bench, machine, ms_shown, s_shown, table
 from cli.bench.served import Server, get_json, wait_until_loaded
 from engine.serving.scheduler import CHUNK_SECONDS
 
@@ -314,30 +314,26 @@ async def fuzz_forms(base: str, n: int, seed: int = 19) -> dict:
 
 
 # --- output --------------------------------------------------------------------------------------------------------
-def _s(x, unit=" s", fmt="{:.2f}") -> str:
-    return "–" if x is None else fmt.format(x) + unit
-
-
 def tables(r: dict) -> list[str]:
     out = []
     if "stuck" in r:
         st = r["stuck"]
         out.append(table(["stuck client (`--max-sessions 1`, 4 KiB receive buffer, never reads)", ""], [
             ["`speed` messages until the server closed it (1008)", st["flood_messages"]],
-            ["its session and KV blocks freed (`/api/stats`), after the 1008", _s(st["freed_s"])],
-            ["its connection gone (`/api/stats`), after the 1008", _s(st["gone_s"])],
-            ["the client queued behind it got `started`, after the 1008", _s(st["queued_started_s"])],
+            ["its session and KV blocks freed (`/api/stats`), after the 1008", s_shown(st["freed_s"])],
+            ["its connection gone (`/api/stats`), after the 1008", s_shown(st["gone_s"])],
+            ["the client queued behind it got `started`, after the 1008", s_shown(st["queued_started_s"])],
             ["SIGTERM to exit, with it and a second never-reading client (held mid-generation) open",
-             _s(st["shutdown_s"])]]))
+             s_shown(st["shutdown_s"])]]))
     if "prefill" in r:
         lp = r["prefill"]
         whole = lp["budgets"].get("0")
         out.append(table(["`--max-num-batched-tokens`", "bystander TTFT", "(max)", "long prompt's `started`",
                           "long prompt's first token", "vs whole"],
                          [[{"0": "0 (whole prefills)", "time": f"none (the default: {lp['chunk_ms']:.0f} ms chunks)"}
-                           .get(b, b), _s(x["bystander_ttft_s"] * 1e3, " ms", "{:.0f}"),
-                           _s(x["bystander_ttft_max_s"] * 1e3, " ms", "{:.0f}"), _s(x["long_started_s"] * 1e3, " ms", "{:.0f}"),
-                           _s(x["long_first_token_s"]),
+                           .get(b, b), ms_shown(x["bystander_ttft_s"] * 1e3),
+                           ms_shown(x["bystander_ttft_max_s"] * 1e3), ms_shown(x["long_started_s"] * 1e3),
+                           s_shown(x["long_first_token_s"]),
                            f"{x['long_first_token_s'] / whole['long_first_token_s']:.2f}×" if whole else None]
                           for b, x in lp["budgets"].items()],
                          f"Long prefill: {lp['prompt_tokens']:,} prompt tokens on {lp['model']} beside a bystander on our "

@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from cli.bench.lib import table
+from cli.bench.lib import ms_shown, table
 from cli.bench.served import Server, get_json, wait_until_loaded
 
 MiB = 1 << 20
@@ -213,16 +213,13 @@ def upload_probe(models_dir=None, n: int = 4, size: int = 16 * 10 ** 6, baseline
             "before": phase(started - baseline_s, started), "during": phase(started, ended), "wall_s": ended - started}
 
 
-def _ms(x: float | None) -> str | None:
-    return None if x is None else f"{x:.0f} ms"
-
-
 def tables(r: dict) -> list[str]:
     out = []
     if "bodies" in r:
         out.append(table(["route", "body (400 MB)", "answer", "after", "taken by the socket", "server's peak RSS"],
-                         [[b["route"], b["framing"], f"{b['status']} {b['error'] or ''}".strip(), _ms(b["s"] * 1e3),
-                           f"{b['sent_mb']:.1f} MB", f"+{b['peak_mib']:.1f} MiB"] for b in r["bodies"]],
+                         [[b["route"], b["framing"], f"{b['status']} {b['error'] or ''}".strip(),
+                           ms_shown(b["s"] * 1e3), f"{b['sent_mb']:.1f} MB", f"+{b['peak_mib']:.1f} MiB"]
+                          for b in r["bodies"]],
                          "Hostile bodies: 400 MB made on the fly, streamed as fast as the socket takes it"))
     if "uploads" in r:
         u = r["uploads"]
@@ -230,7 +227,7 @@ def tables(r: dict) -> list[str]:
         answered, busy = (sum(x["status"] == code for x in u["results"]) for code in (200, 503))
         out.append(table(["", "`/healthz` p50", "`/healthz` max",
                           f"longest gap between tokens (paced {1e3 / PACE:.0f} ms)", "tokens"],
-                         [[name, _ms(p["healthz_p50_ms"]), _ms(p["healthz_max_ms"]), _ms(p["token_gap_max_ms"]),
+                         [[name, *map(ms_shown, (p["healthz_p50_ms"], p["healthz_max_ms"], p["token_gap_max_ms"])),
                            p["tokens"]] for name, p in (("before", u["before"]), ("during the uploads", u["during"]))],
                          f"Uploads: {u['uploads']} recordings of {u['mb']:.1f} MB ({u['events']:,} events) posted at "
                          f"once beside a streaming run: {answered} answered 200 in {ok} s, {busy} busy (503), all "

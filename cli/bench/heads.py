@@ -25,30 +25,12 @@ from engine.model.thread_choice import request_threads
 from engine.model.threads import threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.spec_decode.heads import HEADS_DIR, load_heads
-from engine.training.head_prompts import held_out_prompts, summary_prompt
+from engine.training.head_prompts import HELD_OUT_PARAGRAPHS, held_out_prompts, summary_prompt
 from engine.training.vllm_export import export_eagle_for_vllm
 
 HELD_OUT = held_out_prompts()
 OPEN = [HELD_OUT[i] for i in np.random.default_rng(0).permutation(len(HELD_OUT))[:8]]   # head_data's held-out order
-PARAGRAPHS = [
-    "Lighthouses were built to warn ships of dangerous coasts and to guide them into harbours at night. Early "
-    "lighthouses burned wood or coal in open fires, later ones used oil lamps with mirrors, and in the nineteenth "
-    "century the Fresnel lens made their beams visible more than twenty miles out to sea. Today most lighthouses "
-    "are automated, and satellite navigation has made many of them less important, but they remain landmarks.",
-    "Bird migration is the regular seasonal movement of birds between breeding and wintering grounds. Many species "
-    "fly thousands of kilometres each year, guided by the sun, the stars, the Earth's magnetic field and familiar "
-    "landmarks. Migration lets birds use food that is plentiful in one place for only part of the year, but the "
-    "journey is dangerous, and storms, hunting and the loss of stopover habitats kill many birds on the way.",
-    "Tea was first drunk in China thousands of years ago, at first as a medicine and later as an everyday "
-    "drink. Traders carried it along the Silk Road, and in the seventeenth century Dutch and English ships brought "
-    "it to Europe, where it became so popular that Britain began growing it in India. Today tea is the most widely "
-    "drunk beverage in the world after water, and green, black and oolong teas all come from the same plant.",
-    "Honeybees live in colonies of tens of thousands of workers, a few hundred drones and a single queen. The "
-    "workers collect nectar and pollen, build the wax comb, and tell each other where to find flowers with a "
-    "waggle dance. Besides honey, bees pollinate many of the crops people eat, so the recent decline of bee "
-    "colonies, caused by pesticides, parasites and disease, worries farmers and scientists alike.",
-]
-SUMMARIES = [summary_prompt(p) for p in PARAGRAPHS]
+SUMMARIES = [summary_prompt(p) for p in HELD_OUT_PARAGRAPHS]
 CONFIDENCE = 0.5      # draft_confidence_threshold of the rows that stop early (a held-out sweep chose it: docs)
 
 

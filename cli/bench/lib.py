@@ -146,6 +146,14 @@ def table(header: list[str], rows: list[list], title: str | None = None) -> str:
     return "\n".join(lines + ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows])
 
 
+def s_shown(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f} s"
+
+
+def ms_shown(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0f} ms"
+
+
 def goals(rows: list[tuple]) -> str:
     """A table of goals from (what, measured, "<=" or ">=", bound[, the measured value as shown]) rows."""
     return table(["goal", "measured", "target", "met"],
@@ -167,14 +175,6 @@ def write_section(name: str, body: str, docs: Path | None = None) -> None:
     docs.write_text(text)
 
 
-def output_flags(parser, models_dir: bool = False) -> None:
-    """The options every bench takes."""
-    if models_dir:
-        parser.add_argument("--models-dir", default=None, help="the models to run (default: models/)")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
-
-
 def add_bench(bsub, name: str, help: str, measure, tables, quick: str | None = None, models_dir: bool = False):
     """`bench NAME`: measure(args) -> a run's results (`machine()` from its start under "machine"; "section": another
     section than NAME's; "ok": False, exit 1), tables(results) -> its section's tables. It prints the results (JSON
@@ -182,7 +182,10 @@ def add_bench(bsub, name: str, help: str, measure, tables, quick: str | None = N
     parser = bsub.add_parser(name, help=help)
     if quick:
         parser.add_argument("--quick", action="store_true", help=f"{quick} (a smoke run; writes nothing)")
-    output_flags(parser, models_dir)
+    if models_dir:
+        parser.add_argument("--models-dir", default=None, help="the models to run (default: models/)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
 
     def run(args) -> int:
         r = measure(args)

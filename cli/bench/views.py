@@ -12,7 +12,7 @@ import statistics
 import urllib.parse
 import urllib.request
 
-from cli.bench.browser import chromium_tab, load_until_done
+from cli.bench.browser import PROMPT, chromium_tab, load_until_done
 from cli.bench.lib import add_bench, generate_process, machine, paired, shown, table, take_turns
 from cli.bench.served import Server
 from cli.bench.smollm2 import SUMMARY_PROMPT
@@ -20,10 +20,9 @@ from engine.model.thread_choice import available_cores, candidate_threads
 
 MAX_TOKENS = 64                  # the Shoot-out's cap: every view runs the same settings
 DEMO_MODEL, DEMO_PROMPT = "smollm2-135m", "Explain how a rainbow forms, in a short paragraph."  # app/views/page.py
-CHARACTER_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 CASES = [  # (label, settings, prompt): the non-demo model first, so that its curve is asked for during a run
     ("target-mha + draft model", {"model": "target-mha", "method": "draft_model", "num_speculative_tokens": 4},
-     CHARACTER_PROMPT),
+     PROMPT),
     ("SmolLM2 + EAGLE (the demo)", {"model": DEMO_MODEL, "chat": "true", "method": "eagle",
                                     "num_speculative_tokens": 5, "draft_confidence_threshold": 0.5}, DEMO_PROMPT),
     ("SmolLM2 + n-gram, a summary", {"model": DEMO_MODEL, "chat": "true", "method": "ngram",

@@ -61,6 +61,25 @@ HELD_OUT_CODE_TASKS = [
 CODE_TEMPLATES = ["Write a Python function that {t}.", "Write a Python function that {t}, with a short docstring."]
 
 SUMMARY_TEMPLATE = "Summarise the following text in two sentences.\n\n{text}"
+# paragraphs no head trained on, for `bench heads`' summaries
+HELD_OUT_PARAGRAPHS = [
+    "Lighthouses were built to warn ships of dangerous coasts and to guide them into harbours at night. Early "
+    "lighthouses burned wood or coal in open fires, later ones used oil lamps with mirrors, and in the nineteenth "
+    "century the Fresnel lens made their beams visible more than twenty miles out to sea. Today most lighthouses "
+    "are automated, and satellite navigation has made many of them less important, but they remain landmarks.",
+    "Bird migration is the regular seasonal movement of birds between breeding and wintering grounds. Many species "
+    "fly thousands of kilometres each year, guided by the sun, the stars, the Earth's magnetic field and familiar "
+    "landmarks. Migration lets birds use food that is plentiful in one place for only part of the year, but the "
+    "journey is dangerous, and storms, hunting and the loss of stopover habitats kill many birds on the way.",
+    "Tea was first drunk in China thousands of years ago, at first as a medicine and later as an everyday "
+    "drink. Traders carried it along the Silk Road, and in the seventeenth century Dutch and English ships brought "
+    "it to Europe, where it became so popular that Britain began growing it in India. Today tea is the most widely "
+    "drunk beverage in the world after water, and green, black and oolong teas all come from the same plant.",
+    "Honeybees live in colonies of tens of thousands of workers, a few hundred drones and a single queen. The "
+    "workers collect nectar and pollen, build the wax comb, and tell each other where to find flowers with a "
+    "waggle dance. Besides honey, bees pollinate many of the crops people eat, so the recent decline of bee "
+    "colonies, caused by pesticides, parasites and disease, worries farmers and scientists alike.",
+]
 
 # More training prompts (a larger self-distillation set): subjects, templates and code tasks used for
 # training only; the held-out prompts above stay as they were.
