@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.test_playground import PROMPT, open_page, url, wait_state, wait_until
+from e2e.test_playground import PROMPT, open_page, state, url, wait_state, wait_until
 
 pytestmark = pytest.mark.browser
 MODEL = "target-mha"        # our own MHA model and its draft (SmolLM2 has its own test)
+
+TWO_FRAMES = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+ANIMATIONS_ENDED = """Promise.all(document.getAnimations()
+  .filter(a => a.effect.getComputedTiming().endTime !== Infinity).map(a => a.finished))"""
+# the latency chart drawn at least once (its first draw sets its height, which the layout follows), or not shown
+CHART_DRAWN = """() => { const c = document.getElementById('latency-chart')
+  return !c || c.clientWidth === 0 || c.style.height !== '' }"""
 
 # Is the last token element inside the stream box's visible area and inside the viewport? (1 px of rounding)
 # Measured two frames after the call: the stream follows once per frame, so a token that arrived since the last
@@ -35,20 +42,32 @@ def tokens_shown(page) -> int:
     return page.evaluate("document.querySelectorAll('#stream .tok').length")
 
 
-def follow_run(page, marks: list[int], timeout_s: float = 90.0) -> list[dict]:
-    """Press play; when the stream holds each of `marks` tokens, and at the end, where is its newest token?
+def step(page, timeout_s: float) -> None:
+    """One round (the page's Step button; from idle it starts the run paused), waited for: its tokens are in the
+    stream (a round's tokens come in one message, and no other round runs till the next step), or the run ended."""
+    before = tokens_shown(page)
+    page.click("#btn-step")
+    try:
+        page.wait_for_function("""before => document.getElementById('run-status').dataset.state === 'done'
+          || document.querySelectorAll('#stream .tok').length > before""", arg=before, timeout=timeout_s * 1000)
+    except Exception as e:
+        raise AssertionError(f"no round after {before} tokens: {page.inner_html('#run-status')!r}") from e
 
-    At each mark the run is paused first, so that no token arrives between the page's frame and the measurement.
+
+def follow_run(page, marks: list[int], timeout_s: float = 90.0) -> list[dict]:
+    """Step the run until the stream holds each of `marks` tokens, then play it to its end: where is its newest
+    token at each mark, and at the end?
+
+    Stepped, the run is at rest at each mark (no token arrives between the page's frame and the measurement), and
+    it cannot run past a mark or end before it however slow the machine is.
     """
     seen = []
-    page.click("#btn-toggle")
     for mark in marks:
-        wait_until(page, f"document.querySelectorAll('#stream .tok').length >= {mark}", timeout_s)
-        page.click("#btn-toggle")
-        wait_state(page, "paused", timeout_s)
+        while tokens_shown(page) < mark:
+            assert state(page) != "done", f"the run ended with {tokens_shown(page)} tokens, before {mark}"
+            step(page, timeout_s)
         seen.append(page.evaluate(NEWEST_IN_VIEW))
-        page.click("#btn-toggle")
-        page.wait_for_selector("#run-status:not([data-state='paused'])", timeout=timeout_s * 1000)
+    page.click("#btn-toggle")                          # resume: on to the end at the page's speed
     wait_state(page, "done", timeout_s)
     seen.append(page.evaluate(NEWEST_IN_VIEW))
     return seen
@@ -120,7 +139,7 @@ def test_scrolling_the_stream_up_stops_following_and_latest_brings_it_back(live_
         count = tokens_shown(page)
         wait_until(page, f"document.querySelectorAll('#stream .tok').length > {count + 10}")
         # following again: the newest token in view by a frame's end (tokens keep arriving, so poll a few frames)
-        wait_until(page, f"({NEWEST_IN_VIEW})().then(r => r.inBox)", 5)
+        wait_until(page, f"({NEWEST_IN_VIEW})().then(r => r.inBox)", 30)
     finally:
         context.close()
 
@@ -162,7 +181,8 @@ def test_each_layout_fits_its_frame(live_server, browser, artifacts_dir, layout,
             page.wait_for_selector("#race-result .race[data-state='running']", timeout=60_000)
         else:
             wait_state(page, "done")
-            page.wait_for_timeout(300)                 # the chart's next draw
+            page.wait_for_function(CHART_DRAWN)
+            page.evaluate(TWO_FRAMES)
         boxes = page.evaluate(LAYOUT_BOXES)
         shown = {b["name"] for b in boxes}
         assert LAYOUT_PARTS[layout] <= shown, shown
@@ -231,12 +251,11 @@ def test_token_statuses_and_chips_keep_aa_contrast(live_server, page, theme):
         page.evaluate(f"(() => {{ const contrast = {CONTRAST}; ({RECORD_CHIPS})(contrast) }})()")
         page.click("#btn-toggle")
         wait_state(page, "done")
-        page.wait_for_timeout(100)
+        page.evaluate(TWO_FRAMES)                      # whatever the last message still changes, in a frame
         for status, c in page.evaluate("window.chipContrast").items():
             chips[status] = min(chips.get(status, c), c, key=lambda x: x["ratio"])
         if method == "draft_model":
-            page.evaluate("""Promise.all(document.getAnimations()          // the tokens' arrival animations end
-              .filter(a => a.effect.getComputedTiming().endTime !== Infinity).map(a => a.finished))""")
+            page.evaluate(ANIMATIONS_ENDED)             # the tokens' arrival animations
             tokens = page.evaluate(f"""(() => {{ const contrast = {CONTRAST}; const out = {{}}
               document.querySelectorAll('#stream .tok').forEach(t => {{
                 const c = contrast(t), s = t.dataset.tokenStatus
@@ -261,7 +280,7 @@ def test_the_phone_watcher_shows_the_lane_and_the_stream_legibly(live_server, br
         open_page(watcher, live_server + page.get_attribute("#watch-link", "href"))
         page.click("#btn-toggle")
         wait_state(watcher, "done")
-        watcher.wait_for_timeout(200)
+        watcher.evaluate(ANIMATIONS_ENDED)                # the last chips' arrival: opacity 1 once it ends
         lane = watcher.evaluate("""(() => { const l = document.getElementById('draft-lane')
           return {proposed: +l.dataset.numDraftTokens, chips: [...l.querySelectorAll('.chip')].map(c => {
             const r = c.getBoundingClientRect(), s = getComputedStyle(c)
