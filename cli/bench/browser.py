@@ -52,8 +52,7 @@ def chromium_pids() -> list[int]:
 
 
 def wait_until_quiet(max_cpu: float = 0.05, window_s: float = 0.25, timeout_s: float = 5.0) -> float:
-    """Wait until Chromium's processes use less than `max_cpu` of a core over `window_s` (what the previous
-    page left behind: its unload, its last frames), at most `timeout_s`. Returns the seconds waited."""
+    """Wait until Chromium uses under `max_cpu` of a core over `window_s` (at most `timeout_s`); the seconds waited."""
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         pids = chromium_pids()
@@ -65,8 +64,7 @@ def wait_until_quiet(max_cpu: float = 0.05, window_s: float = 0.25, timeout_s: f
 
 
 def load_until_done(page, url: str, timeout_s: float = 120) -> float:
-    """Load the page at `url` (after a blank page and Chromium gone quiet) and wait for its run's `done`; the CPU
-    seconds Chromium's processes spent meanwhile."""
+    """Load `url` after a blank page and wait for its run's `done`; Chromium's CPU seconds meanwhile."""
     page.goto("about:blank")
     wait_until_quiet()
     pids = chromium_pids()

@@ -26,8 +26,7 @@ TARGETS = {  # the goals, as ratios in one run
 
 
 def interleaved(fns: dict, repeats: int, runs: dict | None = None, warm: int = 1, abba: bool = True) -> dict:
-    """Each function's ms a turn (lib.take_turns): `warm` untimed calls, then `runs[name]` (default 1) timed ones,
-    so that they find weights and cache in the CPU's caches as in a run of consecutive calls."""
+    """Each function's ms a turn: `warm` untimed calls (caches warm), then `runs[name]` (default 1) timed."""
     return take_turns({k: timer(fn, (runs or {}).get(k, 1), warm) for k, fn in fns.items()}, repeats, abba)
 
 
@@ -36,8 +35,7 @@ def medians(turns: dict) -> dict:
 
 
 def pair(what: str, first, second, repeats: int, runs: int = 1, per: int = 1) -> dict:
-    """Two functions taking turns: the median ms of each (over `per` inner calls) and the second's speed-up over the
-    first (lib.paired over the turns' medians; `runs` timed calls of the second a turn)."""
+    """Two functions taking turns: the median ms of each (per inner call) and the second's speed-up."""
     r = interleaved({"first": first, "second": second}, repeats, {"second": runs})
     ms = medians(r)
     return {"what": what, "first_ms": ms["first"] / per, "second_ms": ms["second"] / per,
@@ -50,8 +48,7 @@ def bench_model(cfg: ModelConfig, seed: int = 0):
 
 
 def pairs(model: Model, weights, quick: bool) -> list[dict]:
-    """The seed's ratios on one model: KV cache against recomputation, the lean decode step against the seed-style
-    reference (engine/model/reference.py), a prefill against its tokens one by one, prefix reuse."""
+    """The seed's ratios: KV cache / recomputation, lean / reference decode, prefill / one by one, prefix reuse."""
     cfg, n = model.cfg, 5 if quick else 15
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, cfg.max_position_embeddings)
     out = [pair(f"decode at T = {T}: no cache / KV cache", lambda T=T: forward_no_cache(model, tokens[:T]),

@@ -1,6 +1,5 @@
-"""`decoding-playground bench engines`: our numpy engine against llama.cpp, Hugging Face transformers and vLLM on the
-same SmolLM2-135M weights at 1 .. N threads, each as a user runs it, taking turns; vLLM's part (`run_vllm`) at 1 and 2
-threads.
+"""`decoding-playground bench engines`: our engine against llama.cpp, transformers and vLLM on the same
+SmolLM2-135M weights at 1 .. N threads, each as a user runs it, taking turns.
 """
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def llamacpp(server: EmbeddedLlamaCpp, max_tokens: int, prompt: str = PROMPT) ->
 
 
 def race(args, lm) -> tuple[dict, dict, dict]:
-    """(every side's runs, what was left out and why, the transformers workers): each engine at 1 .. N threads, and
-    ours and llama.cpp plain and with n-gram speculation on the copy prompt, taking turns."""
+    """Each engine at 1 .. N threads, plain and n-gram on the copy prompt, taking turns; what was left out."""
     counts, skipped, workers = list(range(1, max(1, args.threads) + 1)), {}, {}
     tok, eos = lm.tokenizer, lm.cfg.eos_token_id
     ids = tok.encode(tok.chat_template.prompt(PROMPT))

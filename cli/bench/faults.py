@@ -1,7 +1,5 @@
-"""`decoding-playground bench faults`: what careless and hostile clients cost a real server (`serve` in its own
-process, its JSON log read): a client that never reads (`stuck`), a bystander beside a long prefill per chunked-prefill
-budget (`prefill`, the measurement engine/serving/scheduler.py's default is chosen by), mutated forms on /ws (`fuzz`);
-hostile bodies and large uploads (`bodies`, `uploads`: faults_bodies.py). What each reports: docs/benchmarks.md.
+"""`decoding-playground bench faults`: what careless and hostile clients cost a real server: `stuck`, `prefill`,
+`fuzz`; `bodies` and `uploads` in faults_bodies.py.
 """
 from __future__ import annotations
 
@@ -170,8 +168,7 @@ async def stuck_client(models_dir: str | None = None) -> dict:
 
 # --- a long prefill beside a bystander --------------------------------------------------------------------------
 def long_prompt(models: list[dict]) -> tuple[dict, str]:
-    """Settings and prompt of the long prefill: SmolLM2 chat with ~1,900 tokens, else our own target near its
-    context. The prefix cache is off: every run computes the whole prompt."""
+    """Settings and prompt of the long prefill (SmolLM2 chat, else our target near its context), prefix cache off."""
     settings = {"method": "none", "max_tokens": 1, "enable_prefix_caching": False}
     if any(m["name"] == SMOLLM2 for m in models):
         return {**settings, "model": SMOLLM2, "chat": True}, LONG_TEXT * 17
@@ -208,8 +205,7 @@ async def beside_a_long_prefill(srv: Server, settings: dict, prompt: str) -> dic
 
 
 async def long_prefill(repeats: int, budgets: list[str], models_dir: str | None = None) -> dict:
-    """Per budget (`--max-num-batched-tokens`, 0: whole prefills, time: the default) a server; the runs
-    interleaved."""
+    """A server per budget (`--max-num-batched-tokens`; 0: whole prefills, time: the default), runs interleaved."""
     servers = {b: Server(*(() if b == "time" else ("--max-num-batched-tokens", b)), models_dir=models_dir)
                for b in budgets}
     try:
@@ -267,8 +263,7 @@ def mutated_form(rng: random.Random) -> str:
 
 
 async def fuzz_forms(base: str, n: int, seed: int = 19) -> dict:
-    """`n` mutated forms on /ws while generations run, each followed by a probe; a run that ends is checked
-    (its tokens shown against its summary) and a new one started."""
+    """`n` mutated forms on /ws, each followed by a probe, while generations run and are checked."""
     import websockets
 
     rng = random.Random(seed)

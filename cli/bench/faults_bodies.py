@@ -1,6 +1,5 @@
-"""`bench faults`' body and upload probes: 400 MB bodies, chunked and with Content-Length, to a route and two forms
-(app/body_limits.py), with the server's peak memory; valid recordings of many MB posted at once beside a paced run,
-with /healthz's latency and the run's longest gap between tokens before and during.
+"""`bench faults`' body and upload probes: 400 MB bodies to a route and two forms, with the server's peak
+memory; recordings of many MB posted at once beside a paced run.
 """
 from __future__ import annotations
 
@@ -52,9 +51,7 @@ def reset_peak(pid: int) -> None:
 
 
 def post_streamed(base: str, path: str, total: int, chunked: bool) -> dict:
-    """POST a `total`-byte body made as it is sent, 64 KiB at a time, while the answer is read on this thread:
-    its status, its JSON (None: not JSON), the seconds from the first byte sent to the status line, the bytes the
-    socket took, its Connection header."""
+    """POST a `total`-byte body made as it is sent: status, JSON, seconds to the answer, bytes taken, Connection."""
     host, port = base.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)), timeout=30)
     framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {total}"

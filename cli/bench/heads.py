@@ -1,7 +1,5 @@
-"""`decoding-playground bench heads`: EAGLE and Medusa heads against plain decoding on SmolLM2 (n-gram beside them),
-in fresh generations as `generate` runs them (heads_runs.py), on held-out questions and summaries; vLLM's acceptance
-with our EAGLE head. A full run also writes its tables into the heads' card and the demo's EAGLE setting per thread
-count (models/heads/smollm2-135m/).
+"""`decoding-playground bench heads`: EAGLE and Medusa heads against plain decoding on SmolLM2, and vLLM's
+acceptance with our EAGLE head; a full run writes the heads' card and the demo's EAGLE setting.
 """
 from __future__ import annotations
 
@@ -132,9 +130,7 @@ def vllm_acceptance(prompts, max_tokens: int, name: str) -> dict:
 
 
 def vllm_compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
-    """vLLM's mean acceptance length with our EAGLE head (exported to its layout) beside ours, greedy, γ = 3: the head
-    as our engine drafts with it (a vocabulary subset), the same head over the whole vocabulary as vLLM's shared LM
-    head drafts, and vLLM's own per-request figures."""
+    """vLLM's mean acceptance length with our EAGLE head (exported) beside ours, greedy, γ = 3."""
     heads = registry.heads_for(lm)
     out = {"gamma": EAGLE_GAMMA, "ours": our_acceptance(engine, lm.name, prompts, max_tokens, EAGLE_GAMMA)}
     shipped = heads["eagle"]

@@ -36,8 +36,7 @@ def eagle_sweep(quick: bool) -> list[tuple[str, dict]]:
 
 
 def measure(engine, prompts, max_tokens, repeats, cfgs, counts=(None,)) -> dict:
-    """{thread count: its figures}: per repeat and prompt, at every count in turn (None: the count in use), plain
-    decoding first, then every config (`cfgs`: [(name, settings)])."""
+    """{thread count: its figures}: per repeat and prompt, plain decoding first, then every config in turn."""
     sides = {(t, name): s for t in counts for name, s in [("plain", {"method": "none"}), *cfgs]}
 
     def one(prompt, side, settings):
@@ -61,8 +60,7 @@ def measure(engine, prompts, max_tokens, repeats, cfgs, counts=(None,)) -> dict:
 
 
 def best_row(rows: list[dict], current: dict | None = None) -> dict | None:
-    """The EAGLE setting with the highest measured decode speed-up among those with identical output; the one in
-    use (`current`, a demo.json entry) stays unless another beats it by more than TIE (no flip-flop on noise)."""
+    """The fastest EAGLE setting with identical output; the one in use stays unless beaten by more than TIE."""
     eagle = [x for x in rows if x["method"] == "eagle" and x["identical"]]
     best = max(eagle, key=lambda x: x["measured"], default=None)
     kept = [x for x in eagle if current and (x["gamma"], x.get("confidence", 0.0)) ==

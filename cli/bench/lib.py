@@ -1,6 +1,5 @@
-"""What every bench shares: runs taken in turns (a drift of the machine hits every side alike), paired speed-ups with
-engine/experiments/compare.py's band and verdict, the machine line, tables from rows, and the sections of
-docs/benchmarks.md (between a section's markers a bench writes generated text only; the prose belongs to the doc).
+"""What every bench shares: runs in turns, paired speed-ups (compare.py's band and verdict), the machine line,
+tables, and the sections of docs/benchmarks.md (generated text only between a section's markers).
 """
 from __future__ import annotations
 
@@ -26,9 +25,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 
 # --- runs taken in turns ------------------------------------------------------------------------------------------
 def take_turns(sides: dict, repeats: int, abba: bool = True) -> dict[str, list]:
-    """Each side's results over `repeats` rounds, every side once a round: in order and reversed by turns (A B,
-    B A, ...: a drift of the machine hits every side alike), or with abba=False always in order (each side right
-    after the same other one: a 'cold' figure)."""
+    """Each side's results over `repeats` rounds, in A B, B A order (abba=False: always in order, a 'cold' figure)."""
     out: dict[str, list] = {name: [] for name in sides}
     for name in abba_order(list(sides), repeats) if abba else list(sides) * repeats:
         out[name].append(sides[name]())
@@ -36,8 +33,7 @@ def take_turns(sides: dict, repeats: int, abba: bool = True) -> dict[str, list]:
 
 
 def timer(fn, runs: int = 1, warm: int = 0):
-    """A side for `take_turns`: `warm` untimed calls of fn (its weights and cache back in the CPU's caches, as in
-    a run of consecutive calls), then `runs` timed ones; their ms."""
+    """A side for `take_turns`: `warm` untimed calls of fn, then `runs` timed ones; their ms."""
     def side() -> list[float]:
         for _ in range(warm):
             fn()
@@ -61,8 +57,7 @@ def by_key(results: list[dict]) -> dict:
 
 
 def paired(before: list, after: list) -> dict:
-    """How much faster `after` is than `before`, from their times (ms, s) round by round: each round's ratio
-    before / after, their median, band and verdict (engine/experiments/compare.py's rule)."""
+    """How much faster `after` is than `before`, round by round: compare.py's median, band and verdict."""
     ratios = [a / b if a and b else None for a, b in zip(before, after)]
     return speedup(ratios, len(ratios))
 
@@ -93,8 +88,7 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def busy_seconds() -> tuple[float, float]:
-    """(busy CPU seconds of the whole machine since boot, of this process and its children: those that ended and
-    those still running, such as helper processes and servers)."""
+    """(busy CPU seconds of the machine since boot, of this process and its children)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     own = os.times()
@@ -123,8 +117,7 @@ def machine() -> dict:
 
 
 def machine_line(m: dict) -> str:
-    """The section's last line; `m` from `machine()` at the start of the run gains the cores other processes kept
-    busy meanwhile."""
+    """The section's last line, with the cores other processes kept busy since `machine()`."""
     if "started" in m:
         t0, machine0, ours0 = m.pop("started")
         machine1, ours1 = busy_seconds()
@@ -162,8 +155,7 @@ def goals(rows: list[tuple]) -> str:
 
 
 def write_section(name: str, body: str, docs: Path | None = None) -> None:
-    """Replace the text between `<!-- bench NAME: start -->` and `<!-- bench NAME: end -->` (a new section with a
-    heading at the end of the doc when it has none)."""
+    """Replace the text between the section's markers (a new section at the end when it has none)."""
     docs = docs or DOCS
     start, end = f"<!-- bench {name}: start -->", f"<!-- bench {name}: end -->"
     text = docs.read_text() if docs.exists() else "# Benchmarks\n"
@@ -176,9 +168,7 @@ def write_section(name: str, body: str, docs: Path | None = None) -> None:
 
 
 def add_bench(bsub, name: str, help: str, measure, tables, quick: str | None = None, models_dir: bool = False):
-    """`bench NAME`: measure(args) -> a run's results (`machine()` from its start under "machine"; "section": another
-    section than NAME's; "ok": False, exit 1), tables(results) -> its section's tables. It prints the results (JSON
-    with --json, else the section) and writes the section unless --no-write or --quick (a smoke run)."""
+    """`bench NAME`: measure(args) -> results ('section', 'ok'), tables(results) -> the section's tables."""
     parser = bsub.add_parser(name, help=help)
     if quick:
         parser.add_argument("--quick", action="store_true", help=f"{quick} (a smoke run; writes nothing)")
@@ -202,8 +192,7 @@ def add_bench(bsub, name: str, help: str, measure, tables, quick: str | None = N
 
 # --- generations --------------------------------------------------------------------------------------------------
 def generate_process(prompt: str, settings: dict, models_dir=None) -> dict:
-    """A fresh `decoding-playground generate --json` process, as a user runs it: its summary. `settings` become its
-    flags (dashes for underscores; threads: `--threads`)."""
+    """A fresh `generate --json` process, `settings` as its flags: its summary."""
     cmd = [sys.executable, "-m", "cli.main", "generate", "--json", "--prompt", prompt]
     cmd += [x for k, v in settings.items()
             for x in ("--" + k.replace("_", "-"), str(v).lower() if isinstance(v, bool) else str(v))]
@@ -215,8 +204,7 @@ def generate_process(prompt: str, settings: dict, models_dir=None) -> dict:
 
 
 def generation(engine, prompt: str, settings: dict) -> tuple[float, dict, object]:
-    """One fresh session run to its end, as `generate` runs one: (wall seconds from its creation to `done`, its
-    summary, the session)."""
+    """One fresh session run to its end: (wall seconds, its summary, the session)."""
     t = time.perf_counter()
     session = GenerationSession(engine, prompt, settings)
     last = None
@@ -228,8 +216,7 @@ def generation(engine, prompt: str, settings: dict) -> tuple[float, dict, object
 
 
 def forward_after(model, tokens, context: int):
-    """A function of n that runs one forward over tokens[context:context + n] after `context` cached ones and rolls
-    it back, so that every call is the same step (`through`: a model standing in for this one)."""
+    """A function of n: one forward over n rows after `context` cached ones, rolled back after."""
     mgr = KVCacheManager(model.cfg, num_blocks=context // 16 + 3, block_size=16, enable_prefix_caching=False)
     seq = mgr.new_sequence()
     forward(model, tokens[:context], 0, mgr.append_slots(seq, tokens[:context]))

@@ -1,6 +1,5 @@
-"""`decoding-playground bench page`: does the page keep up with the engine? Taking turns: the engine alone in this
-process, /ws read by a plain client that acknowledges as the page does, and the page in headless Chromium against
-`serve` in its own process. `--model NAME`: the page at 1 and N threads, the gaps between tokens a viewer sees.
+"""`decoding-playground bench page`: does the page keep up with the engine? The engine alone, /ws with a plain
+client, the page in Chromium, taking turns; `--model NAME`: the page at 1 and N threads.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""`decoding-playground bench serve`: a real server (its own process) under real /api/ws clients, one alone and N at
-once taking turns, W watchers of one presenter, then the engine's `Scheduler` alone in this process (the ceiling);
-`--sweep`: γ x concurrency; `--model`: the room at 1 .. N threads; `--engine vllm`: ours against vLLM through one
-`serve --vllm`, and vLLM straight to its port (the same requests without the page), for what the page costs it.
+"""`decoding-playground bench serve`: a real server under /api/ws clients, alone and N at once, watchers, the
+engine alone; `--sweep`: γ x concurrency; `--model`: the room per thread count; `--engine vllm`: ours against vLLM.
 """
 from __future__ import annotations
 
@@ -114,9 +112,7 @@ async def watchers(ws_base: str, n: int, settings: dict) -> dict:
 
 # --- the engine alone: the ceiling the server can reach --------------------------------------------------------
 def engine_tokens_per_s(eng, n: int, settings: dict) -> float:
-    """n sessions (the clients' prompts and settings) through engine/serving/scheduler.py's Scheduler in a loop, in
-    this process: no server, no sockets, no event loop. Output tokens / wall time, sessions created inside
-    the timed part (as the server creates them on `start`)."""
+    """n sessions through the Scheduler in this process (no server): output tokens / wall time."""
     from engine.serving.scheduler import Scheduler, ServedSession
     from engine.serving.session import GenerationSession
 
@@ -204,10 +200,7 @@ def run_sweep(args) -> dict:
 
 
 def run_room(args) -> dict:
-    """The workshop room on one model: 1, 4 and 16 sessions on a server per thread count 1 .. N (all started at once,
-    so that the counts can take turns). The scheduler batches the sessions' decode steps (engine/serving/
-    scheduler.py): each weight is read once for all of them, so tokens/s grows with the sessions until the batched
-    products stop being bound by memory and start being bound by arithmetic: the knee (`knee`)."""
+    """The workshop room: 1, 4 and 16 sessions on a server per thread count, the counts taking turns."""
     started, counts = machine(), list(range(1, max(1, args.threads) + 1))
     settings = {"model": args.model, "method": "none", "chat": True, "max_tokens": args.max_tokens}
     with per_thread_count(args.model, counts, "--max-sessions", str(max(CONCURRENCY)), "--max-queue", str(max(CONCURRENCY)),
@@ -223,8 +216,7 @@ def run_room(args) -> dict:
 
 
 def knee(by_concurrency: dict) -> dict:
-    """Where the room's tokens/s stops growing with the sessions: the gain of each step of concurrency, and the
-    last concurrency reached before the gain fell below KNEE_GAIN (None: it never did up to the largest)."""
+    """The gain of each step of concurrency, and the last one before it fell below KNEE_GAIN."""
     cs = sorted(by_concurrency)
     tps = {c: by_concurrency[c]["tokens_per_s"] for c in cs}
     gains = {f"{a}->{b}": tps[b] / tps[a] for a, b in zip(cs, cs[1:]) if tps[a] and tps[b]}

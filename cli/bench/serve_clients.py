@@ -88,8 +88,7 @@ async def many(ws_base: str, n: int, settings: dict) -> dict:
 
 
 def figures(n: int, results: list[dict]) -> dict:
-    """n clients that started together: aggregate output tokens/s (all their tokens / wall time from the first
-    start to the last `done`), errors, and their TTFT, ITL, TPOT and mean acceptance length."""
+    """n clients that started together: tokens/s, errors, TTFT, ITL, TPOT, mean acceptance length."""
     ok = [r for r in results if r["ok"]]
     wall = (max(r["done_at"] for r in ok) - min(r["started_at"] for r in ok)) if ok else None
     tokens = sum(r["tokens"] for r in ok)

@@ -87,8 +87,7 @@ class Server:
 
 
 def wait_until_loaded(base: str, model: str | None = None, timeout_s: float = 300.0) -> None:
-    """Until the server's start-up has loaded `model` (None: every model; /api/models: loading false). A fetched
-    model loads in the background, and sessions started on it meanwhile each took gigabytes."""
+    """Until the server has loaded `model` (None: every model): sessions on a loading model take GBs."""
     deadline = time.monotonic() + timeout_s
     while True:
         models = {m["name"]: m for m in get_json(base + "/api/models")["models"]}
@@ -103,8 +102,7 @@ def wait_until_loaded(base: str, model: str | None = None, timeout_s: float = 30
 
 @contextmanager
 def per_thread_count(model: str, counts, *args: str, models_dir=None):
-    """{count: a `Server` with `--threads count` and ARGS}, every one started and `model` loaded in each, so that the
-    counts can take turns."""
+    """{count: a `Server` with `--threads count`}, all started and loaded, to take turns."""
     with ExitStack() as stack:
         servers = {t: stack.enter_context(Server("--threads", str(t), "--no-llamacpp", *args, models_dir=models_dir))
                    for t in counts}

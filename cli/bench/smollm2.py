@@ -1,8 +1,5 @@
-"""`decoding-playground bench smollm2`: the real pretrained model's speed, everything taking turns in one run: the
-floor (one pass over exactly the weight bytes a step reads, engine/model/layout.py's `WeightStream`) beside a forward
-over n = 1..9 rows at a context of 256 (the verification cost curve) in the layout chosen at load and, unless
---quick, the other one; a 256-token prefill; where a step's time goes (`step_breakdown`); `ngram` lookup against
-plain decoding; with --threads N, the same at 1 .. N threads, then fresh `generate --threads T` processes.
+"""`decoding-playground bench smollm2`: the pretrained model's speed, taking turns: the floor, the verify cost
+curve, a prefill, a step's breakdown, n-gram against plain; with --threads N, 1 .. N threads and `generate`.
 """
 from __future__ import annotations
 
@@ -64,8 +61,7 @@ def prefill_of(model, tokens):
 
 
 def step_costs(models: dict, tokens, repeats: int) -> dict:
-    """Lists of ms per (layout, n rows), (layout, "prefill") and ("floor", how), the layouts taking turns and the
-    floor passes right beside each layout's steps."""
+    """ms per (layout, n rows), (layout, 'prefill') and ('floor', how), taking turns."""
     streams = {"read": WeightStream(next(iter(models.values()))).read}
     if "out_in" in models:
         streams["gemv"] = WeightStream(models["out_in"]).gemv
@@ -79,16 +75,14 @@ def step_costs(models: dict, tokens, repeats: int) -> dict:
 
 
 def character_step(inner: int = 50):
-    """ms per decode step of our character model (its weights in the CPU's cache) over `inner` steps: it never uses
-    the threads, so a slowdown from their mere presence would show."""
+    """ms per decode step of our character model, which never uses the threads."""
     cfg, weights, _ = load_checkpoint(CHARACTER_MODEL, with_tokenizer=False)
     rows = forward_after(Model(cfg, weights), np.random.default_rng(0).integers(2, cfg.vocab_size, 101), 100)
     return lambda: ms(lambda: [rows(1) for _ in range(inner)]) / inner
 
 
 def thread_costs(model, tokens, counts, repeats: int) -> dict:
-    """{count: {"read": [ms], n: [ms], "character": [ms]}}: the floor split across the threads, a forward over n
-    rows and the character model's step, the counts taking turns."""
+    """{count: {'read', n, 'character': [ms]}}, the thread counts taking turns."""
     rows, flat, character = forward_after(model, tokens, CONTEXT), WeightStream(model).flat, character_step()
 
     def side(c):
@@ -106,8 +100,7 @@ def thread_costs(model, tokens, counts, repeats: int) -> dict:
 
 
 def generate_tokens_per_s(threads_: int, prompt: str = GENERATE_PROMPT, max_tokens: int = 64, **settings) -> dict:
-    """A fresh `generate --threads N` process, greedy, plain decoding unless `settings` say otherwise: decode
-    tokens/s (1 / TPOT) and its text."""
+    """A fresh `generate --threads N` process, greedy: decode tokens/s (1 / TPOT) and its text."""
     s = generate_process(prompt, {"model": NAME, "chat": True, "max_tokens": max_tokens, "temperature": 0,
                                   "enable_prefix_caching": False, "method": "none", "threads": threads_, **settings})
     return {"tokens_per_s": 1.0 / s["tpot_s"], "text": s["text"]}
@@ -139,9 +132,7 @@ def models_to_time(lm, quick: bool) -> dict:
 
 
 def step_breakdown(model, tokens, context: int, repeats: int = 9) -> dict:
-    """Where a decode step's time goes beyond reading the weights: the fastest of turns (interference only adds time,
-    and the parts are subtracted from each other), no profiler (its cost per call would swamp the small operations);
-    each operation outside the products on the model's own shapes, as many calls as a step makes."""
+    """Where a decode step's time goes beyond reading the weights (the fastest of turns, no profiler)."""
     cfg = model.cfg
     layers, nq, nkv, hd = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     rows = forward_after(model, tokens, context)

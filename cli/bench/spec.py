@@ -1,11 +1,5 @@
-"""Speculative decoding measured in fresh generations, and `bench engine`'s sweep of the first seed: the draft model
-at k x temperature, n-gram lookup at every k.
-
-Per repeat and prompt every setting runs in turn, plain decoding first (`by_prompt`); a speed-up is the median of the
-repeats' ratios. Beside it, predictions from the same runs (`figures`): c and v are in-run means (a forward inside a
-generation costs more than the same call in a loop, whose caches stay warm), E = (1 - a^(k+1)) / (1 - a) tokens a
-target call at acceptance a, the flat-verify bound E / (k c + 1) (Leviathan et al.) and the curve prediction
-E / (k c + v); what a measurement loses against the latter is what the session spends besides the models.
+"""Speculative decoding measured in fresh generations (`bench engine`'s sweep): the draft model at k x
+temperature, n-gram lookup at every k; predictions from the same runs beside them (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -47,16 +41,13 @@ def by_prompt(run_one, prompts: list, sides: dict, repeats: int) -> dict:
 
 
 def in_run_ms(summaries, n: int, upto: int | None = None) -> float | None:
-    """Mean ms of the target's forwards over n (to `upto`) rows in these generations (a mean, as a speed-up is a
-    ratio of total times: a median would leave out the slow calls that the totals include)."""
+    """Mean ms of the target's forwards over n (to `upto`) rows in these generations."""
     times = [t for s in summaries for rows in range(n, (upto or n) + 1) for t in s["target_ms_by_tokens"].get(rows, [])]
     return sum(times) / len(times) if times else None
 
 
 def figures(k: int, runs: list, base_runs: list) -> dict:
-    """A setting's figures from its runs and the plain runs of the same repeats (one list of summaries a repeat):
-    acceptance from the last repeat, c and v per repeat (a round verifies its drafts + 1 rows: γ + 1, fewer near the
-    end or when a drafter stops early), speed-ups of the engine time, the decode phase and the wall time."""
+    """A setting's figures from its runs and the plain runs of the same repeats."""
     last = runs[-1]
     drafts, accepted = sum(x["num_drafts"] for x in last), sum(x["num_accepted_tokens"] for x in last)
     # rounds that ended in a rejection: every judged-and-rejected token stops its round
@@ -127,9 +118,7 @@ def sweep(engine: InferenceEngine, quick: bool) -> dict:
 
 
 def ngram_sweep(engine: InferenceEngine, max_tokens: int, repeats: int) -> list[dict]:
-    """n-gram lookup at every k, each beside a plain run of its own right before it (the machine's speed drifts
-    within minutes; a ratio of neighbours cancels what one baseline for five ks let in), on a prompt that repeats
-    itself and one that does not."""
+    """n-gram lookup at every k, each beside a plain run of its own, on a repeating and a plain prompt."""
     out = []
     for name, prompt in (("repeating", REPEATING_PROMPT), ("non_repeating", NON_REPEATING_PROMPT)):
         sides = {(k, m): {"method": "none"} if m == "none" else

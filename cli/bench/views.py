@@ -1,9 +1,5 @@
-"""`decoding-playground bench views`: every speed-up the page shows, through a real server and a real browser,
-beside `generate`'s for the same settings, in three cases (SmolLM2 + EAGLE as the page's demo, target-mha + its
-draft model, SmolLM2 + n-gram on a summary; 64 tokens): fresh `generate --json` processes taking turns, then the
-page in headless Chromium against `serve` (the prefix cache off, as `generate` computes its whole prompt): the Theory
-view open from the start and opened after a run, runs with the views closed, Theory or Cost open taking turns, the
-Cost card, the Race and the Shoot-out. Both sides run SmolLM2's products on the same threads (`--threads`).
+"""`decoding-playground bench views`: every speed-up the page shows, through a real server and Chromium, beside
+`generate`'s for the same settings, in three cases (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -60,8 +56,7 @@ def curve(base: str, model: str) -> dict:
 
 # --- the page ---------------------------------------------------------------------------------------------------
 def page_url(base: str, prompt: str, settings: dict, **extra) -> str:
-    """The page with the case's settings; the prefix cache off, so that each run computes its prompt, as
-    `generate` in a fresh process does (and as every run of the views' comparisons does)."""
+    """The page with the case's settings, the prefix cache off (as in a fresh `generate`)."""
     query = {"speed": "max", "prompt": prompt, "max_tokens": MAX_TOKENS, **settings, "enable_prefix_caching": "false",
              **extra}
     return f"{base}/?{urllib.parse.urlencode({k: str(v) for k, v in query.items()})}"
@@ -157,9 +152,7 @@ SHOWN = (("race", "Race"), ("shootout", "Shoot-out"), ("theory_from_start", "The
 
 
 def checks(case: dict) -> dict:
-    """The goals, per case: each measured speed-up on screen against generate's median (within the goal, and no
-    verdict on the other side of 1 from it), views open against closed, the page's engine tokens/s against
-    generate's."""
+    """The goals, per case: speed-ups on screen against generate's, views open against closed."""
     g = case["generate"]["speedup"]["median"]
     out = {}
     for key, _ in SHOWN:
