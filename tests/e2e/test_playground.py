@@ -283,6 +283,8 @@ def test_a_preset_fills_the_prompt_and_its_settings(live_server, page):
     assert "method=ngram" in page.url
     page.select_option("#preset", "nocache")
     assert not page.is_checked("#f-kv_cache") and page.input_value("#f-method") == "none"
+    assert page.input_value("#f-max_tokens") == "256"
+    page.fill("#f-max_tokens", "32")          # each token recomputes the whole sequence: a short run shows it
     page.select_option("#speed", "max")
     page.click("#btn-toggle")
     wait_state(page, "done")
