@@ -139,11 +139,6 @@ def batched_decode(cfg: ModelConfig, quick: bool, batch: int = 64) -> dict:
                 lambda: step(True), 3 if quick else 9)
 
 
-def kv_bytes(cfg: ModelConfig) -> list[dict]:
-    return [{"kv_cache_dtype": name, "bytes_per_token": kv_bytes_per_token(cfg, name),
-             "bytes_at_512": kv_bytes_per_token(cfg, name) * 512} for name in KV_CACHE_DTYPES]
-
-
 def run_engine(quick: bool, models_dir=None) -> dict:
     m = machine()
     cfg = ModelConfig.from_name("seed-target")
@@ -152,7 +147,9 @@ def run_engine(quick: bool, models_dir=None) -> dict:
            f"{cfg.hidden_size} x {cfg.num_attention_heads} heads, {cfg.num_parameters():,} parameters, random weights",
            "pairs": pairs(model, weights, quick)
            + [batched_decode(ModelConfig.from_name(p), quick) for p in ("seed-target", "target-mha")],
-           "gqa_attention": gqa_attention(quick), "kv_bytes": kv_bytes(cfg)}
+           "gqa_attention": gqa_attention(quick),
+           "kv_bytes": [{"kv_cache_dtype": name, "bytes_per_token": kv_bytes_per_token(cfg, name),
+                         "bytes_at_512": kv_bytes_per_token(cfg, name) * 512} for name in KV_CACHE_DTYPES]}
     try:
         registry = ModelRegistry.from_dir(models_dir or MODELS_DIR)
     except FileNotFoundError as e:

@@ -34,12 +34,6 @@ LABELS = {"ours": "ours (numpy, float32)", "llama.cpp": "llama.cpp (xllamacpp, Q
           "transformers": "transformers (torch, float32)"}
 
 
-def streaming_bandwidth(repeats: int = 5) -> float:
-    """Bytes per second one thread reads (median of `repeats`; numpy's own sum reads at about half that speed)."""
-    a = np.ones(64 * 1024 * 1024, dtype=np.float32)
-    return a.nbytes / statistics.median(timer(lambda: np.dot(a, a), repeats, warm=1)()) * 1e3
-
-
 def llamacpp(server: EmbeddedLlamaCpp, max_tokens: int, prompt: str = PROMPT) -> dict:
     s = chat_summary(server.engine, prompt, max_tokens)
     return {"tokens_per_s": 1e3 / s["itl_ms"], "engine_tokens_per_s": s["engine_tokens_per_s"]}
@@ -94,8 +88,10 @@ def run_engines(args) -> dict:
     tps = {k: statistics.median(x["tokens_per_s"] for x in v) for k, v in runs.items()}
     counts = sorted(k for e, k in tps if e == "ours" and isinstance(k, int))
     ours_text = runs["ours", 1][0]["text"]
+    a = np.ones(64 * 1024 * 1024, dtype=np.float32)   # what one thread reads: numpy's own sum reads at about half that
+    bandwidth = a.nbytes / statistics.median(timer(lambda: np.dot(a, a), 5, warm=1)()) * 1e3
     r = {"machine": started, "repeats": args.repeats, "max_tokens": MAX_TOKENS, "counts": counts,
-         "llamacpp_threads": args.llamacpp_threads, "bandwidth_bytes_per_s": streaming_bandwidth(),
+         "llamacpp_threads": args.llamacpp_threads, "bandwidth_bytes_per_s": bandwidth,
          "tokens_per_s": {e: {k: v for (e2, k), v in tps.items() if e2 == e} for e in LABELS},
          "bytes_per_token": {"ours": lm.model.num_parameters * 4, "llama.cpp": gguf_path().stat().st_size},
          "llamacpp_own_tokens_per_s": statistics.median(x["engine_tokens_per_s"] for x in runs["llama.cpp", 1]),

@@ -38,7 +38,8 @@ def add_parser(bench_subparsers) -> None:
                          "time: the default, chunks sized in time)")
     bp.add_argument("--parts", default="stuck,prefill,fuzz,bodies,uploads", help="which parts to run (default all; "
                     "bodies, uploads: cli/bench/faults_bodies.py)")
-    faults_bodies.add_arguments(bp)
+    bp.add_argument("--uploads", type=int, default=4, help="recordings posted at once in the upload probe (default 4)")
+    bp.add_argument("--upload-mb", type=float, default=16, help="size of each (default 16)")
 
 
 async def poll(predicate, timeout: float, every: float = 0.02):
@@ -52,7 +53,6 @@ async def poll(predicate, timeout: float, every: float = 0.02):
 
 
 async def until(ws, *types: str, timeout: float = 60.0) -> dict:
-    """Receive JSON messages until one of `types` arrives (bounded)."""
     deadline = time.monotonic() + timeout
     while True:
         message = json.loads(await asyncio.wait_for(ws.recv(), max(0.01, deadline - time.monotonic())))
@@ -112,7 +112,6 @@ def stats_are(srv: Server, **expected) -> float | None:
 
 
 def generation_tokens(base: str) -> float:
-    """Output tokens the server has produced so far (its /metrics)."""
     with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
         return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
                    if line.startswith("vllm:generation_tokens_total"))
@@ -336,8 +335,8 @@ def tables(r: dict) -> list[str]:
     if "fuzz" in r:
         fz = r["fuzz"]
         out.append(table(["mutated forms", "answered", "error notes", "runs checked", "tokens lost", "runs short"],
-                         [[fz["forms"], fz["answered"], fz["errors"], fz["runs_checked"], fz["tokens_lost"],
-                           fz["runs_short"]]], "Fuzz (`/ws`, seed 19), each form followed by a probe that must be answered"))
+                         [[fz[k] for k in ("forms", "answered", "errors", "runs_checked", "tokens_lost", "runs_short")]],
+                         "Fuzz (`/ws`, seed 19), each form followed by a probe that must be answered"))
     return out + faults_bodies.tables(r)
 
 
@@ -354,5 +353,8 @@ def run(args) -> dict:
     if "fuzz" in parts:
         with Server(models_dir=args.models_dir) as srv:
             r["fuzz"] = asyncio.run(fuzz_forms(srv.base, args.forms))
-    r.update(faults_bodies.run_parts(parts, args))
+    if "bodies" in parts:
+        r["bodies"] = faults_bodies.body_probes(args.models_dir)
+    if "uploads" in parts:
+        r["uploads"] = faults_bodies.upload_probe(args.models_dir, args.uploads, int(args.upload_mb * 10 ** 6))
     return r

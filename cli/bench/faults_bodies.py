@@ -25,20 +25,6 @@ FORMAT = {"format": "decoding-playground/recording", "version": 1}
 PACE = 25                          # rounds a second of the streaming run beside the uploads
 
 
-def add_arguments(bp) -> None:
-    bp.add_argument("--uploads", type=int, default=4, help="recordings posted at once in the upload probe (default 4)")
-    bp.add_argument("--upload-mb", type=float, default=16, help="size of each (default 16)")
-
-
-def run_parts(parts: list[str], args) -> dict:
-    out = {}
-    if "bodies" in parts:
-        out["bodies"] = body_probes(args.models_dir)
-    if "uploads" in parts:
-        out["uploads"] = upload_probe(args.models_dir, args.uploads, int(args.upload_mb * 10 ** 6))
-    return out
-
-
 # --- the server's memory, a body streamed -----------------------------------------------------------------------
 def memory(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM (the peak since the last reset) of a process, in bytes."""

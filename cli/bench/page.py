@@ -97,12 +97,6 @@ def case_figures(label: str, runs: dict) -> dict:
             "runs": runs}
 
 
-def outside_playwright(coro):
-    """Run a coroutine to its end from code that Playwright's sync API runs (its event loop holds this thread)."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
 def run_page_threads(args) -> dict:
     started = machine()
     counts = sorted({1, max(1, args.threads)})
@@ -113,8 +107,9 @@ def run_page_threads(args) -> dict:
         for s in servers.values():                       # warm-up: pools, caches, the tab's window
             browser_run(page, s.base, settings)
 
-        def turn(s):
-            alone = outside_playwright(client(s.base.replace("http://", "ws://"), 0, api))
+        def turn(s):              # the client in a thread of its own: Playwright's sync API holds this one's loop
+            with ThreadPoolExecutor(1) as pool:
+                alone = pool.submit(asyncio.run, client(s.base.replace("http://", "ws://"), 0, api)).result()
             return {"tpot_s": alone["tpot_s"], "page": browser_run(page, s.base, settings)}
         runs = take_turns({t: lambda s=s: turn(s) for t, s in servers.items()}, args.repeats)
     rows = {}

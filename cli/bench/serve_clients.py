@@ -13,11 +13,6 @@ PROMPTS = ["def fibonacci(n):\n    ", "class Stack:\n    def __init__(self", "im
            "def read_file(path):\n    with open(", "while True:\n    line = "]
 
 
-def _type(message: str) -> str:
-    """The `type` of a JSON message of /api/ws without parsing it all (they start with {"type":"...")."""
-    return message[9:message.index('"', 9)] if message.startswith('{"type":"') else ""
-
-
 async def client(ws_base: str, i: int, settings: dict, start_at: asyncio.Event | None = None,
                  key: str | None = None, timeout_s: float = 600.0) -> dict:
     """One generation on /api/ws at full speed; times are this client's own clock (perf_counter)."""
@@ -37,7 +32,8 @@ async def client(ws_base: str, i: int, settings: dict, start_at: asyncio.Event |
             async with asyncio.timeout(timeout_s):
                 async for message in ws:
                     t = time.perf_counter()
-                    kind = _type(message)
+                    # the message's `type` without parsing it all (each starts with {"type":"...")
+                    kind = message[9:message.index('"', 9)] if message.startswith('{"type":"') else ""
                     if kind == "token" and first is None and '"status":"rejected"' not in message:
                         first = t
                     elif kind == "metrics":

@@ -49,17 +49,6 @@ def ms(fn) -> float:
     return timer(fn)()[0]
 
 
-def prefill_of(model, tokens):
-    """A CONTEXT-token prefill into an empty cache, freed after."""
-    mgr = KVCacheManager(model.cfg, num_blocks=CONTEXT // 16 + 2, block_size=16, enable_prefix_caching=False)
-
-    def prefill() -> None:
-        seq = mgr.new_sequence()
-        forward(model, tokens[:CONTEXT], 0, mgr.append_slots(seq, tokens[:CONTEXT]))
-        mgr.free(seq)
-    return prefill
-
-
 def step_costs(models: dict, tokens, repeats: int) -> dict:
     """ms per (layout, n rows), (layout, 'prefill') and ('floor', how), taking turns."""
     streams = {"read": WeightStream(next(iter(models.values()))).read}
@@ -67,29 +56,30 @@ def step_costs(models: dict, tokens, repeats: int) -> dict:
         streams["gemv"] = WeightStream(models["out_in"]).gemv
 
     def side(name, model):
-        rows, prefill = forward_after(model, tokens, CONTEXT), prefill_of(model, tokens)
+        rows = forward_after(model, tokens, CONTEXT)
+        mgr = KVCacheManager(model.cfg, num_blocks=CONTEXT // 16 + 2, block_size=16, enable_prefix_caching=False)
+
+        def prefill() -> None:          # a CONTEXT-token prefill into an empty cache, freed after
+            seq = mgr.new_sequence()
+            forward(model, tokens[:CONTEXT], 0, mgr.append_slots(seq, tokens[:CONTEXT]))
+            mgr.free(seq)
         return lambda: {**{("floor", how): ms(fn) for how, fn in streams.items()},
                         **{(name, n): ms(lambda: rows(n)) for n in ROWS}, (name, "prefill"): ms(prefill)}
     turns = take_turns({name: side(name, model) for name, model in models.items()}, repeats)
     return by_key([r for results in turns.values() for r in results])
 
 
-def character_step(inner: int = 50):
-    """ms per decode step of our character model, which never uses the threads."""
-    cfg, weights, _ = load_checkpoint(CHARACTER_MODEL, with_tokenizer=False)
-    rows = forward_after(Model(cfg, weights), np.random.default_rng(0).integers(2, cfg.vocab_size, 101), 100)
-    return lambda: ms(lambda: [rows(1) for _ in range(inner)]) / inner
-
-
 def thread_costs(model, tokens, counts, repeats: int) -> dict:
     """{count: {'read', n, 'character': [ms]}}, the thread counts taking turns."""
-    rows, flat, character = forward_after(model, tokens, CONTEXT), WeightStream(model).flat, character_step()
+    rows, flat = forward_after(model, tokens, CONTEXT), WeightStream(model).flat
+    cfg, weights, _ = load_checkpoint(CHARACTER_MODEL, with_tokenizer=False)   # our character model: no threads used
+    character_rows = forward_after(Model(cfg, weights), np.random.default_rng(0).integers(2, cfg.vocab_size, 101), 100)
 
     def side(c):
         def turn():
             pool = set_threads(c)
             return {"read": ms(lambda: read_chunked(flat, pool)), **{n: ms(lambda: rows(n)) for n in ROWS},
-                    "character": character()}
+                    "character": ms(lambda: [character_rows(1) for _ in range(50)]) / 50}
         return turn
     before = threads()
     try:
@@ -119,16 +109,6 @@ def run_threads(model, tokens, counts, repeats: int, generate_repeats: int) -> d
                   "generate_speedup": paired_rates(gen[1], gen[c]),
                   "same_text": all(x["text"] == gen[1][0]["text"] for x in gen[c])}
     return per
-
-
-def models_to_time(lm, quick: bool) -> dict:
-    """layout -> model: the model as loaded and, unless quick, the same weights in the other layout."""
-    models = {lm.model.layout: lm.model}
-    if not quick:
-        cfg, weights, _ = load_checkpoint(lm.path, with_tokenizer=False)
-        other = next(name for name in LAYOUTS if name != lm.model.layout)
-        models[other] = use_layout(Model(cfg, weights), other)
-    return models
 
 
 def step_breakdown(model, tokens, context: int, repeats: int = 9) -> dict:
@@ -180,18 +160,6 @@ OPERATIONS = {"attention": "attention over the cached positions (scores, softmax
               "residual": "residual adds, 2 a layer"}
 
 
-def breakdown_table(ms: dict) -> str:
-    step, rest = ms["step"], ms["without"]
-    rest_ops = rest - sum(ms[k] for k in OPERATIONS)
-    rows = [["the whole step", ms["step"]], ["its matrix products (every weight's one-row product)", ms["products"]],
-            ["of which the LM head", ms["lm_head"]], ["the floor: one bare pass over the weight bytes", ms["floor"]],
-            ["everything else: the step with its products looked up in a table", rest]]
-    rows += [[f"- {label}", ms[k]] for k, label in OPERATIONS.items()]
-    rows.append(["- the rest: Python lines, reshapes, K/V writes, cache bookkeeping, the table's copies", rest_ops])
-    return table(["part", "ms", "share of the step"], [[what, f"{v:.2f}", f"{v / step:.1%}"] for what, v in rows],
-                 "Where a decode step's time goes (fastest of the turns)")
-
-
 def run_smollm2(quick: bool = False, cache=None, max_threads: int = 2) -> dict:
     if not is_fetched(NAME, cache):
         raise SystemExit(f"bench smollm2: {NAME} is not in the cache {cache or cache_dir()}; "
@@ -203,7 +171,12 @@ def run_smollm2(quick: bool = False, cache=None, max_threads: int = 2) -> dict:
     lm = registry.get(NAME)
     load_s, chosen, tok = time.perf_counter() - t, lm.model, lm.tokenizer
     tokens = np.array(tok.encode(tok.chat_template.prompt(SUMMARY_PROMPT + " " + SUMMARY_PROMPT)))
-    times = step_costs(models_to_time(lm, quick), tokens, 3 if quick else 9)
+    models = {chosen.layout: chosen}                 # and, unless quick, the same weights in the other layout
+    if not quick:
+        cfg, weights, _ = load_checkpoint(lm.path, with_tokenizer=False)
+        other = next(name for name in LAYOUTS if name != chosen.layout)
+        models[other] = use_layout(Model(cfg, weights), other)
+    times = step_costs(models, tokens, 3 if quick else 9)
     med = {k: statistics.median(v) for k, v in times.items()}
     floor_how = min((k[1] for k in med if k[0] == "floor"), key=lambda h: med["floor", h])
     floor, one, nbytes = med["floor", floor_how], med[chosen.layout, 1], WeightStream(chosen).nbytes
@@ -235,9 +208,8 @@ def tables(r: dict) -> list[str]:
     floor = table(["pass", "median ms", "GB/s"],
                   [[passes[b], med[a, b], mb / med[a, b]] for a, b in med
                    if a == "floor" or (a == r["layout"] and b == "1")],
-                  f"The floor beside the step: {mb:.0f} MB of float32 weights, loaded in {r['load_s']:.1f} s in the layout"
-                  " "
-                  "measured faster at load (one row + six through the LM head: " + ", ".join(
+                  f"The floor beside the step: {mb:.0f} MB of float32 weights, loaded in {r['load_s']:.1f} s in the "
+                  "layout measured faster at load (one row + six through the LM head: " + ", ".join(
                       f"{k} {v:.1f} ms" for k, v in r["layout_choice_ms"].items()) + "); few-row products padded: "
                   + (", ".join(f"{n} as {p}" for n, p in sorted(r["padded_rows"].items())) or "none"))
     names = list(dict.fromkeys(a for a, _ in med if a != "floor"))
@@ -252,8 +224,17 @@ def tables(r: dict) -> list[str]:
                    for label, d in r["ngram"].items() for x in d["rows"]],
                   f"`ngram` lookup (γ {NGRAM['num_speculative_tokens']}, n-gram {NGRAM['prompt_lookup_min']}.."
                   f"{NGRAM['prompt_lookup_max']}) against plain decoding, chat, greedy, 96 tokens")
+    b = r["breakdown"]
+    parts = [["the whole step", b["step"]], ["its matrix products (every weight's one-row product)", b["products"]],
+             ["of which the LM head", b["lm_head"]], ["the floor: one bare pass over the weight bytes", b["floor"]],
+             ["everything else: the step with its products looked up in a table", b["without"]],
+             *([f"- {label}", b[k]] for k, label in OPERATIONS.items()),
+             ["- the rest: Python lines, reshapes, K/V writes, cache bookkeeping, the table's copies",
+              b["without"] - sum(b[k] for k in OPERATIONS)]]
+    breakdown = table(["part", "ms", "share of the step"],
+                      [[what, f"{v:.2f}", f"{v / b['step']:.1%}"] for what, v in parts], "Where a decode step's time goes (fastest of the turns)")
     out = [goals([(what, r[k], op, bound) for k, (what, op, bound) in GOALS.items() if k in r]), floor, curve,
-           breakdown_table(r["breakdown"]), ngram]
+           breakdown, ngram]
     if "threads" in r:
         per = r["threads"]
         out.append(table(["threads", "floor ms (GB/s)", "decode ms", "decode / floor", "decode speed-up",
