@@ -213,13 +213,13 @@ def variance(rounds: int) -> None:
     mgr = KVCacheManager(model.cfg, num_blocks=CONTEXT // 16 + 2, block_size=16, enable_prefix_caching=False)
     seq = mgr.new_sequence()
     forward(model, tokens[:CONTEXT], 0, mgr.append_slots(seq, tokens[:CONTEXT]))
-    products = [(w, np.ones(w.shape[0], np.float32)) for w in weights_of(model)]
+    products = [(w, np.ones((1, w.shape[0]), np.float32)) for w in weights_of(model)]
     probe_panel, probe_x = PanelWeight(np.ones((576, 64), np.float32)), np.ones(576, np.float32)
 
     def step():
         forward(model, tokens[CONTEXT:], CONTEXT, mgr.append_slots(seq, tokens[CONTEXT:]))
         mgr.truncate(seq, CONTEXT)
-    fns = {"read": WeightStream(model).read, "products": lambda: [model.vec_dot(x, w) for w, x in products],
+    fns = {"read": WeightStream(model).read, "products": lambda: [model.dot(x, w) for w, x in products],
            "step": step, "probe": lambda: [probe_panel.vec(probe_x) for _ in products for _ in range(26)]}
     ms = timed(fns, rounds, clock=time.perf_counter, show=False)
     for k, v in ms.items():

@@ -2,8 +2,8 @@
 
 `extend(tokens)` feeds new tokens after those already held and returns their logits; `truncate(n)`
 rolls back. After each forward, `hidden` [n, C] holds the last hidden states of the positions computed,
-from `hidden_p0` on (engine.model.forward's with_hidden: what draft heads read). `PagedRunner` keeps K/V
-in a paged cache (engine.kv_cache); `RecomputeRunner` keeps only the token ids and recomputes the whole
+from `hidden_p0` on (engine.model.llama.forward's with_hidden: what draft heads read). `PagedRunner` keeps K/V
+in a paged cache (engine/kv/cache.py); `RecomputeRunner` keeps only the token ids and recomputes the whole
 sequence on every call (the seed's no-cache baseline).
 """
 from __future__ import annotations
@@ -37,24 +37,30 @@ def clock_for(model) -> Callable[[], float]:
 class ForwardRequest:
     """A forward a session needs: `tokens` fed after what `runner` holds. A scheduler may run several
     requests of the same model as one batched computation, and a long one in chunks over several steps
-    (`role`, target or draft, names it then); alone, `run()` does it. inputs_embeds: the first layer's input
-    instead of the tokens' embeddings (an EAGLE head's; never batched)."""
-    __slots__ = ("runner", "tokens", "causal", "last_only", "role", "num_tokens", "inputs_embeds", "seconds")
+    (`role`, target or draft, names it then); alone, `run()` does it. mask: [n, n], which of the new tokens
+    each new token sees (engine.model.llama.attention; None: the causal mask); inputs_embeds: the first
+    layer's input instead of the tokens' embeddings (an EAGLE head's). Either keeps a request out of batches."""
+    __slots__ = ("runner", "tokens", "mask", "last_only", "role", "num_tokens", "inputs_embeds", "seconds")
 
-    def __init__(self, runner, tokens, causal: bool = True, last_only: bool = False, role: str = "target",
+    def __init__(self, runner, tokens, mask=None, last_only: bool = False, role: str = "target",
                  inputs_embeds=None):
-        self.runner, self.tokens, self.causal, self.last_only = runner, list(tokens), causal, last_only
+        self.runner, self.tokens, self.mask, self.last_only = runner, list(tokens), mask, last_only
         self.role, self.num_tokens = role, runner.num_tokens + len(self.tokens)   # held once it is done
         self.inputs_embeds = inputs_embeds
         self.seconds = 0.0          # its time on the engine clock once it has run (a batch's whole forward)
+
+    @property
+    def causal(self) -> bool:
+        """The plain causal mask: what batched and chunked forwards (engine/serving/scheduler.py) assume."""
+        return self.mask is None
 
     def run(self):
         clock = clock_for(self.runner.model)
         t = clock()
         try:
             if self.inputs_embeds is not None:
-                return self.runner.extend(self.tokens, self.causal, self.last_only, inputs_embeds=self.inputs_embeds)
-            return self.runner.extend(self.tokens, self.causal, self.last_only)
+                return self.runner.extend(self.tokens, self.mask, self.last_only, inputs_embeds=self.inputs_embeds)
+            return self.runner.extend(self.tokens, self.mask, self.last_only)
         finally:
             self.seconds += clock() - t
 
@@ -81,16 +87,16 @@ class PagedRunner:
     def token_ids(self) -> list[int]:
         return self.seq.token_ids
 
-    def extend(self, tokens, causal: bool = True, last_only: bool = False, inputs_embeds=None):
+    def extend(self, tokens, mask=None, last_only: bool = False, inputs_embeds=None):
         """Feed tokens; the first call on an empty sequence may reuse cached prefix blocks.
 
         Returns logits for the positions actually computed (the last one is always computed), or for the
-        last position only. inputs_embeds: see engine.model.forward (no prefix reuse then).
+        last position only. mask, inputs_embeds: see engine.model.llama.forward (no prefix reuse with them).
         """
         tokens, p0, kv = self.prepare(tokens)
         clock = clock_for(self.model)
         t = clock()
-        logits, hidden = forward(self.model, tokens, p0, kv, causal=causal, last_only=last_only, with_hidden=True,
+        logits, hidden = forward(self.model, tokens, p0, kv, mask=mask, last_only=last_only, with_hidden=True,
                                  inputs_embeds=inputs_embeds)
         self.finish(clock() - t, hidden)
         return logits
@@ -166,7 +172,7 @@ class RecomputeRunner:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    def extend(self, tokens, causal: bool = True, last_only: bool = False):  # `causal`: the mask fault needs a cache
+    def extend(self, tokens, mask=None, last_only: bool = False):  # mask: not applied, each call recomputes causally
         tokens = list(tokens)
         self.token_ids.extend(tokens)
         clock = clock_for(self.model)

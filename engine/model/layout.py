@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from .llama import matmul_rows
 from .threads import chunk_edges, rows_product, vec_product
 
 PANEL_COLUMNS = 64
@@ -180,8 +181,8 @@ LAYOUTS = {"panels": PanelWeight, "out_in": OutInWeight}
 MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")      # the matrices of an engine.model.llama.LayerWeights
 
 
-# x @ a layout's weight: `Model.dot` ([n, C] -> [n, D]) and `Model.vec_dot` ([C] -> [D]) of a model with these
-# weights, on the threads `engine.model.threads.set_threads` gave the process
+# x @ a layout's weight: `Model.dot` ([n, C] -> [n, D]) of a model with these weights, and one vector's product
+# ([C] -> [D], a draft head's), on the threads `engine.model.threads.set_threads` gave the process
 weight_rows, weight_vec = rows_product, vec_product
 
 
@@ -253,7 +254,7 @@ def use_layout(model, name: str):
     pack_in_reading_order(model)
     model.layout = name
     model.split_rows = frozenset()     # the weights choose their own call pattern per row count
-    model.dot, model.vec_dot = weight_rows, weight_vec
+    model.dot = weight_rows
     return model
 
 
@@ -309,3 +310,31 @@ def use_fastest_layout(model):
     use_layout(model, min(ms, key=ms.get))
     model.layout_ms = ms
     return model
+
+
+def choose_split_rows(model):
+    """For a model in [in, out] arrays (weights within the CPU caches: our character models): the row counts
+    whose products run faster as `matmul_rows` for its shapes here, stored in `model.split_rows`. Measured
+    where a model is loaded (engine/model/loaded_model.py), once per model; returns the model."""
+    if model.layout == "arrays" and "split_rows" not in vars(model):
+        model.split_rows = measure_split_rows(model.layers[0].w_gate_up)
+    return model
+
+
+def measure_split_rows(w, sizes=range(3, 17), repeats: int = 9) -> frozenset:
+    """The row counts for which `matmul_rows` beats one product with this weight (medians, interleaved)."""
+    rng = np.random.default_rng(0)
+    faster = set()
+    for n in sizes:
+        x = rng.standard_normal((n, w.shape[0])).astype(np.float32)
+        direct, split = [], []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            np.dot(x, w)
+            direct.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            matmul_rows(x, w)
+            split.append(time.perf_counter() - t)
+        if np.median(split) < 0.9 * np.median(direct):
+            faster.add(n)
+    return frozenset(faster)

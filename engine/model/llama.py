@@ -1,9 +1,13 @@
 """A Llama-style decoder in numpy: RMSNorm, RoPE (rotate-half), grouped-query attention, SwiGLU.
 
-One function, `forward`, runs n new tokens of one sequence at positions p0 .. p0+n-1 against a paged
-KV cache and returns logits for every new position: prefill (n = prompt), decode (n = 1) and
-speculative verification (n = k+1) are the same call. `forward_no_cache` recomputes the whole
-sequence, as the seed article's baseline does.
+`forward` runs n new tokens of one sequence at positions p0 .. p0+n-1 against a paged KV cache and returns
+logits for every new position: prefill (n = prompt), decode (n = 1) and speculative verification (n = k+1)
+are the same call. `forward_batch` runs the new tokens of several sequences at once (continuous batching).
+Both run the same layers, `decoder_layers`; they differ in how the rows' attention reads the caches.
+`forward_no_cache` recomputes the whole sequence, as the seed article's baseline does.
+
+Which new positions a new position sees is data, an [n, n] mask added to the attention scores: the causal
+mask unless the caller passes another (a draft tree's; a teaching fault's, engine/spec_decode/faults.py).
 
 Speed (decode is bound by numpy's ~1 us per call on small models, docs/benchmarks.md) shapes a few
 choices, each exact up to float32 rounding:
@@ -14,12 +18,13 @@ choices, each exact up to float32 rounding:
 - Q and K columns are stored with each rotated pair side by side, so RoPE is one complex multiply.
 - The gate and down weights are stored negated, so SwiGLU needs no negation (see `swiglu`).
 - Softmax is normalised after the product with V.
-- A one-token step (decode) runs as `decode`: the same arithmetic on 1-D vectors, fewer numpy calls.
+- A one-token step reads and writes its K/V in the cache's own arrays where the cache allows it
+  (`sequence_attention`), and a few rows' products may run in 4-row pieces (`matmul_rows`).
 """
 from __future__ import annotations
 
+import itertools
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +48,9 @@ class LayerWeights:
 
 class Model:
     """Inference weights in the layout `forward` wants, built once from checkpoint weights."""
+    # row counts whose products run as `matmul_rows`: measured where a model is loaded, for its shapes on this
+    # machine (engine/model/layout.py, `choose_split_rows`); none until then
+    split_rows: frozenset = frozenset()
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray]):
         self.cfg = cfg
@@ -78,14 +86,10 @@ class Model:
         self.c_eps = F32(c * cfg.rms_norm_eps)      # see rms_norm
         self.rotation = rope_rotation(hd, cfg.max_position_embeddings, cfg.rope_theta)
         self.num_parameters = sum(int(w.size) for w in weights.values())
-        # row counts (3..16: verification) whose products run faster in 4-row pieces for these shapes
-        self.split_rows = measure_split_rows(self.layers[0].w_gate_up)
-        # x @ w for 2-D rows (`dot`) and 1-D vectors (`vec_dot`): np.dot is the same product with ~0.35 us
-        # less overhead per call than @ (a ufunc in numpy 2), 5% of a decode step here; weights stored
-        # otherwise (engine/model/layout.py) bring their own products
-        self.dot = self.vec_dot = np.dot
+        # x @ w for rows [n, C]: np.dot is the same product with ~0.35 us less overhead per call than @ (a ufunc
+        # in numpy 2), 5% of a decode step here; weights stored otherwise (engine/model/layout.py) bring their own
+        self.dot = np.dot
         self.layout = "arrays"       # [in, out] arrays; engine/model/layout.py's names otherwise
-        self.vector_decode = True    # one-token steps run as `decode`, on 1-D vectors
 
 
 def rope_rotation(head_dim: int, max_pos: int, theta: float):  # -> [max_pos, hd/2] complex64
@@ -95,10 +99,10 @@ def rope_rotation(head_dim: int, max_pos: int, theta: float):  # -> [max_pos, hd
 
 
 def matmul_rows(x, w):  # [n, C] @ [C, D] -> [n, D], in products of at most 4 rows (3 padded to 4)
-    """OpenBLAS multiplies a few rows at a time very unevenly here: for a [192, 1024] weight, 3 rows cost
-    ~3x one row but 4 rows ~1.5x, and 5-9 rows 3-7x (it repacks the whole weight for such shapes).
-    Products of 4 rows keep verification cheap for models whose matrices are large enough;
-    `Model` measures at build time whether this pays for its own shapes (`split_rows`)."""
+    """OpenBLAS multiplies a few rows at a time very unevenly: for some weights, 3 rows or 5-9 rows cost several
+    times one row while 4 rows cost little more than one (it repacks the whole weight for some shapes).
+    Products of 4 rows keep verification cheap for models whose matrices are large enough; where a model is
+    loaded, engine/model/layout.py measures whether this pays for its shapes (`Model.split_rows`)."""
     n = x.shape[0]
     out = np.empty((n, w.shape[1]), np.float32)
     for i in range(0, n, 4):
@@ -110,33 +114,14 @@ def matmul_rows(x, w):  # [n, C] @ [C, D] -> [n, D], in products of at most 4 ro
     return out
 
 
-def measure_split_rows(w, sizes=range(3, 17), repeats: int = 9) -> frozenset:
-    """The row counts for which `matmul_rows` beats one product with this weight (medians, interleaved)."""
-    rng = np.random.default_rng(0)
-    faster = set()
-    for n in sizes:
-        x = rng.standard_normal((n, w.shape[0])).astype(np.float32)
-        direct, split = [], []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            np.dot(x, w)
-            direct.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            matmul_rows(x, w)
-            split.append(time.perf_counter() - t)
-        if np.median(split) < 0.9 * np.median(direct):
-            faster.add(n)
-    return frozenset(faster)
-
-
 def rms_norm(x, c_eps):  # [n, C] -> [n, C] times 1/sqrt(C): the weight g and sqrt(C) live in the next matmul
     # x / sqrt(mean(x^2) + eps) == sqrt(C) * x / sqrt(sum(x^2) + C eps)
-    if len(x) == 1:  # one row (a batch of one): see rms_norm_vector
-        return rms_norm_vector(x[0], c_eps)[None]
+    if len(x) == 1:  # one row (a decode step): scalar arithmetic in Python beats three array operations
+        return x * (1.0 / math.sqrt(float(np.vdot(x, x)) + c_eps))
     return x / np.sqrt(np.vecdot(x, x)[:, None] + c_eps)
 
 
-def rms_norm_vector(x, c_eps):  # [C] -> [C]: one row; scalar arithmetic in Python beats three array operations
+def rms_norm_vector(x, c_eps):  # [C] -> [C]: `rms_norm` of one vector
     return x * (1.0 / math.sqrt(float(np.dot(x, x)) + c_eps))
 
 
@@ -164,17 +149,18 @@ def softmax_weighted_sum(s, v):  # scores [nkv, r, T] (overwritten), v [nkv, T, 
     return o
 
 
-def attention(q, k, v, p0, causal=True):  # [n, nq, hd], [nkv, T, hd] x2, first new position -> [n, nq hd]
-    """Causal grouped-query attention of n new queries against T = p0 + n keys.
+def attention(q, k, v, p0, mask=None):  # [n, nq, hd], [nkv, T, hd] x2, first new position, [n, n] -> [n, nq hd]
+    """Grouped-query attention of n new queries against T = p0 + n keys.
 
     Query head j reads KV head j // (nq // nkv) (Hugging Face's repeat_kv order), so the g query heads
-    of one KV head are one matrix product. Only the block of the n new columns needs the causal mask:
-    the p0 cached positions are visible to every new query.
+    of one KV head are one matrix product. The p0 cached positions are visible to every new query; among
+    the n new ones, `mask` (added to the scores: 0 visible, -inf hidden) says which each query sees, the
+    causal mask when None.
     """
     n, nq, hd = q.shape
     nkv, T, _ = k.shape
     g = nq // nkv
-    if n == 1:                                                                     # decode: no mask
+    if n == 1:                                                                     # decode: sees everything
         # K [T, hd] @ q.T rather than q @ K.T: OpenBLAS runs a product with a transposed [T, hd]
         # operand ~1.7x slower; the copy that puts the scores back in [g, T] order is small.
         if g == 1:   # MHA: q as [nkv, hd, 1] is a plain reshape, and scores [T, 1] are already [1, T]
@@ -184,15 +170,14 @@ def attention(q, k, v, p0, causal=True):  # [n, nq, hd], [nkv, T, hd] x2, first 
         return softmax_weighted_sum(s, v).reshape(1, nq * hd)                       # s: [nkv, g, T]
     if n * g <= 16 and T >= 256:
         # A few query rows against many keys (verification late in a long context): q K^T with the
-        # transposed [T, hd] operand takes a slow OpenBLAS path here beyond ~200 keys (5 rows: 6 us at
-        # 125 keys, 32 us at 245); K q^T plus a small transposed copy costs 13 us at 245.
+        # transposed [T, hd] operand takes a slow OpenBLAS path here beyond a few hundred keys; K q^T plus
+        # a small transposed copy does not.
         qgt = q.reshape(n, nkv, g, hd).transpose(1, 3, 0, 2).reshape(nkv, hd, n * g)   # [nkv, hd, n g]
         s = np.ascontiguousarray((k @ qgt).transpose(0, 2, 1)).reshape(nkv, n, g, T)
     else:
         qg = q.reshape(n, nkv, g, hd).transpose(1, 0, 2, 3).reshape(nkv, n * g, hd)   # [nkv, n g, hd]
         s = (qg @ k.transpose(0, 2, 1)).reshape(nkv, n, g, T)                          # [nkv, n, g, T]
-    if causal:  # False only for the teaching fault "no causal mask in verification"
-        s[..., p0:] += causal_mask(n)[None, :, None, :]
+    s[..., p0:] += (causal_mask(n) if mask is None else mask)[None, :, None, :]
     o = softmax_weighted_sum(s.reshape(nkv, n * g, T), v)                          # [nkv, n g, hd]
     return o.reshape(nkv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, nq * hd)
 
@@ -207,90 +192,30 @@ def causal_mask(n):  # -> [n, n]: 0 on and below the diagonal, -inf above
     return m
 
 
-def forward(model: Model, tokens, p0: int, kv=None, causal: bool = True, last_only: bool = False,
+def forward(model: Model, tokens, p0: int, kv=None, *, mask=None, last_only: bool = False,
             with_hidden: bool = False, inputs_embeds=None):
-    """Logits [n, V] for n new tokens at positions p0..p0+n-1 ([1, V] for the last one if last_only:
-    a prefill needs no more, and the LM head is a large share of its work for a large vocabulary).
-
-    with_hidden: return (logits, hidden [n, C]) where hidden is the last hidden state of every new position
-    after the final norm, as `rms_norm` leaves it (x / |x|, the norm weight lives in the LM head): what draft
-    heads (engine/spec_decode/heads.py) read. It is computed on the way to the logits anyway.
+    """Logits [n, V] for n new tokens of one sequence at positions p0..p0+n-1 ([1, V] for the last one if
+    last_only: a prefill needs no more, and the LM head is a large share of its work for a large vocabulary).
 
     kv: an object with `write(layer, kv)` storing this call's keys and values [n, 2, nkv, hd] and
     `read(layer) -> KV` returning them as [2, nkv, p0 + n, hd] float32 for the whole sequence so far
-    (engine.kv_cache.SequenceKV reads through a block table). kv=None means no cache: this call
+    (engine.kv.cache.SequenceKV reads through a block table). kv=None means no cache: this call
     must then cover the whole sequence (p0 = 0), and attention uses the keys it just computed.
+    mask: [n, n], which new positions each new position sees (`attention`); None: the causal mask.
+    with_hidden: return (logits, hidden [n, C]) where hidden is the last hidden state of every new position
+    after the final norm, as `rms_norm` leaves it (x / |x|, the norm weight lives in the LM head): what draft
+    heads (engine/spec_decode/heads.py) read. It is computed on the way to the logits anyway.
+    inputs_embeds: [n, C], the first layer's input instead of the tokens' embeddings (an EAGLE head's).
     """
-    cfg = model.cfg
     n = len(tokens)
-    if p0 + n > cfg.max_position_embeddings:
-        raise ContextLengthError(
-            f"positions {p0}..{p0 + n - 1} exceed the model's context of "
-            f"{cfg.max_position_embeddings} tokens (max_position_embeddings)")
+    check_positions(model, p0, n)
     if kv is None and p0 != 0:
         raise ValueError("without a KV cache the whole sequence must be passed (p0 = 0)")
-    if n == 1 and kv is not None and model.vector_decode:
-        return decode(model, int(tokens[0]), p0, kv, with_hidden, inputs_embeds)
-    nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    i_dim, c_eps = cfg.intermediate_size, model.c_eps
-    rotation = model.rotation[p0:p0 + n, None, :]                                  # [n, 1, hd/2]
-    mm = matmul_rows if n in model.split_rows else model.dot                       # x @ w
     x = model.embed.take(tokens, axis=0) if inputs_embeds is None else np.array(inputs_embeds, F32)   # [n, C]
-    for i, lw in enumerate(model.layers):
-        heads = mm(rms_norm(x, c_eps), lw.w_qkv).reshape(n, nq + 2 * nkv, hd)      # q, k, v heads
-        apply_rope_inplace(heads[:, :nq + nkv], rotation)
-        q, new_kv = heads[:, :nq], heads[:, nq:].reshape(n, 2, nkv, hd)            # K (roped) and V
-        if kv is None:
-            K, V = new_kv.transpose(1, 2, 0, 3)                                    # [nkv, n, hd] x2
-        else:
-            kv.write(i, new_kv)
-            K, V = kv.read(i)                                                      # [nkv, p0+n, hd] x2
-        x += mm(attention(q, K, V, p0, causal), lw.w_o)
-        gate_up = mm(rms_norm(x, c_eps), lw.w_gate_up)                             # [n, 2 I]
-        neg_gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
-        x += mm(swiglu(neg_gate, up), lw.w_down)
-    if with_hidden:
-        hidden = rms_norm(x, c_eps)                                                # [n, C]
-        return (model.dot(hidden[-1:], model.lm_head) if last_only else mm(hidden, model.lm_head)), hidden
-    if last_only:
-        return model.dot(rms_norm(x[-1:], c_eps), model.lm_head)                   # [1, V]
-    return mm(rms_norm(x, c_eps), model.lm_head)                                   # [n, V]
-
-
-def decode(model: Model, token: int, p: int, kv, with_hidden: bool = False, inputs_embeds=None):
-    # -> logits [1, V] (, hidden [1, C])
-    """`forward` for one token (a decode step): the same arithmetic on 1-D vectors (attention's one-query
-    case as `attention`), and K/V written and read in the store's own arrays when the cache allows it
-    (`SequenceKV.direct`). A decode step of models this small is mostly numpy's per-call overhead, so fewer
-    calls on smaller arrays pay (docs/benchmarks.md, `bench engine`)."""
-    cfg, dot = model.cfg, model.vec_dot
-    nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q_dim, i_dim, c_eps = model.q_dim, cfg.intermediate_size, model.c_eps
-    rotation = model.rotation[p]                                                   # [hd/2]
-    direct = kv.direct()
-    x = model.embed[token].copy() if inputs_embeds is None else np.array(inputs_embeds[0], F32)   # [C]
-    for i, lw in enumerate(model.layers):
-        heads = dot(rms_norm_vector(x, c_eps), lw.w_qkv)                           # [(nq + 2 nkv) hd]
-        pairs = heads[:q_dim + model.kv_dim].view(np.complex64).reshape(nq + nkv, hd // 2)
-        pairs *= rotation                                                          # RoPE (see Model)
-        if direct is None:
-            kv.write(i, heads[q_dim:].reshape(1, 2, nkv, hd))
-            K, V = kv.read(i)                                                      # [nkv, T, hd] x2
-        else:
-            arrays, slot, held = direct
-            a = arrays[i]                                                          # [2, nkv, slots, hd]
-            a[:, :, slot] = heads[q_dim:].reshape(2, nkv, hd)
-            K, V = a[0, :, held], a[1, :, held]
-        x += dot(attention(heads[:q_dim].reshape(1, nq, hd), K, V, p)[0], lw.w_o)
-        gate_up = dot(rms_norm_vector(x, c_eps), lw.w_gate_up)                     # [2 I]
-        x += dot(swiglu(gate_up[:i_dim], gate_up[i_dim:]), lw.w_down)
-    hidden = rms_norm_vector(x, c_eps)
-    logits = dot(hidden, model.lm_head)[None]                                      # [1, V]
-    return (logits, hidden[None]) if with_hidden else logits
-
-
-def _slot_array(slots):  # a slice or int array of slots -> int array
-    return np.arange(slots.start, slots.stop) if isinstance(slots, slice) else np.asarray(slots)
+    hidden = decoder_layers(model, x, model.rotation[p0:p0 + n, None, :], sequence_attention(model, p0, kv, mask, n))
+    rows = hidden[-1:] if last_only else hidden
+    logits = products(model, len(rows))(rows, model.lm_head)                       # [n or 1, V]
+    return (logits, hidden) if with_hidden else logits
 
 
 def forward_no_cache(model: Model, tokens):
@@ -301,56 +226,107 @@ def forward_no_cache(model: Model, tokens):
 def forward_batch(model: Model, requests, last_only=None, with_hidden: bool = False):
     """Several sequences' new tokens in one computation (continuous batching).
 
-    requests: [(tokens, p0, kv)], each as for `forward`. Every matrix product runs once over all rows
-    of all sequences; only attention, which reads each sequence's own cache, runs per sequence.
-    Returns [logits [n_i, V]] in request order ([1, V] for a request whose `last_only` is true: a prefill
-    chunk needs no more, and the LM head is most of a chunk's work for a large vocabulary); equal to
-    calling `forward` on each ([(logits, hidden [n_i, C])] with_hidden, as `forward`).
+    requests: [(tokens, p0, kv)], each as for `forward` (the causal mask). Every matrix product runs once over
+    all rows of all sequences; only attention, which reads each sequence's own cache, runs per sequence.
+    Returns [logits [n_i, V]] in request order ([1, V] for a request whose `last_only` is true: a prefill chunk
+    needs no more), or [(logits, hidden [n_i, C])] with_hidden, as `forward`; equal to calling `forward` on each
+    up to float32 rounding (products over other row counts sum in another order).
     """
-    cfg = model.cfg
-    nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q_dim, qk_dim, i_dim = model.q_dim, model.q_dim + model.kv_dim, cfg.intermediate_size
-    c_eps, dot = model.c_eps, model.dot
     sizes = [len(t) for t, _, _ in requests]
-    for (t, p0, _), n in zip(requests, sizes):
-        if p0 + n > cfg.max_position_embeddings:
-            raise ContextLengthError(f"positions {p0}..{p0 + n - 1} exceed the model's context of "
-                                     f"{cfg.max_position_embeddings} tokens (max_position_embeddings)")
-    N = sum(sizes)
-    bounds = np.cumsum([0] + sizes)
+    for (_, p0, _), n in zip(requests, sizes):
+        check_positions(model, p0, n)
     positions = np.concatenate([np.arange(p0, p0 + n) for (_, p0, _), n in zip(requests, sizes)])
-    rotation = model.rotation[positions, None, :]                                  # [N, 1, hd/2]
     x = model.embed.take(np.concatenate([np.asarray(t) for t, _, _ in requests]), axis=0)   # [N, C]
-    # One write of all new K/V per layer when every sequence lives in the same store (the usual case).
-    stores = {id(kv.store) for _, _, kv in requests}
-    store = requests[0][2].store if len(stores) == 1 else None
-    if store is not None:
-        write_slots = np.concatenate([_slot_array(kv.write_slots) for _, _, kv in requests])
-    for i, lw in enumerate(model.layers):
-        qkv = dot(rms_norm(x, c_eps), lw.w_qkv)                                    # [N, (nq+2nkv) hd]
-        apply_rope_inplace(qkv[:, :qk_dim].reshape(N, nq + nkv, hd), rotation)
-        if store is not None:
-            store.write(i, write_slots, qkv[:, q_dim:].reshape(N, 2, nkv, hd))
-        att = np.empty((N, q_dim), np.float32)
-        for (_, p0, kv), a, b in zip(requests, bounds[:-1], bounds[1:]):
-            if store is None:
-                kv.write(i, qkv[a:b, q_dim:].reshape(b - a, 2, nkv, hd))
-            K, V = kv.read(i)
-            att[a:b] = attention(qkv[a:b, :q_dim].reshape(b - a, nq, hd), K, V, p0)
-        x += dot(att, lw.w_o)
-        gate_up = dot(rms_norm(x, c_eps), lw.w_gate_up)
-        neg_gate, up = gate_up[:, :i_dim], gate_up[:, i_dim:]
-        x += dot(swiglu(neg_gate, up), lw.w_down)
-    hidden = rms_norm(x, c_eps)                                                    # [N, C]
-    last_only = last_only or [False] * len(requests)
-    rows = list(zip(bounds[:-1], bounds[1:]))
-    spans = [(b - 1 if last else a, b) for (a, b), last in zip(rows, last_only)]
+    hidden = decoder_layers(model, x, model.rotation[positions, None, :], batch_attention(model, requests, sizes))
+    bounds = list(itertools.accumulate(sizes, initial=0))
+    rows = list(zip(bounds, bounds[1:]))
+    spans = [(b - 1 if last else a, b) for (a, b), last in zip(rows, last_only or [False] * len(requests))]
     if all(b - a == n for (a, b), n in zip(spans, sizes)):
-        logits = dot(hidden, model.lm_head)                                        # [N, V]
+        logits = products(model, len(hidden))(hidden, model.lm_head)              # [N, V]
     else:
-        logits = dot(np.concatenate([hidden[a:b] for a, b in spans]), model.lm_head)
-        kept = np.cumsum([0] + [b - a for a, b in spans])
-        spans = list(zip(kept[:-1], kept[1:]))
+        picked = np.concatenate([hidden[a:b] for a, b in spans])
+        logits = products(model, len(picked))(picked, model.lm_head)
+        kept = list(itertools.accumulate((b - a for a, b in spans), initial=0))
+        spans = list(zip(kept, kept[1:]))
     if with_hidden:
         return [(logits[a:b], hidden[c:d]) for (a, b), (c, d) in zip(spans, rows)]
     return [logits[a:b] for a, b in spans]
+
+
+def check_positions(model: Model, p0: int, n: int) -> None:
+    if p0 + n > model.cfg.max_position_embeddings:
+        raise ContextLengthError(f"positions {p0}..{p0 + n - 1} exceed the model's context of "
+                                 f"{model.cfg.max_position_embeddings} tokens (max_position_embeddings)")
+
+
+def products(model: Model, n: int):  # -> x @ w for x of n rows
+    return matmul_rows if n in model.split_rows else model.dot
+
+
+def decoder_layers(model: Model, x, rotation, attend):  # [N, C] (updated in place) -> [N, C] after the final norm
+    """The decoder's layers over N new rows, of one sequence or of many. rotation [N, 1, hd/2]: RoPE at each
+    row's position; attend(layer, qkv) -> [N, nq hd]: the rows' attention, given the layer's projected heads
+    qkv [N, (nq + 2 nkv) hd], RoPE applied to q and k (it stores the new K/V in the rows' caches)."""
+    cfg = model.cfg
+    nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    qk_dim, i_dim, c_eps = model.q_dim + model.kv_dim, cfg.intermediate_size, model.c_eps
+    n = len(x)
+    mm = products(model, n)                                                        # x @ w
+    for i, lw in enumerate(model.layers):
+        qkv = mm(rms_norm(x, c_eps), lw.w_qkv)                                     # [N, (nq + 2 nkv) hd]
+        apply_rope_inplace(qkv[:, :qk_dim].reshape(n, nq + nkv, hd), rotation)    # q and k heads
+        x += mm(attend(i, qkv), lw.w_o)
+        gate_up = mm(rms_norm(x, c_eps), lw.w_gate_up)                             # [N, 2 I]
+        x += mm(swiglu(gate_up[:, :i_dim], gate_up[:, i_dim:]), lw.w_down)
+    return rms_norm(x, c_eps)
+
+
+def sequence_attention(model: Model, p0: int, kv, mask, n: int):  # -> attend(layer, qkv) for `decoder_layers`
+    """One sequence's n new rows against its K/V: this call's K/V stored in its cache, then all of it read back
+    (kv None: no cache, the keys just computed)."""
+    cfg = model.cfg
+    nq, nkv, hd, q_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, model.q_dim
+    # A one-token step writes and reads its K/V in the store's own arrays where the cache allows it: a decode
+    # step of a small model is mostly numpy's per-call overhead, and the store's write and read add calls.
+    direct = kv.direct() if n == 1 and kv is not None else None
+
+    def attend(layer: int, qkv):  # [n, (nq + 2 nkv) hd] -> [n, nq hd]
+        if direct is not None:
+            arrays, slot, held = direct
+            a = arrays[layer]                                                      # [2, nkv, slots, hd]
+            a[:, :, slot] = qkv[0, q_dim:].reshape(2, nkv, hd)
+            K, V = a[0, :, held], a[1, :, held]                                    # [nkv, p0 + 1, hd] x2
+        elif kv is None:
+            K, V = qkv[:, q_dim:].reshape(n, 2, nkv, hd).transpose(1, 2, 0, 3)     # [nkv, n, hd] x2
+        else:
+            kv.write(layer, qkv[:, q_dim:].reshape(n, 2, nkv, hd))                 # K (roped) and V
+            K, V = kv.read(layer)                                                  # [nkv, p0 + n, hd] x2
+        return attention(qkv[:, :q_dim].reshape(n, nq, hd), K, V, p0, mask)
+    return attend
+
+
+def batch_attention(model: Model, requests, sizes):  # -> attend(layer, qkv) for `decoder_layers`
+    """Each sequence's rows against its own K/V, the new K/V of all written at once when they share a store
+    (the usual batch: one model's pool)."""
+    cfg = model.cfg
+    nq, nkv, hd, q_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, model.q_dim
+    bounds = list(itertools.accumulate(sizes, initial=0))
+    store = requests[0][2].store if len({id(kv.store) for _, _, kv in requests}) == 1 else None
+    if store is not None:
+        write_slots = np.concatenate([_slot_array(kv.write_slots) for _, _, kv in requests])
+
+    def attend(layer: int, qkv):  # [N, (nq + 2 nkv) hd] -> [N, nq hd]
+        if store is not None:
+            store.write(layer, write_slots, qkv[:, q_dim:].reshape(len(qkv), 2, nkv, hd))
+        att = np.empty((len(qkv), q_dim), np.float32)
+        for (_, p0, kv), a, b in zip(requests, bounds, bounds[1:]):
+            if store is None:
+                kv.write(layer, qkv[a:b, q_dim:].reshape(b - a, 2, nkv, hd))
+            K, V = kv.read(layer)                                                  # [nkv, p0 + n, hd] x2
+            att[a:b] = attention(qkv[a:b, :q_dim].reshape(b - a, nq, hd), K, V, p0)
+        return att
+    return attend
+
+
+def _slot_array(slots):  # a slice or int array of slots -> int array
+    return np.arange(slots.start, slots.stop) if isinstance(slots, slice) else np.asarray(slots)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import ModelConfig
-from .layout import weight_bytes
+from .layout import choose_split_rows, weight_bytes
 from .llama import Model
 from .thread_choice import current_choice
 from .tokenizer import TextTokenizer
@@ -19,6 +19,12 @@ class LoadedModel:
     tokenizer: TextTokenizer
     path: str | None = None
     meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        # how its products run fastest for its shapes on this machine, measured once its weights are in memory
+        # (a fetched model is measured when its weights load: engine/model/fetched.py)
+        if isinstance(self.model, Model):
+            choose_split_rows(self.model)
 
     def describe(self) -> dict:
         c = self.cfg

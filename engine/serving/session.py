@@ -7,19 +7,20 @@
 NOTE (invariants between rounds):
 - `tokens` = prompt + output. The target runner holds K/V for tokens[:-1]: the last token is fed at
   the start of the next round, together with the round's draft tokens (k+1 positions, one forward).
-- The draft runner holds a prefix of `tokens` (it is rolled back after every verification).
+- A proposer's runner holds a prefix of `tokens` (it is rolled back after every verification).
 - Settings changed with `update_settings` are validated at once and applied at the next round
   boundary, which a SettingsApplied event reports.
 - Engine time (every figure shown) counts only this session's own work on its engine clock
   (engine/serving/clock.py): its forwards, drafting, verification and sampling; never what its driver does
   between its steps (other sessions, teaching jobs, pacing, rendering, network).
 
-By concern: this module holds the round loop; engine/serving/live_settings.py the settings changed while it runs,
-engine/spec_decode/inspector.py the token inspector's annotations, engine/serving/session_figures.py its metrics and summary.
+The session owns its parts: `live` (engine/serving/live_settings.py) holds the settings changed while it runs,
+`figures` (engine/serving/session_figures.py) its events, statistics, inspector figures, metrics and summary. A
+round's steps that a teaching fault may replace are hooks (engine/spec_decode/faults.py); proposers keep the
+contract of engine/spec_decode/draft.py.
 """
 from __future__ import annotations
 
-import itertools
 import threading
 import uuid
 import weakref
@@ -28,29 +29,27 @@ from typing import Iterator
 import numpy as np
 
 from ..kv.block_pool import KVCacheFullError
+from ..kv.dtypes import kv_bytes_per_token
 from ..kv.runner import ROUND_BOUNDARY, ForwardRequest, PagedRunner, RecomputeRunner, clock_for
 from ..model.chat import marked_prompt_tokens
 from ..model.llama import ContextLengthError
 from ..model.tokenizer import StreamDecoder
+from ..spec_decode.draft import NO_DRAFT, DraftParams, Proposer
+from ..spec_decode.faults import TEACHING_FAULTS
 from ..spec_decode.heads import EagleProposer, FeatureLog, MedusaProposer
-from ..spec_decode.inspector import InspectorAnnotations, Unshown
 from ..spec_decode.proposers import DraftModelProposer, NgramProposer
-from ..spec_decode.sampling import probs_from_logits, sample
-from ..spec_decode.verify import verify, verify_greedy
-from .events import Done, DraftProposed, Error, Event, Metrics, Prefill, RoundDone, Started, TokenResult
+from ..spec_decode.schedule import next_num_speculative_tokens
+from ..spec_decode.verify import verify_draft
 from .clock import EngineClock
+from .events import Done, Error, Event, Metrics, Prefill, SettingsApplied, Started
 from .live_settings import LiveSettings, pool_setting
-from .metrics import SpecDecodeStats
 from .registry import InferenceEngine, LoadedModel
 from .request_fit import unmet
 from .session_figures import SessionFigures
 from .settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
 
-MAX_GAMMA = 16
-_ids = itertools.count(1)
 
-
-class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
+class GenerationSession:
     def __init__(self, engine: InferenceEngine, prompt: str, settings: GenerationSettings | dict | None = None,
                  session_id: str | None = None):
         if not isinstance(settings, GenerationSettings):
@@ -86,30 +85,31 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         self.tokens: list[int] = list(self.prompt_ids)
         self.rng = np.random.default_rng(settings.seed)
         self.k = settings.num_speculative_tokens
-        self.stats = SpecDecodeStats()
         self.clock = EngineClock(clock_for(self.target_lm.model))
         self.round = 0
         self.finish_reason: str | None = None
-        self.target = None
-        self.proposer = None
-        self._pending: dict = {}
-        self._pending_lock = threading.Lock()
+        self.target = None                            # the target's runner, made at the prefill
+        self.proposer: Proposer | None = None         # None: plain decoding
+        self.seq_ids: set = set()                     # (pool, sequence) of every runner made: its block events
+        self.features = FeatureLog(self.target_lm.cfg.hidden_size)   # the target's hidden states, for heads
+        self.figures = SessionFigures(self)
+        self.stats = self.figures.stats
         self._cancel = threading.Event()
         self._closed = False
-        self._seq_ids: set = set()
-        self._unshown: list[Unshown] = []
-        self.features = FeatureLog(self.target_lm.cfg.hidden_size)   # the target's hidden states, for heads
         # output text, token by token: a byte-level token may end inside a character (engine/model/tokenizer.py)
         self._stream = StreamDecoder(self.tokenizer)
         # the KV pools this session uses, held against the server's KV memory budget until it closes (or, dropped
-        # without closing, is collected); a pool that cannot fit refuses the start here (live_settings.py)
-        self._pool_claim = engine.pools.claim()
-        self._pool_finalizer = weakref.finalize(self, self._pool_claim.dropped)
-        self._applying: GenerationSettings | None = None
-        self._claim_pools(pool_setting(settings), settings)
+        # without closing, is collected); a pool that cannot fit refuses the start here
+        self.live = LiveSettings(engine)
+        self._pool_finalizer = weakref.finalize(self, self.live.claim.dropped)
+        self.live.hold(pool_setting(settings), self.target_lm, settings)
         self._ensure_pools(settings)
 
     # --- control, callable from any thread ---------------------------------------------------------
+    def update_settings(self, changes: dict) -> GenerationSettings:
+        """Validate now (raises SettingsError), apply at the next round boundary."""
+        return self.live.update(changes, self.settings, self.target_lm)
+
     def cancel(self) -> None:
         self._cancel.set()
 
@@ -119,11 +119,12 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
             if self._closed:
                 return
             self._closed = True
-            for r in (self.target, getattr(self.proposer, "runner", None)):
-                if r is not None:
-                    r.free()
-            self._drain_block_events()
-            self._pool_claim.release()
+            if self.target is not None:
+                self.target.free()
+            if self.proposer is not None:
+                self.proposer.free()
+            self.figures.drain_block_events()
+            self.live.claim.release()
             self._pool_finalizer.detach()
 
     # --- the generators ----------------------------------------------------------------------------
@@ -179,29 +180,91 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
             t = clock.now()
             out = yield from self._prefill()
             self.stats.add_engine_time(clock.now() - t, first_token=True)
-            self._annotate()
+            self.figures.inspector.annotate()
             yield from out + self._after_round()
             while self.finish_reason is None:
                 yield ROUND_BOUNDARY
                 if self._cancel.is_set():
                     self.finish_reason = "cancelled"
                     break
-                new_settings = self._take_pending()         # with the pools they use made: not engine time
+                new_settings = self.live.take(self.settings, self.target_lm)   # pools made: not engine time
                 t = clock.now()
-                out = yield from self._apply_pending(new_settings)
-                self._settle_pools(new_settings)
+                out = yield from self._apply(new_settings)
+                self.live.settle(new_settings, self.settings, self.target_lm)
                 out += yield from self._round()
                 self.stats.add_engine_time(clock.now() - t)
-                self._annotate()
+                self.figures.inspector.annotate()
                 yield from out + self._after_round()
-            yield Done(self.summary())
+            yield Done(self.figures.summary())
         except (KVCacheFullError, ContextLengthError, ValueError) as e:
             self.finish_reason = "error"
             yield Error(str(e))
         finally:
             self.close()
 
-    # --- steps -------------------------------------------------------------------------------------
+    # --- a round -----------------------------------------------------------------------------------
+    def _round(self):  # generator -> list[Event]
+        """One round: draft -> verify -> accept -> commit. Nothing drafted (plain decoding, no match, no room
+        left) makes it a plain decode step: one position verified, the target's own token."""
+        self.round += 1
+        s, fault = self.settings, TEACHING_FAULTS[self.settings.fault]
+        draft, draft_ms = yield from self._draft()
+        context = len(self.tokens)                          # the target holds K/V for context - 1 tokens
+        logits, target_ms = yield from self._target_forward([self.tokens[-1]] + draft.tokens,
+                                                            mask=fault.verification_mask(draft))
+        verification = fault.verify(draft, logits, s.temperature, s.top_p, self.rng)
+        accepted = verification.num_accepted
+        fault.truncate(self.target, context + accepted)    # the rejected drafts' K/V leave the cache
+        texts = self._append(verification.emitted)
+        self.target.commit()
+        if self.proposer is not None:
+            self.proposer.rollback(context + accepted)
+        self.k = next_num_speculative_tokens(s.num_speculative_tokens_schedule, self.k, len(draft), accepted)
+        method = self.proposer.method if self.proposer is not None else "none"
+        return self.figures.round_events(self.round, method, draft, draft_ms, logits, target_ms, verification, texts)
+
+    def _draft(self):  # generator -> (Draft, its engine time in ms)
+        """The proposer's draft: at most k tokens, fewer where max_tokens or the context end sooner (the round's
+        bonus or replacement token takes one more place)."""
+        s = self.settings
+        k = min(self.k, s.max_tokens - self.num_output_tokens - 1,
+                self.target_lm.cfg.max_position_embeddings - len(self.tokens) - 1)
+        if self.proposer is None or k <= 0:
+            return NO_DRAFT, 0.0
+        t = self.clock.now()
+        draft = yield from self.proposer.propose(self.tokens, DraftParams(k, s.temperature, s.top_p,
+                                                                          s.draft_confidence_threshold), self.rng)
+        ms = (self.clock.now() - t) * 1e3
+        self.stats.draft_forward(ms, draft.forward_calls)
+        return draft, ms
+
+    def _target_forward(self, tokens, mask=None, prefill: bool = False):  # generator -> (logits, engine ms)
+        t = self.clock.now()
+        logits = yield ForwardRequest(self.target, tokens, mask=mask, last_only=prefill)
+        ms = (self.clock.now() - t) * 1e3
+        self.features.record(self.target)
+        self.stats.target_forward(ms, len(tokens), prefill=prefill)
+        return logits, ms
+
+    def _append(self, new_tokens: list[int]) -> list[str]:
+        """Append output tokens, stopping exactly at EOS, max_tokens or the context limit. Returns the text each
+        appended token adds to the output stream (joined: exactly the decoded output)."""
+        eos, texts = self.target_lm.cfg.eos_token_id, []
+        for tok in new_tokens:
+            self.tokens.append(tok)
+            texts.append(self._stream.push(tok))
+            if eos is not None and tok == eos:
+                self.finish_reason = "stop"
+            elif self.num_output_tokens >= self.settings.max_tokens:
+                self.finish_reason = "length"
+            elif len(self.tokens) >= self.target_lm.cfg.max_position_embeddings:
+                self.finish_reason = "context"
+            if self.finish_reason:
+                texts[-1] += self._stream.flush()
+                break
+        return texts
+
+    # --- the start ---------------------------------------------------------------------------------
     def _started(self) -> Started:
         return Started(self.id, self.settings.model_dump(), self.target_lm.describe(),
                        self.draft_lm.describe() if self.draft_lm else None, self._prompt_tokens(),
@@ -212,29 +275,38 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
         return marked_prompt_tokens(self.prompt_ids, self.tokenizer.stream_texts(self.prompt_ids), self._prompt_text,
                                     self._user_span)
 
+    def _prefill(self):  # generator -> list[Event]
+        """The prompt's forward and the first token, sampled as in plain decoding."""
+        self.target = self._make_runner(self.target_lm)
+        self.proposer = self._make_proposer()
+        logits, ms = yield from self._target_forward(self.tokens, prefill=True)
+        prefill = Prefill("target", len(self.tokens), self.target.cached_tokens, ms)
+        self.target.commit()
+        self.features.share(self.target)
+        s = self.settings
+        verification = verify_draft(NO_DRAFT, logits, s.temperature, s.top_p, self.rng)
+        texts = self._append(verification.emitted)
+        return [prefill] + self.figures.token_events(self.round, NO_DRAFT, logits, verification, texts)
+
     def _ensure_pools(self, s: GenerationSettings) -> None:
         """Make the KV pools these settings use before anything is timed: writing a pool's memory
-        (engine.kv_cache) is part of no forward and of no settings change. The constructor runs in a server's
-        worker thread, so a large model's first pool (SmolLM2: hundreds of MiB) holds up no other session."""
+        (engine/kv/cache.py) is part of no forward and of no settings change. The constructor runs in a server's
+        worker thread, so a large model's first pool holds up no other session."""
         self.engine.prepare_pools_for(self.target_lm, s)
-
-    def _eagle_head(self, target: LoadedModel) -> LoadedModel:
-        return self.engine.registry.heads_for(target)["eagle"]
-
-    def _eagle_manager(self, target: LoadedModel):
-        """The EAGLE layer's own pool: float32, 16-token blocks, whatever the target's cache settings."""
-        return self.engine.manager(self._eagle_head(target), "auto", 16)
 
     def _make_runner(self, lm: LoadedModel):
         s = self.settings
         if not s.kv_cache:
             return RecomputeRunner(lm.model)
-        runner = PagedRunner(lm.model, self.engine.manager(lm, s.kv_cache_dtype, s.block_size),
-                             s.enable_prefix_caching)
-        self._seq_ids.add((runner.manager.pool.name, runner.seq.seq_id))
+        return self._paged(lm.model, self.engine.manager(lm, s.kv_cache_dtype, s.block_size), s.enable_prefix_caching)
+
+    def _paged(self, model, manager, prefix_caching: bool) -> PagedRunner:
+        runner = PagedRunner(model, manager, prefix_caching)
+        self.seq_ids.add((manager.pool.name, runner.seq.seq_id))
         return runner
 
-    def _make_proposer(self):
+    def _make_proposer(self) -> Proposer | None:
+        """The proposer of the `method` setting (None: plain decoding)."""
         s = self.settings
         if s.method == "draft_model":
             return DraftModelProposer(self._make_runner(self.draft_lm))
@@ -244,139 +316,73 @@ class GenerationSession(LiveSettings, InspectorAnnotations, SessionFigures):
             return MedusaProposer(self.engine.registry.heads_for(self.target_lm)["medusa"], self.features)
         if s.method == "eagle":
             head = self.engine.registry.heads_for(self.target_lm)["eagle"]
-            runner = PagedRunner(head.model, self._eagle_manager(self.target_lm), prefix_caching=False)
-            self._seq_ids.add((runner.manager.pool.name, runner.seq.seq_id))
-            return EagleProposer(head, runner, self.features)
+            # the EAGLE layer's own pool: float32, 16-token blocks, whatever the target's cache settings
+            return EagleProposer(head, self._paged(head.model, self.engine.manager(head, "auto", 16), False),
+                                 self.features)
         return None
 
-    def _prefill(self):  # generator -> list[Event]
+    # --- settings changed while running ------------------------------------------------------------
+    def _apply(self, new: GenerationSettings | None):  # generator -> list[Event]
+        """Migrate what changed settings touch: a new target (re-prefilled), re-quantized caches, a new proposer."""
+        changed = {} if new is None else {k: v for k, v in new.model_dump().items() if v != getattr(self.settings, k)}
+        if not changed:
+            return []
+        self.settings, notes, t = new, [], self.clock.now()
+        if "num_speculative_tokens" in changed:
+            self.k = new.num_speculative_tokens
+        if "enable_prefix_caching" in changed:
+            for r in (self.target, self.proposer and self.proposer.runner):
+                if isinstance(r, PagedRunner):
+                    r.prefix_caching = new.enable_prefix_caching
+        if {"num_kv_heads", "kv_cache"} & changed.keys() or (
+                not new.kv_cache and {"kv_cache_dtype", "block_size"} & changed.keys()):
+            notes.append((yield from self._new_target(changed)))
+        elif {"kv_cache_dtype", "block_size"} & changed.keys() and isinstance(self.target, PagedRunner):
+            self.target = self._moved(self.target, self.target_lm)
+            draft = self.proposer
+            if isinstance(draft, DraftModelProposer) and isinstance(draft.runner, PagedRunner):
+                draft.runner = self._moved(draft.runner, self.draft_lm)     # its cache follows the target's
+            notes.append(f"KV cache re-quantized to {new.kv_cache_dtype}, block size {new.block_size}: "
+                         f"{kv_bytes_per_token(self.target_lm.cfg, new.kv_cache_dtype):,} bytes/token")
+        if {"method", "prompt_lookup_min", "prompt_lookup_max"} & changed.keys():
+            if self.proposer is not None:
+                self.proposer.free()
+            self.proposer = self._make_proposer()
+            notes.append(f"proposer: {new.method}")
+        return [SettingsApplied(changed, notes, (self.clock.now() - t) * 1e3)]
+
+    def _new_target(self, changed: dict):  # generator -> a note
+        """Another target variant, or the cache switched on or off: the target's runner made anew (and a draft
+        model's, whose cache follows it), the context re-prefilled."""
+        new = self.settings
+        if "num_kv_heads" in changed and new.num_kv_heads is not None:
+            self.target_lm = self.variants[new.num_kv_heads]
+        self.target.free()
         self.target = self._make_runner(self.target_lm)
-        self.proposer = self._make_proposer()
-        t = self.clock.now()
-        logits = (yield ForwardRequest(self.target, self.tokens, last_only=True))[-1]
-        ms = (self.clock.now() - t) * 1e3
-        self.features.record(self.target)
-        self.stats.target_forward(ms, len(self.tokens), prefill=True)
-        events: list[Event] = [Prefill("target", len(self.tokens), self.target.cached_tokens, ms)]
-        self.target.commit()
-        self.features.share(self.target)
-        t, p = self._sample_target(logits)
-        events.append(self._target_token(t, logits, p))
-        self._emit([t], ["target"], events[-1:])
-        return events
-
-    def _round(self):  # generator -> list[Event]
-        """One speculative round (or one plain decode step when nothing is proposed)."""
-        self.round += 1
-        s = self.settings
-        remaining = s.max_tokens - self.num_output_tokens
-        room = self.target_lm.cfg.max_position_embeddings - len(self.tokens)
-        k = min(self.k, remaining - 1, room - 1) if self.proposer is not None else 0
-        drafts, q, draft_ms = [], None, 0.0
-        events: list[Event] = []
-        if k > 0:
-            calls_before = self.proposer.forward_calls
-            t = self.clock.now()
-            drafts, q = yield from self.proposer.propose(self.tokens, k, s.temperature, s.top_p, self.rng,
-                                                         s.draft_confidence_threshold)
-            draft_ms = (self.clock.now() - t) * 1e3
-            self.stats.draft_forward(draft_ms, self.proposer.forward_calls - calls_before)
-        if not drafts:
-            return events + (yield from self._plain_step(draft_ms))
-        events.append(DraftProposed(self.round, self.proposer.method, [
-            {"id": x, "text": self.tokenizer.token_text(x), "q": float(q[i, x])} for i, x in enumerate(drafts)],
-            draft_ms))
-        old_len = len(self.tokens)
-        t = self.clock.now()
-        logits = yield ForwardRequest(self.target, [self.tokens[-1]] + drafts, causal=s.fault != "no_causal_mask")
-        target_ms = (self.clock.now() - t) * 1e3
-        self.features.record(self.target)
-        self.stats.target_forward(target_ms, len(drafts) + 1)
-        greedy = s.temperature == 0
-        if greedy:    # point masses on the argmax: verification compares ids, no distributions are built
-            p = None
-            verdicts, residual = verify_greedy(drafts, logits.argmax(axis=-1).tolist(), logits.shape[-1])
+        if new.kv_cache:
+            yield ForwardRequest(self.target, self.tokens[:-1], last_only=True)   # may run in chunks
+            self.features.record(self.target)
+            self.target.commit()
+            note = f"target {self.target_lm.name} ({self.target_lm.cfg.attention_kind}) re-prefilled " \
+                   f"{len(self.tokens) - 1} tokens"
         else:
-            p = probs_from_logits(logits, s.temperature, s.top_p)
-            verdicts, residual = verify(drafts, q, p, self.rng, s.fault != "unnormalized_residual")
-        n_acc = sum(v.status == "accepted" for v in verdicts)
-        self.stats.record_round(len(drafts), n_acc)
-        shown = [TokenResult(self.round, v.position, v.token_id, self.tokenizer.token_text(v.token_id), v.status,
-                             None, None, v.accept_prob, v.r) for v in verdicts]
-        # display distributions: at temperature 0 the decision uses point masses; show softmax(T=1)
-        display_q = getattr(self.proposer, "display_q", None) if greedy else None
-        self._unshown.append(Unshown(shown, logits if greedy else p, greedy,
-                                     display_q if display_q is not None else q, display_q is not None, residual))
-        events += shown
-        emitted = [v for v in verdicts if v.status != "rejected"]
-        if s.fault != "no_truncate":          # the fault keeps the rejected drafts' K/V in the cache
-            self.target.truncate(old_len + n_acc)
-        token_events = [e for e in events if isinstance(e, TokenResult) and e.status != "rejected"]
-        n_out = self._emit([v.token_id for v in emitted], [v.status for v in emitted], token_events)
-        if n_out < len(token_events):         # stopped at EOS inside the round: later tokens are not output
-            events = [e for e in events if all(e is not d for d in token_events[n_out:])]
-        self.target.commit()
-        self.proposer.rollback(old_len + n_acc)
-        if s.num_speculative_tokens_schedule == "heuristic":   # Hugging Face's assistant schedule
-            self.k = min(MAX_GAMMA, self.k + 2) if n_acc == len(drafts) else max(1, self.k - 1)
-        events.append(RoundDone(self.round, len(drafts), n_acc, len(emitted), len(drafts) + 1, target_ms,
-                                draft_ms, target_ms + draft_ms))
-        return events
+            self.target.token_ids = list(self.tokens[:-1])   # nothing to compute until the next step
+            note = "KV cache off: every step recomputes the whole sequence"
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.free()
+            self.proposer = self._make_proposer()
+        return note
 
-    def _plain_step(self, draft_ms: float):  # generator -> list[Event]
-        t = self.clock.now()
-        logits = (yield ForwardRequest(self.target, [self.tokens[-1]]))[-1]
-        target_ms = (self.clock.now() - t) * 1e3
-        self.features.record(self.target)
-        self.stats.target_forward(target_ms, 1)
-        tok, p = self._sample_target(logits)
-        events = [self._target_token(tok, logits, p)]
-        self._emit([tok], ["target"], events)
-        self.target.commit()
-        if self.proposer is not None:
-            self.proposer.rollback(len(self.tokens) - 1)
-        events.append(RoundDone(self.round, 0, 0, 1, 1, target_ms, draft_ms, target_ms + draft_ms))
-        return events
-
-    def _sample_target(self, logits):  # -> (token, p: the sampling distribution, None when greedy)
-        s = self.settings
-        if s.temperature == 0:      # greedy: the argmax of the logits (what the point mass would give)
-            return int(np.argmax(logits)), None
-        p = probs_from_logits(logits, s.temperature, s.top_p)
-        return sample(p, self.rng), p
-
-    def _target_token(self, tok: int, logits, p) -> TokenResult:
-        event = TokenResult(self.round, 1, tok, self.tokenizer.token_text(tok), "target", None, None, None, None)
-        self._unshown.append(Unshown([event], (logits if p is None else p)[None], p is None, None, False, None))
-        return event
-
-    def _emit(self, new_tokens: list[int], statuses: list[str], token_events: list[TokenResult]) -> int:
-        """Append output tokens, stopping exactly at EOS, max_tokens or the context limit; returns how many.
-
-        Each token's event gets the text it adds to the output stream (joined: exactly the decoded output).
-        """
-        s, eos = self.settings, self.target_lm.cfg.eos_token_id
-        n = 0
-        for tok, status, event in zip(new_tokens, statuses, token_events):
-            n += 1
-            self.tokens.append(tok)
-            self.stats.emit(status)
-            event.text = self._stream.push(tok)
-            if eos is not None and tok == eos:
-                self.finish_reason = "stop"
-            elif self.num_output_tokens >= s.max_tokens:
-                self.finish_reason = "length"
-            elif len(self.tokens) >= self.target_lm.cfg.max_position_embeddings:
-                self.finish_reason = "context"
-            if self.finish_reason:
-                event.text += self._stream.flush()
-                break
-        return n
-
-    def _after_round(self) -> list[Event]:
-        return [self._kv_event(), Metrics(self.metrics())]
+    def _moved(self, runner: PagedRunner, lm: LoadedModel) -> PagedRunner:
+        """The runner's tokens in the pool of the new cache dtype and block size (K/V converted)."""
+        moved = runner.move_to(self.engine.manager(lm, self.settings.kv_cache_dtype, self.settings.block_size))
+        self.seq_ids.add((moved.manager.pool.name, moved.seq.seq_id))
+        return moved
 
     # --- figures -----------------------------------------------------------------------------------
+    def _after_round(self) -> list[Event]:
+        return [self.figures.kv_event(), Metrics(self.figures.metrics())]
+
     @property
     def num_output_tokens(self) -> int:
         return len(self.tokens) - len(self.prompt_ids)

@@ -1,72 +1,114 @@
-"""What a session reports: its KV blocks each round, its metrics, and its summary at the end."""
+"""What a session reports beside its output: each round's events and token-inspector figures, its statistics
+(vLLM's definitions, engine/serving/metrics.py), its KV blocks, metrics and summary. Made from what a round did,
+after it did it; nothing here changes decoding."""
 from __future__ import annotations
 
 from ..kv.dtypes import kv_bytes_per_token
 from ..kv.runner import PagedRunner
-from ..spec_decode.heads import EagleProposer
-from .events import KVBlocks
+from ..spec_decode.draft import Draft
+from ..spec_decode.inspector import Inspector
+from ..spec_decode.verify import Verification
+from .events import DraftProposed, Event, KVBlocks, RoundDone, TokenResult
+from .metrics import SpecDecodeStats
 
 
 class SessionFigures:
-    """Mixed into GenerationSession (engine/serving/session.py), whose fields it reads."""
+    """The figures of one session (`session`, read only: its tokens, settings, runners and models).
 
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.tokens) - len(self.prompt_ids)
+    NOTE: `stats` counts a round's forwards as they run (the session calls `draft_forward` and `target_forward`),
+    and the rest of the round once it is done (`round_events`)."""
 
-    def _drain_block_events(self) -> list[dict]:
+    def __init__(self, session):
+        self.session = session
+        self.stats = SpecDecodeStats()
+        self.inspector = Inspector(session.tokenizer)
+
+    # --- a round's events -------------------------------------------------------------------------------
+    def token_events(self, round_no: int, draft: Draft, logits, v: Verification, texts: list[str]) -> list[Event]:
+        """A verification's token events, in order, without those the output stopped before (EOS inside a
+        round); `texts`: what each appended token added to the output stream."""
+        token_text = self.session.tokenizer.token_text
+        events = [TokenResult(round_no, v.position, v.token_id, token_text(v.token_id), v.status, None, None,
+                              v.accept_prob, v.r) for v in v.verdicts]
+        self.inspector.add(events, logits, v, draft)
+        emitted = [e for e in events if e.status != "rejected"]
+        for event, text in zip(emitted, texts):
+            event.text = text
+            self.stats.emit(event.status)
+        dropped = {id(e) for e in emitted[len(texts):]}
+        return [e for e in events if id(e) not in dropped]
+
+    def round_events(self, round_no: int, method: str, draft: Draft, draft_ms: float, logits, target_ms: float,
+                     v: Verification, texts: list[str]) -> list[Event]:
+        """A round's events: its draft, its tokens, and the round's figures."""
+        events: list[Event] = []
+        if draft:
+            self.stats.record_round(len(draft), v.num_accepted)
+            token_text = self.session.tokenizer.token_text
+            events.append(DraftProposed(round_no, method, [{"id": x, "text": token_text(x), "q": float(draft.q[i, x])}
+                                                           for i, x in enumerate(draft.tokens)], draft_ms))
+        events += self.token_events(round_no, draft, logits, v, texts)
+        events.append(RoundDone(round_no, len(draft), v.num_accepted, len(v.emitted), len(draft) + 1, target_ms,
+                                draft_ms, target_ms + draft_ms))
+        return events
+
+    # --- the KV caches, metrics, summary ------------------------------------------------------------------
+    def drain_block_events(self) -> list[dict]:
         """Take this session's block events from the pools it uses; other sessions' stay for them. (A copy of
         the pools: another thread may add one meanwhile.)"""
+        s = self.session
         return [{"kind": e.kind, "block_id": e.block_id, "pool": e.pool}
-                for mgr in list(self.engine.managers.values()) for e in mgr.pool.drain_events(self._seq_ids)]
+                for mgr in list(s.engine.managers.values()) for e in mgr.pool.drain_events(s.seq_ids)]
 
-    def _kv_event(self) -> KVBlocks:
-        pools = []
-        drafter = "eagle" if isinstance(self.proposer, EagleProposer) else "draft"    # a head's pool is its own
-        for role, runner in (("target", self.target), (drafter, getattr(self.proposer, "runner", None))):
+    def kv_event(self) -> KVBlocks:
+        s, pools = self.session, []
+        drafter = "eagle" if s.proposer is not None and s.proposer.method == "eagle" else "draft"  # a head's pool
+        for role, runner in (("target", s.target), (drafter, s.proposer and s.proposer.runner)):
             if isinstance(runner, PagedRunner):
                 pools.append(runner.manager.snapshot().drawn(role, runner.seq.block_table))
-        return KVBlocks(self._drain_block_events(), pools)
+        return KVBlocks(self.drain_block_events(), pools)
 
     def kv_figures(self) -> dict:
-        s, cfg = self.settings, self.target_lm.cfg
-        bpt = kv_bytes_per_token(cfg, s.kv_cache_dtype) if s.kv_cache else 0
-        held = self.target.num_tokens if s.kv_cache else 0
-        blocks = len(self.target.seq.blocks) if isinstance(self.target, PagedRunner) else 0
-        return {"dtype": s.kv_cache_dtype if s.kv_cache else "none", "num_kv_heads": cfg.num_key_value_heads,
-                "block_size": s.block_size, "bytes_per_token": bpt, "bytes_used": held * bpt,
-                "blocks_allocated": blocks, "bytes_allocated": blocks * s.block_size * bpt}
+        s = self.session
+        settings, cfg = s.settings, s.target_lm.cfg
+        bpt = kv_bytes_per_token(cfg, settings.kv_cache_dtype) if settings.kv_cache else 0
+        held = s.target.num_tokens if settings.kv_cache else 0
+        blocks = len(s.target.seq.blocks) if isinstance(s.target, PagedRunner) else 0
+        return {"dtype": settings.kv_cache_dtype if settings.kv_cache else "none", "num_kv_heads": cfg.num_key_value_heads,
+                "block_size": settings.block_size, "bytes_per_token": bpt, "bytes_used": held * bpt,
+                "blocks_allocated": blocks, "bytes_allocated": blocks * settings.block_size * bpt}
 
     def draft_kv_bytes(self) -> int | None:
         """Bytes held by the drafter's own cache (a draft model's or the EAGLE head's: the draft pool); None
         when the drafter keeps none (n-gram lookup, Medusa, plain decoding)."""
-        runner = getattr(self.proposer, "runner", None)
+        runner = self.session.proposer and self.session.proposer.runner
         return runner.num_tokens * runner.manager.bytes_per_token if isinstance(runner, PagedRunner) else None
 
     def metrics(self) -> dict:
         """kv_cache_bytes, kv_bytes_per_token and kv_blocks_used are the target's (the contract's kv_cache);
         draft_kv_cache_bytes the draft pool's, beside them."""
-        m = self.stats.summary(self.num_output_tokens)
+        s = self.session
+        m = self.stats.summary(s.num_output_tokens)
         kv = self.kv_figures()
         m.update(kv_cache_bytes=kv["bytes_used"], kv_bytes_per_token=kv["bytes_per_token"],
                  kv_blocks_used=kv["blocks_allocated"], draft_kv_cache_bytes=self.draft_kv_bytes(),
-                 num_output_tokens=self.num_output_tokens, num_speculative_tokens=self.k)
+                 num_output_tokens=s.num_output_tokens, num_speculative_tokens=s.k)
         return m
 
     def summary(self) -> dict:
-        out_ids = self.tokens[len(self.prompt_ids):]
-        cfg = self.target_lm.cfg
-        m = self.stats.summary(self.num_output_tokens)
+        s = self.session
+        out_ids, tokenizer, cfg = s.tokens[len(s.prompt_ids):], s.tokenizer, s.target_lm.cfg
+        m = self.stats.summary(s.num_output_tokens)
         return {
-            "text": self.tokenizer.decode(out_ids), "num_output_tokens": len(out_ids),
-            "finish_reason": self.finish_reason,
+            "text": tokenizer.decode(out_ids), "num_output_tokens": len(out_ids),
+            "finish_reason": s.finish_reason,
             "tokens": [{**t, "text": text} for t, text in   # stream pieces: joined, they are `text`
-                       zip(self.stats.token_statuses(self.tokenizer, out_ids), self.tokenizer.stream_texts(out_ids))],
+                       zip(self.stats.token_statuses(tokenizer, out_ids), tokenizer.stream_texts(out_ids))],
             **m, "kv_cache": self.kv_figures(),
-            "model": {"name": self.target_lm.name, "num_hidden_layers": cfg.num_hidden_layers,
+            "model": {"name": s.target_lm.name, "num_hidden_layers": cfg.num_hidden_layers,
                       "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
                       "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
                       "vocab_size": cfg.vocab_size},
-            "draft_model": self.draft_lm.name if self.draft_lm and self.settings.method == "draft_model" else None,
-            "settings": self.settings.model_dump(),
+            "draft_model": s.draft_lm.name if s.draft_lm and s.settings.method == "draft_model" else None,
+            "settings": s.settings.model_dump(),
         }

@@ -1,5 +1,5 @@
 """Draft heads (vLLM's `eagle` and `medusa`): small networks on the target's last hidden state that
-propose draft tokens, behind the proposer interface of engine/spec_decode/proposers.py.
+propose draft tokens, behind the Proposer contract of engine/spec_decode/draft.py.
 
 Both end in the target's own LM head restricted to a frequent-token subset S of the vocabulary
 (FR-Spec, Zhao et al. 2025), so a draft step does not pay for the whole vocabulary; EAGLE's also holds the
@@ -13,7 +13,7 @@ verification (engine/spec_decode/verify.py) stays exact, the residual covers the
 - Medusa-1 (Cai et al. 2024): K heads r_i = f_t + SiLU(f_t W_i); head i proposes token t+1+i from the
   same f_t, all K in one pass.
 
-Features: engine.model.forward's with_hidden rows, x / |x| (trained as x / rms(x) = sqrt(C) x / |x|;
+Features: engine.model.llama.forward's with_hidden rows, x / |x| (trained as x / rms(x) = sqrt(C) x / |x|;
 the factor is folded into the first matrix of each head here). Weights: models/heads/<target>/*.safetensors
 (engine/training/head_train.py writes them).
 """
@@ -29,10 +29,11 @@ from safetensors.numpy import load_file
 
 from ..kv.runner import ForwardRequest, PagedRunner
 from ..model.config import ModelConfig
-from ..model.layout import LAYOUTS, use_layout, weight_rows, weight_vec
+from ..model.layout import LAYOUTS, choose_split_rows, use_layout, weight_rows, weight_vec
 from ..model.llama import Model
+from .draft import Draft, DraftParams, Proposer
 from .proposers import point_masses
-from .sampling import draft_confidence, probs_from_logits, sample
+from .sampling import probs_from_logits, sample
 
 HEADS_DIR = Path(__file__).resolve().parents[2] / "models" / "heads"
 METHODS = ("eagle", "medusa")
@@ -197,7 +198,7 @@ def draft_from(logits, ids, vocab_size, temperature, top_p, rng):  # -> (token, 
     return sample(q, rng), q, full
 
 
-class EagleProposer:
+class EagleProposer(Proposer):
     """Drafts with an EAGLE head over its own paged KV cache; `features` is the session's FeatureLog."""
     method = "eagle"
 
@@ -206,11 +207,10 @@ class EagleProposer:
         self.vocab = ContextVocabulary(head)
         self.start = None        # the position of the head's first cache entry
         self.real = 0            # entries made from the target's own features (kept after verification)
-        self.display_q = None
-        self.forward_calls, self.forward_s = 0, 0.0
 
-    def propose(self, tokens, k, temperature, top_p, rng, min_confidence: float = 0.0):  # generator -> (drafts, q)
+    def propose(self, tokens, params: DraftParams, rng):
         head, runner, feats = self.head, self.runner, self.features
+        k, temperature, top_p = params.num_speculative_tokens, params.temperature, params.top_p
         if self.start is None:
             self.start = feats.start
         last = len(tokens) - 2                       # entry j = (f_j, x_{j+1}); the last one with a real f_j
@@ -229,60 +229,47 @@ class EagleProposer:
             shown.append(full)
             if q is not None:
                 qs.append(q)
-            if i == k - 1 or (min_confidence and draft_confidence(logits, x, q) < min_confidence):
+            if i == k - 1 or params.stops_at(logits, x, q):
                 break
             feat = runner.hidden[-1:]                                               # the predicted feature
             logits = (yield ForwardRequest(runner, [x], last_only=True, inputs_embeds=head.inputs(feat, [x])))[-1]
-        self.forward_calls += len(drafts)
-        self.display_q = np.array(shown)
-        return drafts, np.array(qs) if qs else point_masses(drafts, head.vocab_size)
+        q = np.array(qs) if qs else point_masses(drafts, head.vocab_size)
+        return Draft.chain(drafts, q, np.array(shown), forward_calls=len(drafts))   # the catch-up, then one a draft
 
     def rollback(self, num_valid: int) -> None:
         """Drop the entries made from predicted features (the drafting ones); the next round catches up."""
         self.runner.truncate(self.real)
 
-    def free(self) -> None:
-        self.runner.free()
 
-
-class MedusaProposer:
+class MedusaProposer(Proposer):
     """K heads on the hidden state that produced the last token: up to K drafts in one pass."""
     method = "medusa"
 
     def __init__(self, head: MedusaHead, features: FeatureLog):
         self.head, self.features = head, features
-        self.display_q = None
-        self.forward_calls, self.forward_s = 0, 0.0
 
-    def propose(self, tokens, k, temperature, top_p, rng, min_confidence: float = 0.0):  # generator -> (drafts, q)
-        k = min(k, self.head.num_heads)
+    def propose(self, tokens, params: DraftParams, rng):
+        yield from ()                      # the heads run on a feature the target computed: no forward of its own
+        k = min(params.num_speculative_tokens, self.head.num_heads)
         rows = self.head.logits(self.features.rows[len(tokens) - 2])[:k]          # [k, Vs]
         drafts, qs, shown = [], [], []
         for row in rows:
-            x, q, full = draft_from(row, self.head.subset, self.head.vocab_size, temperature, top_p, rng)
+            x, q, full = draft_from(row, self.head.subset, self.head.vocab_size, params.temperature, params.top_p, rng)
             drafts.append(x)
             shown.append(full)
             if q is not None:
                 qs.append(q)
-            if min_confidence and draft_confidence(row, x, q) < min_confidence:
+            if params.stops_at(row, x, q):
                 break                      # the later heads' drafts follow this doubtful one: not verified
-        self.forward_calls += k
-        self.display_q = np.array(shown)
-        return drafts, np.array(qs) if qs else point_masses(drafts, self.head.vocab_size)
-        yield  # a generator like the other proposers
-
-    def rollback(self, num_valid: int) -> None:
-        pass
-
-    def free(self) -> None:
-        pass
+        q = np.array(qs) if qs else point_masses(drafts, self.head.vocab_size)
+        return Draft.chain(drafts, q, np.array(shown), forward_calls=k)              # one head, one draft step
 
 
 def demo_settings(target_name: str, threads: int, heads_dir: Path = HEADS_DIR) -> dict | None:
     """EAGLE's best γ and confidence threshold for a target at `threads` weight-product threads, as `bench heads`
     measured them (its folder's demo.json, per thread count): the entry of the most threads measured up to
     `threads`, else of the fewest; None without one. Verification and drafting scale differently with threads
-    (cli/bench/heads_threads.py), so the best setting is a property of the thread count."""
+    (cli/bench/heads_runs.py), so the best setting is a property of the thread count."""
     try:
         by_threads = json.loads((Path(heads_dir) / target_name / "demo.json").read_text())["by_threads"]
         entries = {int(t): e for t, e in by_threads.items()}
@@ -315,4 +302,6 @@ def load_heads(target_name: str, target_cfg: ModelConfig, embed, checkpoint_dir,
         f = folder / f"{method}.safetensors"
         if f.is_file():
             out[method] = cls(target_name, target_cfg, target_weights, load_file(str(f)), layout)
+    if "eagle" in out:                  # its layer's products: measured as any loaded model's (loaded_model.py)
+        choose_split_rows(out["eagle"].model)
     return out

@@ -19,17 +19,30 @@ class Unshown(NamedTuple):
     residual: object            # [V] the residual a resampled token was drawn from, or None
 
 
-class InspectorAnnotations:
-    """Mixed into GenerationSession (engine/serving/session.py): fills in the token events of `_unshown` after a round."""
+class Inspector:
+    """The token inspector's figures of one session's token events, filled in after each round (`annotate`)."""
 
-    def _annotate(self) -> None:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.unshown: list[Unshown] = []
+
+    def add(self, events, logits, verification, draft) -> None:
+        """A verification's token events (positions 1..n), to annotate from the target's logits [n, V] or its
+        sampling distributions (`verification.p`) and the draft's q, or its logits when greedy."""
+        greedy = verification.p is None
+        shows_logits = greedy and draft.display_logits is not None
+        q_source = None if not draft else draft.display_logits if shows_logits else draft.q
+        self.unshown.append(Unshown(events, logits if greedy else verification.p, greedy, q_source, shows_logits,
+                                    verification.residual))
+
+    def annotate(self) -> None:
         """Fill in what the token inspector shows: p(x), q(x) and the top-5 of p, q and the residual.
 
         Display, not decoding: it runs after the round's engine time is taken. p is softmax of the
         target's logits when greedy (the decision itself used point masses), else the sampling
         distribution; likewise q (softmax of the draft's logits when greedy).
         """
-        for events, p_source, p_is_logits, q_source, q_is_logits, residual in self._unshown:
+        for events, p_source, p_is_logits, q_source, q_is_logits, residual in self.unshown:
             n = max(e.position for e in events)                                    # rows shown
             p = p_source[:n]                                                       # [positions, V]
             q = None if q_source is None else q_source[:n]                         # [drafts, V]
@@ -60,7 +73,7 @@ class InspectorAnnotations:
                 # greedy verification draws nothing: its "residual" is the point mass on the argmax, not shown
                 if e.status == "resampled" and residual is not None and not p_is_logits:
                     e.residual_top = self._named(top_k_rows(residual[None])[0])
-        self._unshown.clear()
+        self.unshown.clear()
 
     def _named(self, top) -> list:  # [(id, prob)] -> [[id, text, prob]]
         text = self.tokenizer.token_text

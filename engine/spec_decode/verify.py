@@ -15,10 +15,14 @@ equals the target's argmax, then emit the target's argmax".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .sampling import sample
+from .sampling import probs_from_logits, sample
+
+if TYPE_CHECKING:              # draft.py builds on tree_verify.py, which builds on this module
+    from .draft import Draft
 
 
 def acceptance_probability(p_x: float, q_x: float) -> float:
@@ -26,11 +30,9 @@ def acceptance_probability(p_x: float, q_x: float) -> float:
     return 1.0 if p_x >= q_x else p_x / q_x
 
 
-def residual_distribution(p, q, normalize: bool = True):  # [V], [V] -> [V]
+def residual_distribution(p, q):  # [V], [V] -> [V]
     """norm(max(0, p - q)): what to sample after a rejection. Falls back to p when p == q exactly."""
     r = np.maximum(p - q, 0.0)
-    if not normalize:          # the teaching fault "unnormalised residual"
-        return r
     total = r.sum()
     return r / total if total > 0 else p
 
@@ -61,8 +63,7 @@ class TokenVerdict:
     position: int             # 1-based draft position; k+1 for the bonus
 
 
-def verify(draft_tokens, q_probs, p_probs, rng: np.random.Generator,
-           normalize_residual: bool = True) -> tuple[list[TokenVerdict], np.ndarray | None]:
+def verify(draft_tokens, q_probs, p_probs, rng: np.random.Generator) -> tuple[list[TokenVerdict], np.ndarray | None]:
     """Verify k draft tokens by rejection sampling (temperature > 0; temperature 0 is `verify_greedy`).
     q_probs: [k, V] the draft's distributions; p_probs: [k+1, V] the target's.
 
@@ -79,11 +80,8 @@ def verify(draft_tokens, q_probs, p_probs, rng: np.random.Generator,
         verdicts.append(TokenVerdict(int(x), "accepted" if accepted else "rejected", float(p[x]), float(q[x]),
                                      a, r, i + 1))
         if not accepted:
-            res = residual_distribution(p, q, normalize_residual)
-            if normalize_residual:
-                t = sample(res, rng)
-            else:   # the teaching fault: numpy itself refuses, as it did in the seed article
-                t = int(rng.choice(len(res), p=res))
+            res = residual_distribution(p, q)
+            t = sample(res, rng)
             verdicts.append(TokenVerdict(t, "resampled", float(p[t]), float(q[t]), None, None, i + 1))
             return verdicts, res
     p = p_probs[k]
@@ -112,14 +110,49 @@ def verify_greedy(draft_tokens, target_ids, vocab_size: int) -> tuple[list[Token
     return verdicts, None
 
 
+class Verification(NamedTuple):
+    """A round's verification: its verdicts in order, the residual a rejected token's replacement was drawn
+    from (None without a rejection), and p, the target's sampling distributions [k+1, V] (None when greedy:
+    the rule then compares ids)."""
+    verdicts: list
+    residual: np.ndarray | None
+    p: np.ndarray | None
+
+    @property
+    def num_accepted(self) -> int:
+        return sum(v.status == "accepted" for v in self.verdicts)
+
+    @property
+    def emitted(self) -> list[int]:
+        """The tokens the round adds to the output: the accepted drafts, then the replacement or bonus token."""
+        return [v.token_id for v in self.verdicts if v.status != "rejected"]
+
+
+def verify_draft(draft: Draft, logits, temperature: float, top_p: float, rng: np.random.Generator) -> Verification:
+    """Verify a round's draft (a chain) from the target's logits [k+1, V] over the context's last token and the
+    drafts: greedy matching at temperature 0, else rejection sampling. With nothing drafted this is plain
+    decoding: one row, and the one token the target's own (status "target")."""
+    if not draft.is_chain:
+        raise NotImplementedError("verifying a token tree: only chains are drafted")
+    if temperature == 0:    # point masses on the argmax: verification compares ids, no distributions are built
+        p = None
+        verdicts, residual = verify_greedy(draft.tokens, logits.argmax(axis=-1).tolist(), logits.shape[-1])
+    else:
+        p = probs_from_logits(logits, temperature, top_p)
+        verdicts, residual = verify(draft.tokens, draft.q, p, rng)
+    if not draft:
+        verdicts[0].status = "target"
+    return Verification(verdicts, residual, p)
+
+
 def ngram_propose(context, k: int, min_n: int, max_n: int) -> np.ndarray:
     """Prompt lookup, vLLM's `ngram` rule: find the longest suffix n-gram (max_n down to min_n) that also
     occurs earlier in the context, and propose the (up to) k tokens that followed its earliest earlier
-    occurrence (vLLM's `_find_longest_matched_ngram_and_propose_tokens`; tests/vllm check it live).
+    occurrence (vLLM's `_find_longest_matched_ngram_and_propose_tokens`; tests/e2e/vllm_live check it live).
     Returns an empty array when nothing matches.
     """
-    # One character per token id (str holds any id below 0x110000), so that str.find, a C loop, finds
-    # the earliest earlier occurrence: 5-36 us a round for 50-500 tokens, where numpy windows took 50-87 us.
+    # One character per token id (str holds any id below 0x110000), so that str.find, a C loop, finds the
+    # earliest earlier occurrence: several times faster than comparing numpy windows of the context.
     ids = [int(t) for t in context]
     text, L = "".join(map(chr, ids)), len(ids)
     for n in range(min(max_n, L - 1), min_n - 1, -1):

@@ -1,15 +1,20 @@
 """Draft heads (eagle, medusa): greedy output equals plain greedy, sampled output keeps p with a head whose q
-covers only a subset of the vocabulary, and the head's pool leaks no blocks. Heads here have random
-weights (they propose poorly, so every status occurs); the shipped heads are tested in tests/smollm2."""
+covers only a subset of the vocabulary, and the head's pool leaks no blocks; every proposer keeps the Proposer
+contract. Heads here have random weights (they propose poorly, so every status occurs); the shipped heads are
+tested in tests/smollm2."""
+import inspect
+
 import numpy as np
 import pytest
 from rejection_check import rejection_check
 
 from engine.experiments.shootout import h100_speedup, shootout
 from engine.kv.dtypes import kv_bytes_per_token
+from engine.kv.runner import ForwardRequest
 from engine.model.llama import forward
 from engine.serving.session import GenerationSession
 from engine.serving.settings import SettingsError
+from engine.spec_decode.draft import Draft, DraftParams, Proposer
 from engine.spec_decode.heads import ContextVocabulary, EagleHead, FeatureLog, MedusaHead, draft_from
 from engine.spec_decode.sampling import probs_from_logits
 from engine.spec_decode.verify import first_token_distribution
@@ -67,6 +72,46 @@ def test_greedy_with_a_head_equals_plain_greedy(engine, method, gamma):
         assert spec["num_drafts"] > 0
         statuses = {e.status for e in events if e.type == "token"}
         assert {"rejected", "resampled"} <= statuses
+    assert no_blocks_used(engine)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "eagle", "medusa"])
+def test_every_proposer_keeps_the_proposer_contract(engine, method):
+    """Mid-run, each method's proposer is a Proposer whose `propose` is a generator: it yields ForwardRequests only
+    (run here one at a time; a scheduler may batch them) and returns a chain of at most k tokens, each with a
+    positive q, and the drafting forwards it cost; its runner, if it keeps one, rolls back to what verification
+    kept, and closing the session frees its blocks."""
+    s = GenerationSession(engine, PROMPTS[0] * 2, {"model": "t-mha", "method": method, "max_tokens": 30,
+                                                    "temperature": 0.9})
+    events = s.events()
+    next(e for e in events if e.type == "round" and e.round == 3)
+    proposer, tokens = s.proposer, list(s.tokens)
+    if method == "ngram":                           # a context whose last 4 tokens occurred before: a match
+        tokens += tokens[:4]
+    assert isinstance(proposer, Proposer) and proposer.method == method
+    run = proposer.propose(tokens, DraftParams(3, 0.9), np.random.default_rng(0))
+    assert inspect.isgenerator(run)
+    forwards, logits = 0, None
+    while True:
+        try:
+            request = run.send(logits)
+        except StopIteration as stop:
+            draft = stop.value
+            break
+        assert isinstance(request, ForwardRequest)
+        forwards += 1
+        logits = request.run()
+    assert isinstance(draft, Draft) and draft.is_chain and 1 <= len(draft) <= 3
+    assert all(draft.q[i, x] > 0 for i, x in enumerate(draft.tokens))
+    assert draft.forward_calls == {"ngram": 0, "medusa": 3}.get(method, forwards) and forwards == (
+        0 if method in ("ngram", "medusa") else len(draft))
+    assert (proposer.runner is not None) == (method in ("draft_model", "eagle"))
+    proposer.rollback(len(tokens))                  # as if verification rejected every draft
+    if method == "draft_model":                     # it holds a prefix of the context again
+        assert proposer.runner.token_ids == tokens[:proposer.runner.num_tokens]
+    if method == "eagle":                           # the entries of real features only: one a position but the last
+        assert proposer.runner.num_tokens == len(tokens) - 1 - proposer.start
+    events.close()
     assert no_blocks_used(engine)
 
 

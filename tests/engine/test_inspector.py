@@ -3,7 +3,7 @@ softmax and a full sort, whether a round hands over logits (greedy) or distribut
 import numpy as np
 
 from engine.serving.events import TokenResult
-from engine.spec_decode.inspector import InspectorAnnotations, Unshown
+from engine.spec_decode.inspector import Inspector, Unshown
 
 
 class Tokens:
@@ -11,9 +11,11 @@ class Tokens:
         return f"<{i}>"
 
 
-class Annotated(InspectorAnnotations):
-    def __init__(self, unshown):
-        self._unshown, self.tokenizer = [unshown], Tokens()
+def annotate(unshown: Unshown) -> None:
+    inspector = Inspector(Tokens())
+    inspector.unshown.append(unshown)
+    inspector.annotate()
+    assert inspector.unshown == []            # each round's events are annotated once
 
 
 def softmax64(x):
@@ -48,7 +50,7 @@ def test_greedy_figures_from_logits_equal_a_float64_softmax():
     q_logits[:, subset] = 3 * rng.standard_normal((3, len(subset)))
     ids = [int(subset[5]), int(subset[9]), 17, 23]
     events = round_of(ids, ["accepted", "accepted", "rejected", "bonus"])
-    Annotated(Unshown(events, p_logits, True, q_logits, True, None))._annotate()
+    annotate(Unshown(events, p_logits, True, q_logits, True, None))
     p, q = softmax64(p_logits), softmax64(q_logits)
     check(events, p, q)
     assert events[2].q == 0.0 and all(t[0] in set(subset.tolist()) for t in events[0].top_q)
@@ -60,7 +62,7 @@ def test_sampled_figures_from_distributions_are_read_as_given():
     events = round_of([3, 4, 5], ["accepted", "resampled", "target"])
     residual = np.maximum(p[1] - q[1], 0)
     residual /= residual.sum()
-    Annotated(Unshown(events, p, False, q, False, residual))._annotate()
+    annotate(Unshown(events, p, False, q, False, residual))
     check(events, p, q)
     assert [t[0] for t in events[1].residual_top] == np.argsort(-residual, kind="stable")[:5].tolist()
 
@@ -80,8 +82,8 @@ def test_a_greedy_replacement_shows_no_residual_and_a_sampled_one_does():
                 TokenResult(1, 1, target, "", "resampled", None, None, None, None)]
 
     greedy = replaced()
-    Annotated(Unshown(greedy, p_logits, True, q_logits, True, residual))._annotate()
+    annotate(Unshown(greedy, p_logits, True, q_logits, True, residual))
     assert greedy[1].residual_top == [] and greedy[1].p > 0
     sampled = replaced()
-    Annotated(Unshown(sampled, softmax64(p_logits), False, softmax64(q_logits), False, residual))._annotate()
+    annotate(Unshown(sampled, softmax64(p_logits), False, softmax64(q_logits), False, residual))
     assert sampled[1].residual_top[0] == [target, f"<{target}>", 1.0]

@@ -6,7 +6,7 @@ from engine.kv.cache import KVCacheManager
 from engine.model import reference
 from engine.model.checkpoint import init_weights
 from engine.model.config import ModelConfig
-from engine.model.llama import ContextLengthError, Model, forward, forward_no_cache
+from engine.model.llama import ContextLengthError, Model, causal_mask, forward, forward_no_cache
 
 
 def greedy_cached(model, mgr, prompt, steps):
@@ -135,28 +135,82 @@ def test_batched_forward_equals_one_by_one(seed_target, dtype):
     assert mixed[0].shape == (1, model.cfg.vocab_size)
 
 
+class ReadAndWriteOnly:
+    """A sequence's cache seen through `write` and `read` only: a one-token step cannot use the store's arrays."""
+
+    def __init__(self, kv):
+        self.kv = kv
+
+    def write(self, layer, kv):
+        self.kv.write(layer, kv)
+
+    def read(self, layer):
+        return self.kv.read(layer)
+
+    def direct(self):
+        return None
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("dtype", ["auto", "int8_per_token_head"])
-def test_decode_step_equals_the_general_path(kv_heads, dtype):
-    """`decode` (a one-token step on 1-D vectors, K/V used in place when the store allows) gives the general
-    path's logits and writes the same K/V (up to float32 rounding), for MHA / GQA / MQA, in place and
-    through a gather, in a float32 and an int8 cache."""
+def test_a_decode_step_in_the_stores_arrays_equals_one_through_write_and_read(kv_heads, dtype):
+    """A one-token step writes and reads K/V in the store's own arrays where the cache allows it
+    (`SequenceKV.direct`: a float32 cache, the sequence in one run of blocks); its logits and K/V equal those of
+    the same step through the cache's write and read, for MHA / GQA / MQA, contiguous and scattered."""
     cfg = ModelConfig.from_name("tiny").replace(num_attention_heads=4, num_key_value_heads=kv_heads)
     model = Model(cfg, init_weights(cfg, seed=3, std=0.3))
     tokens = np.random.default_rng(4).integers(0, cfg.vocab_size, 40)
     for scattered in (False, True):
         runs = []
-        for vector in (True, False):
-            model.vector_decode = vector
+        for in_place in (True, False):
             mgr = KVCacheManager(cfg, num_blocks=12, block_size=8, kv_cache_dtype=dtype)
             other = mgr.new_sequence()
             seq = mgr.new_sequence()
             forward(model, tokens[:20], 0, mgr.append_slots(seq, tokens[:20]))
             if scattered:                        # another sequence takes the next block first
                 mgr.append_slots(other, tokens[:8])
-            logits = [forward(model, tokens[i:i + 1], i, mgr.append_slots(seq, tokens[i:i + 1]))
-                      for i in range(20, 40)]
+            steps, direct = [], []
+            for i in range(20, 40):
+                kv = mgr.append_slots(seq, tokens[i:i + 1])
+                direct.append(kv.direct() is not None)
+                steps.append(forward(model, tokens[i:i + 1], i, kv if in_place else ReadAndWriteOnly(kv)))
             assert seq.contiguous != scattered
-            runs.append((np.concatenate(logits), mgr.store.read(1, mgr.append_slots(seq, []).read_slots)))
-        for a, b in zip(*runs):                  # float32 rounding: products summed in another order
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+            assert (all(direct) if dtype == "auto" and not scattered else not all(direct)) and any(direct) == (dtype == "auto")
+            runs.append((np.concatenate(steps), mgr.store.read(1, mgr.append_slots(seq, []).read_slots)))
+        for a, b in zip(*runs):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_products_in_4_row_pieces_give_the_plain_products_logits(seed_target):
+    """`Model.split_rows` (measured where a model is loaded) only changes how a few rows' products are cut."""
+    model, _ = seed_target
+    tokens = np.random.default_rng(6).integers(0, model.cfg.vocab_size, 30)
+    runs = []
+    for split in (frozenset(), frozenset(range(2, 17))):
+        model.split_rows = split
+        mgr = KVCacheManager(model.cfg, num_blocks=4, block_size=16)
+        seq = mgr.new_sequence()
+        forward(model, tokens[:20], 0, mgr.append_slots(seq, tokens[:20]))
+        runs.append([forward(model, tokens[a:b], a, mgr.append_slots(seq, tokens[a:b]))
+                     for a, b in ((20, 23), (23, 28), (28, 30))])
+    del model.split_rows
+    for a, b in zip(*runs):             # float32 rounding: products summed in another order
+        assert np.abs(a - b).max() <= 5e-5
+
+
+def test_the_mask_is_data_the_causal_one_by_default(seed_target):
+    """`forward(mask=...)`: the causal mask given explicitly changes nothing; a full mask lets each new position
+    see the ones after it (the teaching fault): in the first layer every position but the last sees more, and
+    through the K/V of the next layers the last one too."""
+    model, _ = seed_target
+    tokens = np.random.default_rng(8).integers(0, model.cfg.vocab_size, 25)
+
+    def verify(mask):
+        mgr = KVCacheManager(model.cfg, num_blocks=4, block_size=16)
+        seq = mgr.new_sequence()
+        forward(model, tokens[:20], 0, mgr.append_slots(seq, tokens[:20]))
+        return forward(model, tokens[20:], 20, mgr.append_slots(seq, tokens[20:]), mask=mask)
+    plain = verify(None)
+    np.testing.assert_array_equal(verify(causal_mask(5)), plain)
+    full = verify(np.zeros((5, 5), np.float32))
+    assert all(np.abs(full[i] - plain[i]).max() > 1e-3 for i in range(5))

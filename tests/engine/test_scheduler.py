@@ -90,7 +90,7 @@ def test_a_bug_in_one_session_ends_only_that_session(family):
     scheduler = Scheduler()
     good = GenerationSession(engine, PROMPTS[0], {"max_tokens": 20})
     bad = GenerationSession(engine, PROMPTS[1], {"max_tokens": 20})
-    bad._sample_target = None          # a bug: calling it raises TypeError inside the session's own code
+    bad._append = None                 # a bug: calling it raises TypeError inside the session's own code
     events = run_all(scheduler, [good, bad])
     assert events[bad.id][-1].type == "error" and "TypeError" in events[bad.id][-1].message
     assert events[good.id][-1].type == "done"

@@ -4,9 +4,10 @@ import pytest
 from rejection_check import rejection_check
 
 from engine.serving.session import GenerationSession
+from engine.spec_decode.draft import NO_DRAFT, Draft
 from engine.spec_decode.proposers import point_masses
 from engine.spec_decode.sampling import probs_from_logits, top_k_rows, top_p_filter
-from engine.spec_decode.verify import first_token_distribution, ngram_propose, verify, verify_greedy
+from engine.spec_decode.verify import first_token_distribution, ngram_propose, verify, verify_draft, verify_greedy
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 
@@ -112,6 +113,34 @@ def test_greedy_verification_is_rejection_sampling_with_point_masses():
         assert (fast_res is None) == (full_res is None)
         if fast_res is not None:
             assert fast_res.tolist() == full_res.tolist()
+
+
+def test_a_draft_is_a_tree_and_a_chain_the_tree_with_one_child_a_node():
+    q = point_masses([5, 6, 7, 8], 10)
+    chain = Draft.chain([5, 6, 7], q[:3])
+    assert chain.parents == [-1, 0, 1] and chain.depths.tolist() == [1, 2, 3] and chain.is_chain
+    assert chain.attention_mask() is None                   # the causal mask: the forward's own
+    tree = Draft([5, 6, 7, 8], [-1, 0, 0, 2], q)            # 5 has two children, 6 and 7; 8 follows 7
+    assert not tree.is_chain and tree.depths.tolist() == [1, 2, 2, 3]
+    sees = (tree.attention_mask() == 0).astype(int)         # rows and columns: the root, then the nodes
+    assert sees.tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
+    with pytest.raises(ValueError, match="node 1: parent 1"):
+        Draft([5, 6], [-1, 1], q[:2])
+    logits = np.random.default_rng(0).standard_normal((5, 10))
+    with pytest.raises(NotImplementedError, match="tree"):
+        verify_draft(tree, logits, 0.0, 1.0, np.random.default_rng(0))
+
+
+def test_a_round_that_drafts_nothing_is_a_plain_step():
+    """An empty draft's verification is one row: the target's own token, as plain decoding samples it."""
+    logits = np.random.default_rng(1).standard_normal((1, 50))
+    greedy = verify_draft(NO_DRAFT, logits, 0.0, 1.0, np.random.default_rng(0))
+    assert [(v.token_id, v.status, v.position) for v in greedy.verdicts] == [(int(logits.argmax()), "target", 1)]
+    sampled = verify_draft(NO_DRAFT, logits, 0.8, 0.9, np.random.default_rng(3))
+    p = probs_from_logits(logits[0], 0.8, 0.9)
+    rng = np.random.default_rng(3)
+    assert sampled.emitted == [int(min(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"), 49))]
+    assert sampled.verdicts[0].status == "target" and sampled.num_accepted == 0
 
 
 def test_top_k_rows_lists_each_rows_most_likely_tokens_in_order():
