@@ -5,6 +5,7 @@ from rejection_check import rejection_check
 
 from engine.serving.session import GenerationSession
 from engine.spec_decode.draft import NO_DRAFT, Draft
+from engine.spec_decode.faults import TEACHING_FAULTS
 from engine.spec_decode.proposers import point_masses
 from engine.spec_decode.sampling import probs_from_logits, top_k_rows, top_p_filter
 from engine.spec_decode.verify import first_token_distribution, ngram_propose, verify, verify_draft, verify_greedy
@@ -141,6 +142,37 @@ def test_a_round_that_drafts_nothing_is_a_plain_step():
     rng = np.random.default_rng(3)
     assert sampled.emitted == [int(min(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"), 49))]
     assert sampled.verdicts[0].status == "target" and sampled.num_accepted == 0
+
+
+def test_each_teaching_fault_replaces_one_hook_of_the_correct_round():
+    """The faults change the verification mask, the draw after a rejection or the truncation, nothing else: a
+    plain step keeps its causal (batchable) forward under every fault, and the unnormalised residual raises
+    numpy's own error only where the correct round drew from a residual, leaving the random stream as it was."""
+    correct, rng = TEACHING_FAULTS["none"], np.random.default_rng(0)
+    q, logits = probs_from_logits(rng.standard_normal((2, 30)), 1.0), rng.standard_normal((3, 30))
+    draft = Draft.chain([int(np.argmin(logits[0])), 3], q)         # the target's least likely token: rejected
+    assert all(fault.verification_mask(NO_DRAFT) is None for fault in TEACHING_FAULTS.values())
+    full = TEACHING_FAULTS["no_causal_mask"].verification_mask(draft)
+    assert correct.verification_mask(draft) is None and full.shape == (3, 3) and (full == 0).all()
+
+    class Held:
+        num_tokens = 9
+
+        def truncate(self, n):
+            self.num_tokens = n
+    for name in ("none", "no_truncate"):
+        runner = Held()
+        TEACHING_FAULTS[name].truncate(runner, 7)
+        assert runner.num_tokens == (9 if name == "no_truncate" else 7)
+    faulty = TEACHING_FAULTS["unnormalized_residual"]
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    with pytest.raises(ValueError, match="sum to 1"):
+        faulty.verify(draft, logits, 1.0, 1.0, a)
+    right = correct.verify(draft, logits, 1.0, 1.0, b)
+    assert right.verdicts[1].status == "resampled" and a.random() == b.random()
+    plain = [faulty.verify(NO_DRAFT, logits[:1], 1.0, 1.0, np.random.default_rng(s)).emitted for s in range(5)]
+    assert plain == [correct.verify(NO_DRAFT, logits[:1], 1.0, 1.0, np.random.default_rng(s)).emitted
+                     for s in range(5)]
 
 
 def test_top_k_rows_lists_each_rows_most_likely_tokens_in_order():
