@@ -17,8 +17,7 @@ def _acceptance_rows(held: dict) -> list[str]:
 
 def card(target: str, info: dict, c_table: str | None, status: str) -> str:
     tc, data = info["config"], info["data"]
-    losses = [h for h in info["history"] if "loss" in h]
-    curve = ", ".join(f"{h['step']}: {h['loss']:.2f}" for h in losses[::max(1, len(losses) // 12)])
+    curve = ", ".join(f"{h['step']}: {h['loss']:.2f}" for h in info["loss_curve"])
     lines = [
         f"# A draft model for {target}",
         "",

@@ -123,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
         if not trainer.held_out:
             raise SystemExit(f"no held-out answers: run `decoding-playground train-draft {args.target} data --held-out`")
         from .draft_train import acceptance
-        out = {"draft": args.checkpoint or "training state", "step": trainer.st.step,
+        done = Path(args.checkpoint or "") / "training.json"
+        step = json.loads(done.read_text())["steps"] if args.checkpoint and done.is_file() else None
+        out = {"draft": args.checkpoint or "training state", "step": step if args.checkpoint else trainer.st.step,
                "conversations": len(trainer.held_out),
                **acceptance(trainer.st.params, trainer.cfg, trainer.held_out, trainer.subset, args.gamma)}
         print(json.dumps(out, indent=1))

@@ -172,6 +172,13 @@ def acceptance(params, cfg: ModelConfig, convs, subset, gamma: int = 4) -> dict:
     return {name: _summary(t, gamma) for name, t in totals.items()}
 
 
+def loss_curve(history, points: int = 16) -> list[dict]:  # the logged training losses, thinned to about `points`
+    losses = [h for h in history if "loss" in h]
+    picked = losses[::max(1, len(losses) // points)]
+    picked += [h for h in losses[-1:] if h is not picked[-1]]
+    return [{"step": h["step"], "loss": h["loss"]} for h in picked]
+
+
 # --- the loop --------------------------------------------------------------------------------------
 class DraftTrainer:
     def __init__(self, tc: DraftTrainConfig, target_cfg: ModelConfig, target_embed, data_dir: Path, state_dir: Path,
@@ -272,7 +279,8 @@ class DraftTrainer:
                          "generation_s": (round(sum(json.loads(x)["s"] for x in timing.read_text().splitlines()), 1)
                                           if timing.is_file() else None),
                          "coverage_of_subset": round(coverage(self.convs, subset), 4)},
-                "vocab_subset": len(subset), "config": asdict(self.tc), "history": self.st.history[-40:]}
+                "vocab_subset": len(subset), "config": asdict(self.tc), "loss_curve": loss_curve(self.st.history),
+                "history": self.st.history[-40:]}
         if self.held_out:                              # the float16 weights as written
             shipped = {k: v.astype(np.float16).astype(np.float32) for k, v in self.st.params.items()}
             info["held_out"] = {"conversations": len(self.held_out),

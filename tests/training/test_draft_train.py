@@ -200,7 +200,8 @@ def test_model_card_states_data_losses_and_held_out_acceptance(trainer_factory, 
     assert f"{info['data']['answer_tokens']:,} answer tokens" in text
     per = info["held_out"]["full"]["per_position"]
     assert " / ".join(f"{x:.2f}" for x in per) in text
-    assert f"20: {[h for h in info['history'] if 'loss' in h][-1]['loss']:.2f}" in text
+    losses = [h["loss"] for h in info["history"] if "loss" in h]
+    assert f"loss (nats) by step: 10: {losses[0]:.2f}, 20: {losses[-1]:.2f}." in text
 
 
 def test_measure_c_times_every_candidate_against_the_target():
