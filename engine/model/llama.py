@@ -9,7 +9,7 @@ Both run the same layers, `decoder_layers`; they differ in how the rows' attenti
 Which new positions a new position sees is data, an [n, n] mask added to the attention scores: the causal
 mask unless the caller passes another (a draft tree's; a teaching fault's, engine/spec_decode/faults.py).
 
-Speed (decode is bound by numpy's ~1 us per call on small models, docs/benchmarks.md) shapes a few
+Speed (a small model's decode step is bound by numpy's overhead per call, docs/benchmarks.md) shapes a few
 choices, each exact up to float32 rounding:
 - Q, K and V are one matmul, gate and up are one matmul (fused weights, built once in `Model`).
 - The RMSNorm weights (and a factor sqrt(C), see `rms_norm`) are folded into the matrix that follows
@@ -86,8 +86,9 @@ class Model:
         self.c_eps = F32(c * cfg.rms_norm_eps)      # see rms_norm
         self.rotation = rope_rotation(hd, cfg.max_position_embeddings, cfg.rope_theta)
         self.num_parameters = sum(int(w.size) for w in weights.values())
-        # x @ w for rows [n, C]: np.dot is the same product with ~0.35 us less overhead per call than @ (a ufunc
-        # in numpy 2), 5% of a decode step here; weights stored otherwise (engine/model/layout.py) bring their own
+        # x @ w for rows [n, C]: np.dot is the same product with less overhead per call than @ (a ufunc in numpy
+        # 2), which a small model's decode step shows; weights stored otherwise (engine/model/layout.py) bring
+        # their own
         self.dot = np.dot
         self.layout = "arrays"       # [in, out] arrays; engine/model/layout.py's names otherwise
 
@@ -162,7 +163,7 @@ def attention(q, k, v, p0, mask=None):  # [n, nq, hd], [nkv, T, hd] x2, first ne
     g = nq // nkv
     if n == 1:                                                                     # decode: sees everything
         # K [T, hd] @ q.T rather than q @ K.T: OpenBLAS runs a product with a transposed [T, hd]
-        # operand ~1.7x slower; the copy that puts the scores back in [g, T] order is small.
+        # operand much slower; the copy that puts the scores back in [g, T] order is small.
         if g == 1:   # MHA: q as [nkv, hd, 1] is a plain reshape, and scores [T, 1] are already [1, T]
             s = (k @ q.reshape(nkv, hd, 1)).reshape(nkv, 1, T)
         else:

@@ -331,7 +331,7 @@ class GenerationSession:
         if "num_speculative_tokens" in changed:
             self.k = new.num_speculative_tokens
         if "enable_prefix_caching" in changed:
-            for r in (self.target, self.proposer and self.proposer.runner):
+            for r in (self.target, self.draft_runner):
                 if isinstance(r, PagedRunner):
                     r.prefix_caching = new.enable_prefix_caching
         if {"num_kv_heads", "kv_cache"} & changed.keys() or (
@@ -382,6 +382,11 @@ class GenerationSession:
     # --- figures -----------------------------------------------------------------------------------
     def _after_round(self) -> list[Event]:
         return [self.figures.kv_event(), Metrics(self.figures.metrics())]
+
+    @property
+    def draft_runner(self):
+        """The proposer's own runner (a draft model's, the EAGLE head's), or None."""
+        return self.proposer.runner if self.proposer is not None else None
 
     @property
     def num_output_tokens(self) -> int:

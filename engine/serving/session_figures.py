@@ -63,7 +63,7 @@ class SessionFigures:
     def kv_event(self) -> KVBlocks:
         s, pools = self.session, []
         drafter = "eagle" if s.proposer is not None and s.proposer.method == "eagle" else "draft"  # a head's pool
-        for role, runner in (("target", s.target), (drafter, s.proposer and s.proposer.runner)):
+        for role, runner in (("target", s.target), (drafter, s.draft_runner)):
             if isinstance(runner, PagedRunner):
                 pools.append(runner.manager.snapshot().drawn(role, runner.seq.block_table))
         return KVBlocks(self.drain_block_events(), pools)
@@ -74,14 +74,15 @@ class SessionFigures:
         bpt = kv_bytes_per_token(cfg, settings.kv_cache_dtype) if settings.kv_cache else 0
         held = s.target.num_tokens if settings.kv_cache else 0
         blocks = len(s.target.seq.blocks) if isinstance(s.target, PagedRunner) else 0
-        return {"dtype": settings.kv_cache_dtype if settings.kv_cache else "none", "num_kv_heads": cfg.num_key_value_heads,
+        return {"dtype": settings.kv_cache_dtype if settings.kv_cache else "none",
+                "num_kv_heads": cfg.num_key_value_heads,
                 "block_size": settings.block_size, "bytes_per_token": bpt, "bytes_used": held * bpt,
                 "blocks_allocated": blocks, "bytes_allocated": blocks * settings.block_size * bpt}
 
     def draft_kv_bytes(self) -> int | None:
         """Bytes held by the drafter's own cache (a draft model's or the EAGLE head's: the draft pool); None
         when the drafter keeps none (n-gram lookup, Medusa, plain decoding)."""
-        runner = self.session.proposer and self.session.proposer.runner
+        runner = self.session.draft_runner
         return runner.num_tokens * runner.manager.bytes_per_token if isinstance(runner, PagedRunner) else None
 
     def metrics(self) -> dict:

@@ -49,8 +49,8 @@ class Inspector:
             if p_is_logits and (q is None or q_is_logits):
                 rows = p if q is None else np.concatenate([p, q])
                 # Greedy: the figures are a few entries of softmax(logits) each, read off the logits with each
-                # row's normaliser; the top-5 of p is the top-5 of the logits. A softmax of whole rows cost
-                # ~5% of a speculative run's wall time (docs/benchmarks.md).
+                # row's normaliser; the top-5 of p is the top-5 of the logits. A softmax of whole rows cost a
+                # visible share of a speculative run's wall time with a large vocabulary.
                 lse = log_normalisers(rows)
                 tops = [[(x, math.exp(v - lse[r])) for x, v in top] for r, top in enumerate(top_k_rows(rows))]
 

@@ -68,9 +68,9 @@ def draft_confidence(logits, token: int, q) -> float:  # logits [V'] (the drafte
 
 
 def top_k_rows(p, k: int = 5):  # [n, V] -> per row [(token, prob)], the k most likely tokens first
-    """For the inspector. argpartition over a whole row costs ~1-3 ms for V = 49,152 and runs for every
-    verified position, so each row is cut to candidates first: the k-th largest of every 32nd entry is at
-    most the row's k-th largest, so the entries >= it hold the top k (exact; usually a few dozen). Rows
+    """For the inspector. argpartition over a whole row of a large vocabulary costs milliseconds and would run
+    for every verified position, so each row is cut to candidates first: the k-th largest of every 32nd entry
+    is at most the row's k-th largest, so the entries >= it hold the top k (exact; usually a few dozen). Rows
     that are mostly 0 (a draft head's q outside its vocabulary subset) keep only their nonzero entries."""
     k = min(k, p.shape[-1])
     idx = np.empty((len(p), k), np.int64)
