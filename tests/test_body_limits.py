@@ -7,6 +7,7 @@ The hostile cases run against a real uvicorn server in its own process, whose me
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import socket
@@ -53,7 +54,8 @@ def call(path: str, body_chunks: list[bytes], content_length: int | None = None)
 
     headers = [] if content_length is None else [(b"content-length", str(content_length).encode())]
     scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
-    asyncio.run(BodyLimitMiddleware(app)(scope, receive, send))
+    with concurrent.futures.ThreadPoolExecutor(1) as own_thread:     # a browser test's loop may run in this one
+        own_thread.submit(asyncio.run, BodyLimitMiddleware(app)(scope, receive, send)).result()
     return sum(got), sent
 
 
