@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.bench.serve_clients import many  # noqa: E402
-from cli.bench.serve import direct, wait_for_vllm  # noqa: E402
-from cli.bench.served import Server  # noqa: E402
+from cli.bench.serve import direct  # noqa: E402
+from cli.bench.served import Server, wait_until_loaded  # noqa: E402
 from engine.external.vllm_server import VARIANTS, free_port  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -58,11 +58,11 @@ def vllm_processes(server_pid: int) -> dict[str, int]:
 
 
 def wait_ready(base: str) -> None:
-    """`wait_for_vllm`, patient with a server too busy to answer /api/models within its 5 s (a loaded machine)."""
+    """`wait_until_loaded` for vLLM, patient with a server too busy to answer /api/models within its 5 s (a loaded machine)."""
     deadline = time.monotonic() + 900
     while True:
         try:
-            wait_for_vllm(base)
+            wait_until_loaded(base, VARIANTS["plain"].label, 900)
             return
         except OSError:
             if time.monotonic() > deadline:

@@ -28,16 +28,16 @@ def main() -> int:
 
     from playwright.sync_api import sync_playwright
 
-    from cli.bench.serve import server  # `decoding-playground serve` on a free port, stopped afterwards
+    from cli.bench.served import Server  # `decoding-playground serve` on a free port, stopped afterwards
 
     query = urlencode({"prompt": PROMPT, "method": "draft_model", "num_speculative_tokens": 4, "max_tokens": 128,
                        "speed": 5, "autoplay": 1})
-    with server(max_sessions=8, models_dir=None) as base, sync_playwright() as pw:
+    with Server("--max-sessions", "8") as srv, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
                                      args=["--disable-gpu", "--no-sandbox", "--no-first-run"])
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 720})
-            page.goto(f"{base}/?{query}", wait_until="networkidle")
+            page.goto(f"{srv.base}/?{query}", wait_until="networkidle")
             page.wait_for_function(
                 "r => { const s = document.getElementById('run-status');"
                 " return s && s.dataset.state === 'running' && Number(s.dataset.round) >= r; }",

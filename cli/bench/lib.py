@@ -168,7 +168,7 @@ def write_section(name: str, body: str, docs: Path | None = None) -> None:
 
 
 def add_bench(bsub, name: str, help: str, measure, tables, quick: str | None = None, models_dir: bool = False):
-    """`bench NAME`: measure(args) -> results ('section', 'ok'), tables(results) -> the section's tables."""
+    """`bench NAME`: measure(args) -> results ('section', default NAME; 'ok'), tables(results) -> its tables."""
     parser = bsub.add_parser(name, help=help)
     if quick:
         parser.add_argument("--quick", action="store_true", help=f"{quick} (a smoke run; writes nothing)")
@@ -179,7 +179,7 @@ def add_bench(bsub, name: str, help: str, measure, tables, quick: str | None = N
 
     def run(args) -> int:
         r = measure(args)
-        section, line = r.pop("section", name), machine_line(r["machine"])
+        section, line = r.setdefault("section", name), machine_line(r["machine"])
         text = "\n\n".join([*tables(r), line])
         print(json.dumps(r, indent=1, default=str) if args.json else text, flush=True)
         if not args.no_write and not getattr(args, "quick", False):

@@ -10,26 +10,23 @@ import re
 import secrets
 import statistics
 import time
-from contextlib import contextmanager
 
 import httpx
 
 from cli.bench.lib import add_bench, goals, machine, pooled, table, take_turns
 from cli.bench.serve_clients import PROMPTS, client, figures, many, merge, ms, p50_p99, pcts
-from cli.bench.served import Server, get_json, per_thread_count
+from cli.bench.served import Server, per_thread_count, wait_until_loaded
 from engine.external.vllm_server import SERVED_NAME, VARIANTS, free_port
 
 SWEEP_GAMMAS = ("none", 2, 4, 6)
 CONCURRENCY = (1, 4, 16)      # sessions at once: the sweep's, the room's and vLLM's against ours
 WATCHER_DONE = re.compile(r'id="run-status"[^>]*data-state="done"')
-START_TIMEOUT_S = 60.0
-VLLM_READY_TIMEOUT_S = 900.0
 KNEE_GAIN = 1.25       # tokens/s from one concurrency to the next (4x the sessions) below this: past the knee
 
 
 def add_parser(bsub) -> None:
     bp = add_bench(bsub, "serve", "N websocket clients against a real server: tokens/s, TTFT, ITL, errors, blocks left; "
-                   "watchers; the γ x load sweep", measure, tables, models_dir=True)
+                   "watchers; the γ x load sweep", measure, lambda r: TABLES[r["section"]](r), models_dir=True)
     bp.add_argument("--clients", type=int, default=32, help="concurrent generating clients (default 32)")
     bp.add_argument("--watchers", type=int, default=200, help="watchers of one session (default 200; 0: skip)")
     bp.add_argument("--max-tokens", type=int, default=128, help="output tokens per generation (default 128)")
@@ -47,19 +44,16 @@ def add_parser(bsub) -> None:
 
 
 # --- the server ---------------------------------------------------------------------------------------------
-@contextmanager
-def server(max_sessions: int, models_dir: str | None):
-    """`decoding-playground serve` on a free port of 127.0.0.1; yields its base URL."""
-    with Server("--max-sessions", str(max_sessions), "--max-queue", str(max_sessions), "--max-connections", "2000",
-                models_dir=models_dir, start_timeout_s=START_TIMEOUT_S) as srv:
-        yield srv.base
+def sessions(n: int) -> tuple[str, ...]:
+    """A server's flags for n sessions at once, none of them queued behind another."""
+    return "--max-sessions", str(n), "--max-queue", str(n), "--max-connections", "2000"
 
 
-def blocks_left(base: str, timeout_s: float = 10.0) -> dict:
+def blocks_left(srv: Server, timeout_s: float = 10.0) -> dict:
     """/api/stats once every session has been let go (polled until 0 blocks, at most `timeout_s`)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        stats = get_json(base + "/api/stats")
+        stats = srv.stats()
         if (stats["kv_blocks_used"] == 0 and stats["sessions"] == 0) or time.monotonic() > deadline:
             return stats
         time.sleep(0.05)
@@ -155,8 +149,8 @@ def settings_of(method: str, gamma, max_tokens: int) -> dict:
 def run_main(args) -> dict:
     settings = settings_of(args.method, args.num_speculative_tokens, args.max_tokens)
     out = {"settings": settings, "machine": machine(), "repeats": args.repeats}
-    with server(max(args.clients, 1), args.models_dir) as base:
-        ws_base = base.replace("http://", "ws://")
+    with Server(*sessions(max(args.clients, 1)), models_dir=args.models_dir) as srv:
+        ws_base = srv.ws("")
         # warm up: weights, caches, and the KV pools' memory (first touched by the first run at full load)
         asyncio.run(many(ws_base, args.clients, settings))
         for _ in range(3):
@@ -165,13 +159,13 @@ def run_main(args) -> dict:
         runs = take_turns({"alone": lambda: [asyncio.run(many(ws_base, 1, settings)) for _ in range(3)],
                            "concurrent": lambda: asyncio.run(many(ws_base, args.clients, settings))}, args.repeats)
         out["alone"], out["concurrent"] = merge(pooled(runs["alone"])), merge(runs["concurrent"])
-        out["after_all_left"] = {k: v for k, v in blocks_left(base).items() if k in ("sessions", "kv_blocks_used",
+        out["after_all_left"] = {k: v for k, v in blocks_left(srv).items() if k in ("sessions", "kv_blocks_used",
                                                                                     "kv_blocks_total", "connections")}
         if args.watchers:
             out["watch"] = asyncio.run(watchers(ws_base, args.watchers, settings))
-            out["after_watchers_left"] = {k: v for k, v in blocks_left(base).items()
+            out["after_watchers_left"] = {k: v for k, v in blocks_left(srv).items()
                                           if k in ("sessions", "kv_blocks_used", "watchers")}
-        out["server"] = get_json(base + "/api/stats")["engine"]
+        out["server"] = srv.stats()["engine"]
     out["engine_alone"] = engine_alone(args.clients, settings, args.repeats, args.models_dir)   # server stopped
     c, a = out["concurrent"], out["alone"]
     out["ratio_to_alone"] = (c["tokens_per_s"] / a["tokens_per_s"]) if c["tokens_per_s"] and a["tokens_per_s"] else None
@@ -180,8 +174,8 @@ def run_main(args) -> dict:
 
 def run_sweep(args) -> dict:
     rows, started = [], machine()
-    with server(max(CONCURRENCY), args.models_dir) as base:
-        ws_base = base.replace("http://", "ws://")
+    with Server(*sessions(max(CONCURRENCY)), models_dir=args.models_dir) as srv:
+        ws_base = srv.ws("")
         asyncio.run(many(ws_base, max(CONCURRENCY), settings_of("draft_model", 4, args.max_tokens)))  # warm up
         for concurrency in CONCURRENCY:
             runs = take_turns({g: lambda s=settings_of("draft_model", g, args.max_tokens): asyncio.run(
@@ -194,7 +188,7 @@ def run_sweep(args) -> dict:
                              "mean_acceptance_length": r["mean_acceptance_length"],
                              "ratio": r["tokens_per_s"] / baseline if baseline and r["tokens_per_s"] else None,
                              "errors": r["errors"]})
-        left = blocks_left(base)
+        left = blocks_left(srv)
     return {"machine": started, "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows,
             "kv_blocks_used_after": left["kv_blocks_used"]}
 
@@ -203,9 +197,8 @@ def run_room(args) -> dict:
     """The workshop room: 1, 4 and 16 sessions on a server per thread count, the counts taking turns."""
     started, counts = machine(), list(range(1, max(1, args.threads) + 1))
     settings = {"model": args.model, "method": "none", "chat": True, "max_tokens": args.max_tokens}
-    with per_thread_count(args.model, counts, "--max-sessions", str(max(CONCURRENCY)), "--max-queue", str(max(CONCURRENCY)),
-                          models_dir=args.models_dir) as servers:
-        ws = {t: s.base.replace("http://", "ws://") for t, s in servers.items()}
+    with per_thread_count(args.model, counts, *sessions(max(CONCURRENCY)), models_dir=args.models_dir) as servers:
+        ws = {t: s.ws("") for t, s in servers.items()}
         for t in counts:                            # warm up: the KV pools are touched
             asyncio.run(many(ws[t], max(CONCURRENCY), settings))
         results = {c: take_turns({t: lambda t=t: asyncio.run(many(ws[t], c, settings)) for t in counts}, args.repeats)
@@ -275,18 +268,6 @@ def room_tables(r: dict) -> list[str]:
 
 
 # --- vLLM against ours -------------------------------------------------------------------------------------
-def wait_for_vllm(base: str) -> dict:
-    deadline = time.monotonic() + VLLM_READY_TIMEOUT_S
-    while True:
-        vllm = [m for m in get_json(base + "/api/models")["models"] if m.get("engine") == "vllm"]
-        if vllm and all(m["ready"] for m in vllm):
-            return vllm[0]
-        failed = [m.get("error") for m in vllm if m.get("state") == "failed"]
-        if failed or not vllm or time.monotonic() > deadline:
-            raise SystemExit(f"bench serve --engine vllm: vLLM is not ready: {failed or vllm or 'not offered'}")
-        time.sleep(1.0)
-
-
 async def direct_client(client: httpx.AsyncClient, url: str, key: str, i: int, max_tokens: int,
                         gate: asyncio.Event) -> dict:
     """One chat request straight to vLLM (no page): its tokens, TTFT and gaps between chunks, on this clock."""
@@ -329,15 +310,12 @@ def run_vllm_sweep(args) -> dict:
     started = machine()
     engines = {"ours": {"model": "smollm2-135m", "chat": True, "method": "none", "max_tokens": args.max_tokens},
                "vllm": {"model": VARIANTS["plain"].label, "max_tokens": args.max_tokens}}
-    rows = []
-    n = max(CONCURRENCY)
-    port, key = free_port(), secrets.token_urlsafe(24)
+    rows, port, key = [], free_port(), secrets.token_urlsafe(24)
     os.environ["DECODING_PLAYGROUND_VLLM_API_KEY"] = key            # the served process's environment
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    with Server("--vllm", "--vllm-variants", "plain", "--vllm-port", str(port), "--no-llamacpp", "--max-sessions",
-                str(n), "--max-queue", str(n), models_dir=args.models_dir, start_timeout_s=120.0) as srv:
-        described = wait_for_vllm(srv.base)
-        ws_base = srv.base.replace("http://", "ws://")
+    with Server("--vllm", "--vllm-variants", "plain", "--vllm-port", str(port), "--no-llamacpp",
+                *sessions(max(CONCURRENCY)), models_dir=args.models_dir) as srv:
+        described, ws_base = wait_until_loaded(srv.base, VARIANTS["plain"].label, 900), srv.ws("")
         for settings in engines.values():                                   # warm up both
             asyncio.run(many(ws_base, 1, {**settings, "max_tokens": 8}))
         for concurrency in CONCURRENCY:
@@ -370,6 +348,4 @@ def measure(args) -> dict:
     return {**run_sweep(args), "section": "serve sweep"} if args.sweep else run_main(args)
 
 
-def tables(r: dict) -> list[str]:
-    kind = "vllm" if "vllm" in r else "room" if "knee" in r else "sweep" if "kv_blocks_used_after" in r else "main"
-    return {"vllm": vllm_tables, "room": room_tables, "sweep": sweep_tables, "main": main_tables}[kind](r)
+TABLES = {"serve": main_tables, "serve sweep": sweep_tables, "serve room": room_tables, "serve vllm": vllm_tables}

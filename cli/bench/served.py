@@ -86,15 +86,19 @@ class Server:
         self.stop()
 
 
-def wait_until_loaded(base: str, model: str | None = None, timeout_s: float = 300.0) -> None:
-    """Until the server has loaded `model` (None: every model): sessions on a loading model take GBs."""
+def wait_until_loaded(base: str, model: str | None = None, timeout_s: float = 300.0) -> dict:
+    """Until the server has loaded `model` (None: every model; vLLM's: until it is ready), as sessions on a loading
+    model take GBs: its entry in /api/models (None: {name: entry})."""
     deadline = time.monotonic() + timeout_s
     while True:
         models = {m["name"]: m for m in get_json(base + "/api/models")["models"]}
         if model is not None and model not in models:
             raise SystemExit(f"the server offers no model {model!r}: {', '.join(models)}")
-        if not any(m.get("loading") for name, m in models.items() if model in (None, name)):
-            return
+        asked = {name: m for name, m in models.items() if model in (None, name)}
+        if any(m.get("state") == "failed" for m in asked.values()):
+            raise SystemExit(f"{model or 'a model'} failed to start: {[m.get('error') for m in asked.values()]}")
+        if not any(m.get("loading") or m.get("ready") is False for m in asked.values()):
+            return asked[model] if model else asked
         if time.monotonic() > deadline:
             raise RuntimeError(f"{model or 'the models'} did not load within {timeout_s:.0f} s")
         time.sleep(0.2)
@@ -109,7 +113,6 @@ def per_thread_count(model: str, counts, *args: str, models_dir=None):
         for s in servers.values():
             wait_until_loaded(s.base, model)
         yield servers
-        ran = {t: next(m for m in get_json(s.base + "/api/models")["models"] if m["name"] == model).get("threads", t)
-               for t, s in servers.items()}
+        ran = {t: wait_until_loaded(s.base, model).get("threads", t) for t, s in servers.items()}
         if any(ran[t] != t for t in ran):
             raise RuntimeError(f"a server ran another thread count than asked: {ran}")
