@@ -42,14 +42,10 @@ def pair(what: str, first, second, repeats: int, runs: int = 1, per: int = 1) ->
             "speedup": paired(*([statistics.median(turn) for turn in v] for v in r.values()))}
 
 
-def bench_model(cfg: ModelConfig, seed: int = 0):
-    weights = init_weights(cfg, seed=seed, std=0.05)
-    return Model(cfg, weights), weights
-
-
-def pairs(model: Model, weights, quick: bool) -> list[dict]:
+def pairs(cfg: ModelConfig, quick: bool) -> list[dict]:
     """The seed's ratios: KV cache / recomputation, lean / reference decode, prefill / one by one, prefix reuse."""
-    cfg, n = model.cfg, 5 if quick else 15
+    weights, n = init_weights(cfg, seed=0, std=0.05), 5 if quick else 15
+    model = Model(cfg, weights)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, cfg.max_position_embeddings)
     out = [pair(f"decode at T = {T}: no cache / KV cache", lambda T=T: forward_no_cache(model, tokens[:T]),
                 forward_after(model, tokens, T - 1), n, runs=20) for T in (16, 32, 64, 128, 256, 511)]
@@ -120,8 +116,7 @@ def gqa_attention(quick: bool) -> list[dict]:
 
 def batched_decode(cfg: ModelConfig, quick: bool, batch: int = 64) -> dict:
     """One decode step for `batch` sequences (contexts 20-120): one by one vs one batched computation."""
-    model, _ = bench_model(cfg)
-    rng = np.random.default_rng(5)
+    model, rng = Model(cfg, init_weights(cfg, seed=0, std=0.05)), np.random.default_rng(5)
     mgr = KVCacheManager(cfg, num_blocks=batch * 9, block_size=16)
     seqs, new = [], [rng.integers(0, cfg.vocab_size, 1) for _ in range(batch)]
     for _ in range(batch):
@@ -142,10 +137,9 @@ def batched_decode(cfg: ModelConfig, quick: bool, batch: int = 64) -> dict:
 def run_engine(quick: bool, models_dir=None) -> dict:
     m = machine()
     cfg = ModelConfig.from_name("seed-target")
-    model, weights = bench_model(cfg)
     res = {"machine": m, "quick": quick, "model": f"`{cfg.name}`: {cfg.num_hidden_layers} layers x width "
            f"{cfg.hidden_size} x {cfg.num_attention_heads} heads, {cfg.num_parameters():,} parameters, random weights",
-           "pairs": pairs(model, weights, quick)
+           "pairs": pairs(cfg, quick)
            + [batched_decode(ModelConfig.from_name(p), quick) for p in ("seed-target", "target-mha")],
            "gqa_attention": gqa_attention(quick),
            "kv_bytes": [{"kv_cache_dtype": name, "bytes_per_token": kv_bytes_per_token(cfg, name),

@@ -34,11 +34,6 @@ LABELS = {"ours": "ours (numpy, float32)", "llama.cpp": "llama.cpp (xllamacpp, Q
           "transformers": "transformers (torch, float32)"}
 
 
-def llamacpp(server: EmbeddedLlamaCpp, max_tokens: int, prompt: str = PROMPT) -> dict:
-    s = chat_summary(server.engine, prompt, max_tokens)
-    return {"tokens_per_s": 1e3 / s["itl_ms"], "engine_tokens_per_s": s["engine_tokens_per_s"]}
-
-
 def race(args, lm) -> tuple[dict, dict, dict]:
     """Each engine at 1 .. N threads, plain and n-gram on the copy prompt, taking turns; what was left out."""
     counts, skipped, workers = list(range(1, max(1, args.threads) + 1)), {}, {}
@@ -56,15 +51,15 @@ def race(args, lm) -> tuple[dict, dict, dict]:
                 skipped["transformers"] = str(e)
         sides = {("ours", "plain"): lambda: generate_tokens_per_s(1, COPY_PROMPT, MAX_TOKENS),
                  ("ours", "n-gram"): lambda: generate_tokens_per_s(1, COPY_PROMPT, MAX_TOKENS, **OURS_NGRAM),
-                 ("llama.cpp", "plain"): lambda: llamacpp(plain, MAX_TOKENS, COPY_PROMPT),
-                 ("llama.cpp", "n-gram"): lambda: llamacpp(ngram, MAX_TOKENS, COPY_PROMPT)}
+                 ("llama.cpp", "plain"): lambda: chat(plain, COPY_PROMPT),
+                 ("llama.cpp", "n-gram"): lambda: chat(ngram, COPY_PROMPT)}
         for t in counts:
             sides["ours", t] = lambda t=t: generate_tokens_per_s(t, PROMPT, MAX_TOKENS)
-            sides["llama.cpp", t] = lambda s=servers[t]: llamacpp(s, MAX_TOKENS)
+            sides["llama.cpp", t] = lambda s=servers[t]: chat(s)
             if t in workers:
                 sides["transformers", t] = lambda w=workers[t]: w.generate(ids, MAX_TOKENS, eos)
         for s in (*servers.values(), plain, ngram):
-            llamacpp(s, 8)                                                  # warm-up: first-call costs
+            chat(s, max_tokens=8)                                           # warm-up: first-call costs
         for w in workers.values():
             w.generate(ids, 8, eos)
         return take_turns(sides, args.repeats), skipped, workers
@@ -104,35 +99,14 @@ def run_engines(args) -> dict:
     return r
 
 
-def chat_summary(engine, prompt: str, max_tokens: int) -> dict:
-    """A greedy chat generation on a server (llama.cpp's, vLLM's): its summary."""
+def chat(server, prompt: str = PROMPT, max_tokens: int = MAX_TOKENS) -> dict:
+    """A greedy chat generation on llama.cpp's or vLLM's server: its summary, decode tokens/s (1 / ITL) beside it."""
     async def run():
-        return [e async for e in stream_chat(engine, prompt, {"max_tokens": max_tokens, "temperature": 0.0})]
+        return [e async for e in stream_chat(server.engine, prompt, {"max_tokens": max_tokens, "temperature": 0.0})]
     events = asyncio.run(run())
     if events[-1].type != "done":
         raise RuntimeError(events[-1].message)
-    return events[-1].summary
-
-
-def vllm_chat(server: VllmServer, prompt: str, max_tokens: int) -> dict:
-    s = chat_summary(server.engine, prompt, max_tokens)
-    return {"tokens_per_s": 1e3 / s["itl_ms"], "mean_acceptance_length": s.get("mean_acceptance_length")}
-
-
-def vllm_servers(threads: int, variants=("plain",)) -> list[VllmServer]:
-    cache = cache_dir()
-    made = [VllmServer(VARIANTS[v], default_venv(cache), model_dir(NAME, cache), cache / "vllm", threads,
-                       eager=False) for v in variants]
-    for s in made:
-        s.start()
-
-    async def all_ready():
-        return await asyncio.gather(*(s.wait_ready() for s in made))
-    if not all(asyncio.run(all_ready())):
-        for s in made:
-            s.stop()
-        raise SystemExit(f"bench engines: vLLM did not start: {[s.error for s in made if s.error]}")
-    return made
+    return {"mean_acceptance_length": None, **events[-1].summary, "tokens_per_s": 1e3 / events[-1].summary["itl_ms"]}
 
 
 def run_vllm(repeats: int, prompt: str, copy_prompt: str, max_tokens: int) -> dict:
@@ -140,20 +114,28 @@ def run_vllm(repeats: int, prompt: str, copy_prompt: str, max_tokens: int) -> di
     reason = vllm_unavailable(default_venv(cache_dir()), model_dir(NAME))
     if reason:
         return {"skipped": reason}
-    runs = {}
+    runs, cache = {}, cache_dir()
     for threads in (1, 2):
-        made = vllm_servers(threads, ("plain", "ngram") if threads == 1 else ("plain",))
+        made = [VllmServer(VARIANTS[v], default_venv(cache), model_dir(NAME, cache), cache / "vllm", threads,
+                           eager=False) for v in (("plain", "ngram") if threads == 1 else ("plain",))]
         try:
+            for s in made:
+                s.start()
+
+            async def all_ready():
+                return await asyncio.gather(*(s.wait_ready() for s in made))
+            if not all(asyncio.run(all_ready())):
+                raise SystemExit(f"bench engines: vLLM did not start: {[s.error for s in made if s.error]}")
             for s, p in zip(made, (prompt, copy_prompt)):
-                vllm_chat(s, p, 8)                                      # warm-up: first-call costs
+                chat(s, p, 8)                                           # warm-up: first-call costs
             sides = {("ours", threads): lambda t=threads: generate_tokens_per_s(t, prompt, max_tokens),
-                     ("vllm", threads): lambda: vllm_chat(made[0], prompt, max_tokens)}
+                     ("vllm", threads): lambda: chat(made[0], prompt, max_tokens)}
             if threads == 1:
                 sides.update({("ours", "plain"): lambda: generate_tokens_per_s(1, copy_prompt, max_tokens),
                               ("ours", "n-gram"): lambda: generate_tokens_per_s(1, copy_prompt, max_tokens,
                                                                                    **VLLM_NGRAM),
-                              ("vllm", "plain"): lambda: vllm_chat(made[0], copy_prompt, max_tokens),
-                              ("vllm", "n-gram"): lambda: vllm_chat(made[1], copy_prompt, max_tokens)})
+                              ("vllm", "plain"): lambda: chat(made[0], copy_prompt, max_tokens),
+                              ("vllm", "n-gram"): lambda: chat(made[1], copy_prompt, max_tokens)})
             runs.update(take_turns(sides, repeats))
         finally:
             for s in made:

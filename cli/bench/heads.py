@@ -13,7 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 from cli.bench.heads_runs import (NAME, best_row, config, current_defaults, eagle_sweep, generate, measure,
                                   record_defaults)
-from cli.bench.engines import chat_summary
+from cli.bench.engines import chat
 from cli.bench.lib import add_bench, generation, goals, machine, machine_line, shown, table, write_section
 from engine.experiments.shootout import SPEC_BENCH, h100_speedup
 from engine.external.vllm_rounds import acceptance_figures, own_counts
@@ -82,25 +82,11 @@ def run(args) -> dict:
 
 
 def our_acceptance(engine, name: str, prompts, max_tokens: int, gamma: int) -> dict:
-    steps, per_pos = 0, [0] * gamma
-    for prompt in prompts:
-        summary = generation(engine, prompt, {"model": name, "chat": True, "temperature": 0, "max_tokens": max_tokens,
-                                              "method": "eagle", "num_speculative_tokens": gamma,
-                                              "enable_prefix_caching": False})[1]
-        steps += summary["num_drafts"]
-        per_pos = [a + b for a, b in zip(per_pos, summary["accepted_per_position"] + [0] * gamma)]
-    return acceptance_figures(steps, per_pos)
-
-
-def full_vocabulary_head(registry, lm):
-    """The shipped EAGLE head drafting from the whole vocabulary (its subset: every token)."""
-    weights = load_file(str(HEADS_DIR / lm.name / "eagle.safetensors"))
-    weights["vocab_subset"] = np.arange(lm.cfg.vocab_size, dtype=np.int64)
-    with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / lm.name).mkdir()
-        save_file(weights, str(Path(folder) / lm.name / "eagle.safetensors"))
-        model = lm.model
-        return load_heads(lm.name, lm.cfg, model.embed, lm.path, Path(folder), model.layout)["eagle"]
+    runs = [generation(engine, prompt, {"model": name, "chat": True, "temperature": 0, "max_tokens": max_tokens,
+                                        "method": "eagle", "num_speculative_tokens": gamma,
+                                        "enable_prefix_caching": False})[1] for prompt in prompts]
+    return acceptance_figures(sum(s["num_drafts"] for s in runs),
+                              [sum((s["accepted_per_position"] + [0] * gamma)[i] for s in runs) for i in range(gamma)])
 
 
 def vllm_acceptance(prompts, max_tokens: int, name: str) -> dict:
@@ -117,7 +103,7 @@ def vllm_acceptance(prompts, max_tokens: int, name: str) -> dict:
             return {"skipped": f"vLLM did not start: {server.error}"}
         steps, per_pos = 0, [0] * EAGLE_GAMMA
         for prompt in prompts:
-            counts = own_counts(chat_summary(server.engine, prompt, max_tokens)["engine_metrics"], EAGLE_GAMMA)
+            counts = own_counts(chat(server, prompt, max_tokens)["engine_metrics"], EAGLE_GAMMA)
             if counts is None:
                 return {"skipped": "vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)"}
             steps += counts[0]
@@ -133,8 +119,12 @@ def vllm_compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
     """vLLM's mean acceptance length with our EAGLE head (exported) beside ours, greedy, γ = 3."""
     heads = registry.heads_for(lm)
     out = {"gamma": EAGLE_GAMMA, "ours": our_acceptance(engine, lm.name, prompts, max_tokens, EAGLE_GAMMA)}
-    shipped = heads["eagle"]
-    heads["eagle"] = full_vocabulary_head(registry, lm)
+    shipped, weights = heads["eagle"], load_file(str(HEADS_DIR / lm.name / "eagle.safetensors"))
+    weights["vocab_subset"] = np.arange(lm.cfg.vocab_size, dtype=np.int64)       # drafting from every token
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / lm.name).mkdir()
+        save_file(weights, str(Path(folder) / lm.name / "eagle.safetensors"))
+        heads["eagle"] = load_heads(lm.name, lm.cfg, lm.model.embed, lm.path, Path(folder), lm.model.layout)["eagle"]
     try:
         out["ours, full vocabulary"] = our_acceptance(engine, lm.name, prompts, max_tokens, EAGLE_GAMMA)
     finally:
@@ -182,18 +172,9 @@ def tables(out: dict) -> list[str]:
                    for m, h in out["heads"].items()],
                   f"{out['model']}, chat, temperature 0, {out['threads']} thread(s), {out['max_tokens']} tokens, "
                   f"{out['repeats']} repeats")
-    lines = [heads, *(set_table(label, r) for label, r in out["sets"].items()), goals_table(out["sets"])]
-    if "vllm" in out:
-        lines += vllm_tables(out["vllm"])
-    if "by_threads" in out:
-        lines += threads_tables(out["by_threads"])
-    return lines + [table(["Spec-Bench (Vicuna-7B, A100)", *SPEC_BENCH],
-                          [["mean acceptance length", *SPEC_BENCH.values()]])]
+    sets = out["sets"]
 
-
-def goals_table(sets: dict) -> str:
-    """The goals, read off this run: best γ by measured speed-up, identical output required."""
-    def best(label, method):
+    def best(label, method):              # the goals' rows: best γ by measured speed-up, identical output required
         rows = [x for x in sets.get(label, {}).get("rows", []) if x["method"] == method]
         return max(rows, key=lambda x: x["measured"] if x["identical"] else 0.0, default=None)
     eagle, summary, medusa = best("open questions", "eagle"), best("summaries", "eagle"), best("open questions", "medusa")
@@ -209,8 +190,15 @@ def goals_table(sets: dict) -> str:
     rows = [(what, row[key] if row["identical"] else None, op, bound,
              f"{row[key]:.{3 if key == 'c' else 2}f} ({row['config']}{'' if row['identical'] else ', output differs'})")
             for what, row, key, op, bound in checks if row is not None]
-    return goals(rows + ([("measured (decode) against predicted, every row, % off", 100 * error, "<=", 10, f"{error:.1%}")]
-                         if error is not None else []))
+    lines = [heads, *(set_table(label, r) for label, r in sets.items()), goals(rows + (
+        [("measured (decode) against predicted, every row, % off", 100 * error, "<=", 10, f"{error:.1%}")]
+        if error is not None else []))]
+    if "vllm" in out:
+        lines += vllm_tables(out["vllm"])
+    if "by_threads" in out:
+        lines += threads_tables(out["by_threads"])
+    return lines + [table(["Spec-Bench (Vicuna-7B, A100)", *SPEC_BENCH],
+                          [["mean acceptance length", *SPEC_BENCH.values()]])]
 
 
 def add_parser(bsub) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from statistics import median
 
 from cli.bench.browser import PROMPT, browser_run, chromium_tab
 from cli.bench.lib import add_bench, generation, goals, machine, table, take_turns
@@ -75,26 +75,20 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
             runs = take_turns({"engine": lambda: engine_run(engine, settings),
                                "websocket": lambda: ws_run(srv.base, settings),
                                "browser": lambda: browser_run(page, srv.base, settings)}, repeats)
-            cases.append(case_figures(label, runs))
+            eng, sock, web = runs["engine"], runs["websocket"], runs["browser"]
+            ratio = {k: [y["tokens_per_s"] / x["tokens_per_s"] for x, y in zip(a, b)]
+                     for k, a, b in (("ws", eng, sock), ("browser", eng, web), ("browser_vs_ws", sock, web))}
+            cases.append({"case": label, "tokens": web[-1]["tokens"],
+                          **{f"{k}_tokens_per_s": median(x["tokens_per_s"] for x in v) for k, v in runs.items()},
+                          "ws_ratio": median(ratio["ws"]), "ratio": median(ratio["browser"]),
+                          "ratio_min": min(ratio["browser"]), "browser_vs_ws": median(ratio["browser_vs_ws"]),
+                          "first_token_ms": median(w["first_token_ms"] for w in web),
+                          "chromium_cpu_ms": median(w["chromium_cpu_s"] * 1e3 for w in web),
+                          "messages": median(w["messages"] for w in web), "runs": runs,
+                          "long_tasks": sum(w["long_tasks"] for w in web),
+                          "max_long_task_ms": max(w["max_long_task_ms"] for w in web)})
     return {"machine": started, "max_tokens": max_tokens, "repeats": repeats, "cases": cases,
             "models": f"{target.name} ({target.model.num_parameters:,} parameters) and its draft"}
-
-
-def case_figures(label: str, runs: dict) -> dict:
-    """One case's medians over its runs: the engine alone, `/ws` without a browser, the page."""
-    eng, sock, web = runs["engine"], runs["websocket"], runs["browser"]
-
-    def ratios(a, b):
-        return [y["tokens_per_s"] / x["tokens_per_s"] for x, y in zip(a, b)]
-    return {"case": label, "tokens": web[-1]["tokens"],
-            **{f"{k}_tokens_per_s": statistics.median(x["tokens_per_s"] for x in v) for k, v in runs.items()},
-            "ws_ratio": statistics.median(ratios(eng, sock)), "ratio": statistics.median(ratios(eng, web)),
-            "ratio_min": min(ratios(eng, web)), "browser_vs_ws": statistics.median(ratios(sock, web)),
-            "first_token_ms": statistics.median(w["first_token_ms"] for w in web),
-            "chromium_cpu_ms": statistics.median(w["chromium_cpu_s"] * 1e3 for w in web),
-            "messages": statistics.median(w["messages"] for w in web),
-            "long_tasks": sum(w["long_tasks"] for w in web), "max_long_task_ms": max(w["max_long_task_ms"] for w in web),
-            "runs": runs}
 
 
 def run_page_threads(args) -> dict:
@@ -114,10 +108,10 @@ def run_page_threads(args) -> dict:
         runs = take_turns({t: lambda s=s: turn(s) for t, s in servers.items()}, args.repeats)
     rows = {}
     for t, r in runs.items():
-        step_ms = statistics.median(x["tpot_s"] for x in r if x["tpot_s"]) * 1e3
+        step_ms = median(x["tpot_s"] for x in r if x["tpot_s"]) * 1e3
         pages = [x["page"] for x in r]
         gaps = pcts([g for x in pages for g in x["token_gaps_ms"]])
-        rows[t] = {"step_ms": step_ms, "page_tokens_per_s": statistics.median(x["tokens_per_s"] for x in pages),
+        rows[t] = {"step_ms": step_ms, "page_tokens_per_s": median(x["tokens_per_s"] for x in pages),
                    "gaps": gaps["n"], "median_gap_ms": gaps["p50"], "p99_gap_ms": gaps["p99"],
                    "max_gap_ms": gaps.get("max"),
                    "p99_over_step": gaps["p99"] / step_ms if gaps["p99"] else None,
