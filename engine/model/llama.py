@@ -8,6 +8,10 @@ Both run the same layers, `decoder_layers`; they differ in how the rows' attenti
 
 Which new positions a new position sees is data, an [n, n] mask added to the attention scores: the causal
 mask unless the caller passes another (a draft tree's; a teaching fault's, engine/spec_decode/faults.py).
+So is the position RoPE rotates a new row by: p0 + i for row i unless the caller passes `positions`. A token
+tree's verification is one `forward` over the root and its nodes with both: each node sees the committed
+context and its own ancestors, at position root + depth, while its K/V take the next free slots (scratch
+that engine/kv/cache.py's `keep_tree_path` turns into the accepted path).
 
 Speed (a small model's decode step is bound by numpy's overhead per call, docs/benchmarks.md) shapes a few
 choices, each exact up to float32 rounding:
@@ -193,7 +197,7 @@ def causal_mask(n):  # -> [n, n]: 0 on and below the diagonal, -inf above
     return m
 
 
-def forward(model: Model, tokens, p0: int, kv=None, *, mask=None, last_only: bool = False,
+def forward(model: Model, tokens, p0: int, kv=None, *, mask=None, positions=None, last_only: bool = False,
             with_hidden: bool = False, inputs_embeds=None):
     """Logits [n, V] for n new tokens of one sequence at positions p0..p0+n-1 ([1, V] for the last one if
     last_only: a prefill needs no more, and the LM head is a large share of its work for a large vocabulary).
@@ -203,6 +207,8 @@ def forward(model: Model, tokens, p0: int, kv=None, *, mask=None, last_only: boo
     (engine.kv.cache.SequenceKV reads through a block table). kv=None means no cache: this call
     must then cover the whole sequence (p0 = 0), and attention uses the keys it just computed.
     mask: [n, n], which new positions each new position sees (`attention`); None: the causal mask.
+    positions: [n] the new rows' positions for RoPE (a token tree's: root + depth); None: p0 .. p0+n-1. Their
+    K/V go to the slots of p0 .. p0+n-1 all the same: the mask, not the slot, says who sees whom.
     with_hidden: return (logits, hidden [n, C]) where hidden is the last hidden state of every new position
     after the final norm, as `rms_norm` leaves it (x / |x|, the norm weight lives in the LM head): what draft
     heads (engine/spec_decode/heads.py) read. It is computed on the way to the logits anyway.
@@ -213,7 +219,8 @@ def forward(model: Model, tokens, p0: int, kv=None, *, mask=None, last_only: boo
     if kv is None and p0 != 0:
         raise ValueError("without a KV cache the whole sequence must be passed (p0 = 0)")
     x = model.embed.take(tokens, axis=0) if inputs_embeds is None else np.array(inputs_embeds, F32)   # [n, C]
-    hidden = decoder_layers(model, x, model.rotation[p0:p0 + n, None, :], sequence_attention(model, p0, kv, mask, n))
+    rotation = model.rotation[p0:p0 + n, None, :] if positions is None else rotation_at(model, positions, n)
+    hidden = decoder_layers(model, x, rotation, sequence_attention(model, p0, kv, mask, n))
     rows = hidden[-1:] if last_only else hidden
     logits = products(model, len(rows))(rows, model.lm_head)                       # [n or 1, V]
     return (logits, hidden) if with_hidden else logits
@@ -258,6 +265,16 @@ def check_positions(model: Model, p0: int, n: int) -> None:
     if p0 + n > model.cfg.max_position_embeddings:
         raise ContextLengthError(f"positions {p0}..{p0 + n - 1} exceed the model's context of "
                                  f"{model.cfg.max_position_embeddings} tokens (max_position_embeddings)")
+
+
+def rotation_at(model: Model, positions, n: int):  # [n] ints -> [n, 1, hd/2] complex64: RoPE at those positions
+    positions = np.asarray(positions)
+    if positions.shape != (n,) or positions.dtype.kind not in "iu":
+        raise ValueError(f"positions must be {n} integers, one per new token, got shape {positions.shape}")
+    if n and not 0 <= positions.min() <= positions.max() < model.cfg.max_position_embeddings:
+        raise ContextLengthError(f"positions {positions.min()}..{positions.max()} are outside the model's context "
+                                 f"of {model.cfg.max_position_embeddings} tokens (max_position_embeddings)")
+    return model.rotation[positions, None, :]
 
 
 def products(model: Model, n: int):  # -> x @ w for x of n rows
