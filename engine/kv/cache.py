@@ -7,6 +7,11 @@
 `KVCacheManager` speaks in sequences (after vLLM's KVCacheManager): it appends slots for new tokens,
 reuses cached prefix blocks, rolls back rejected tokens, forks and frees, and reports every block
 event through the pool. `SequenceKV` is what `engine.model.llama.forward` writes to and reads from.
+
+A token tree is verified in one forward whose rows take the slots after the committed context in node order
+(`append_tree_slots`: scratch, never cached). Verification picks one path down the tree; `keep_tree_path`
+moves that path's K/V (and scales) to the first of those slots, in order, and frees the rest, so that the cache
+then holds exactly what decoding the path as a chain would have written.
 """
 from __future__ import annotations
 
@@ -95,11 +100,12 @@ class KVStore:
             return kv.astype(F32) * gather(self.scale[layer], slots)[..., None]
         return kv.astype(F32) * self.scale[layer]
 
-    def copy_slots(self, src, dst) -> None:
-        for arrays in (self.kv, self.scale):
-            for a in arrays:
-                if isinstance(a, np.ndarray) and a.ndim >= 3:
-                    a[:, :, dst] = a[:, :, src]
+    def copy_slots(self, src, dst) -> None:  # slices or [m] ints: the numbers of slots src into slots dst
+        """K/V as stored, with their per-token scales: exactly what was written there. fp8's per-tensor scale
+        belongs to no slot. Overlapping ints are safe: numpy gathers src before it writes."""
+        per_token = self.scale if self.dtype.scale == "per_token_head" else []
+        for a in itertools.chain(self.kv, per_token):
+            a[:, :, dst] = a[:, :, src]
 
 
 @dataclass
@@ -116,6 +122,8 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)    # of the first len() full blocks
     slots: np.ndarray = None    # [max blocks x block_size] slot of each position
     contiguous: bool = True     # blocks have consecutive ids: the whole table is one slice
+    tree_start: int | None = None   # a token tree's forward holds positions tree_start.. in node order, until
+    #                                 `keep_tree_path` keeps one path of it (None: no tree pending)
 
     @property
     def num_tokens(self) -> int:
@@ -253,6 +261,8 @@ class KVCacheManager:
     def append_slots(self, seq: Sequence, token_ids) -> SequenceKV:
         """Make room for `token_ids` after the sequence's tokens; returns the KV view for forward."""
         n, p0, bs = len(token_ids), seq.num_tokens, self.block_size
+        if n and seq.tree_start is not None:
+            raise ValueError("a token tree's rows are pending: keep_tree_path before appending")
         if p0 + n > seq.max_tokens:
             raise ValueError(f"sequence would hold {p0 + n} tokens, more than the model's context "
                              f"of {seq.max_tokens} (max_position_embeddings)")
@@ -266,12 +276,38 @@ class KVCacheManager:
             return SequenceKV(self.store, slice(start + p0, start + p0 + n), slice(start, start + p0 + n))
         return SequenceKV(self.store, seq.slots[p0:p0 + n], seq.slots[:p0 + n])
 
+    def append_tree_slots(self, seq: Sequence, token_ids) -> SequenceKV:
+        """`append_slots` for a token tree's forward, whose rows (the root, then the nodes in node order) are
+        scratch until `keep_tree_path`."""
+        kv = self.append_slots(seq, token_ids)
+        seq.tree_start = seq.num_tokens - len(token_ids)
+        return kv
+
+    def keep_tree_path(self, seq: Sequence, rows) -> None:
+        """After a tree's forward: keep its rows `rows` (strictly increasing, a path from the root down), row
+        rows[i] moving from position tree_start + rows[i] to tree_start + i with its token, K/V and scales, and
+        free the rest. A path of rows 0, 1, .. moves nothing: it is a truncation."""
+        start, rows = seq.tree_start, [int(r) for r in rows]
+        if start is None:
+            raise ValueError("no token tree pending: keep_tree_path follows append_tree_slots")
+        if any(not 0 <= r < seq.num_tokens - start for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
+            raise ValueError(f"rows {rows} are not a path of the tree's {seq.num_tokens - start} rows in order")
+        moved = [(start + r, start + i) for i, r in enumerate(rows) if r != i]
+        if moved:
+            src, dst = (list(x) for x in zip(*moved))
+            self.store.copy_slots(seq.slots[src], seq.slots[dst])
+            for s, d in moved:
+                seq.token_ids[d] = seq.token_ids[s]
+        self.truncate(seq, start + len(rows))
+
     def commit(self, seq: Sequence) -> None:
         """Register the sequence's full blocks in the prefix cache.
 
         NOTE: call only when every token held is final (verified): a speculative round commits after
         rolling back its rejected tokens, so no unverified token is ever cached.
         """
+        if seq.tree_start is not None:
+            raise RuntimeError("a token tree's scratch rows are pending: keep_tree_path before commit")
         bs = self.block_size
         for b in range(len(seq.block_hashes), seq.num_tokens // bs):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
@@ -284,6 +320,7 @@ class KVCacheManager:
         if not 0 <= num_tokens <= seq.num_tokens:
             raise ValueError(f"cannot truncate a sequence of {seq.num_tokens} tokens to {num_tokens}")
         bs = self.block_size
+        seq.tree_start = None                       # what is kept is the sequence now, a tree's rows included
         keep = -(-num_tokens // bs)
         if keep < len(seq.blocks):
             self.pool.free_blocks(seq.blocks[keep:], seq.seq_id)
@@ -305,6 +342,7 @@ class KVCacheManager:
         self._append_blocks(child, seq.blocks)
         child.token_ids = list(seq.token_ids)
         child.block_hashes = list(seq.block_hashes)
+        child.tree_start = seq.tree_start
         if seq.num_tokens % self.block_size:
             self._copy_on_write_last_block(child)
         return child
@@ -314,7 +352,27 @@ class KVCacheManager:
         seq.blocks.clear()
         seq.token_ids.clear()
         seq.block_hashes.clear()
+        seq.tree_start = None
         self.sequences.pop(seq.seq_id, None)
+
+    def check_invariants(self) -> None:
+        """The pool's, and per sequence: blocks for its tokens and no more, each block referenced once per
+        sequence holding it, `slots` and `contiguous` as the table says, only full blocks hashed, never a
+        block that holds a tree's scratch rows (so only the last block may be partial, and it is not shared)."""
+        self.pool.check_invariants()
+        bs, refs = self.block_size, np.zeros(self.pool.num_blocks, np.int64)
+        for seq in self.sequences.values():
+            ids = np.array(seq.block_table, np.int64)
+            assert len(ids) == -(-seq.num_tokens // bs), f"sequence {seq.seq_id}: {len(ids)} blocks"
+            np.add.at(refs, ids, 1)
+            assert (seq.slots[:len(ids) * bs] == (ids[:, None] * bs + np.arange(bs)).ravel()).all()
+            assert seq.contiguous == bool((np.diff(ids) == 1).all()), f"sequence {seq.seq_id}: contiguous"
+            full = seq.num_tokens // bs if seq.tree_start is None else seq.tree_start // bs
+            assert len(seq.block_hashes) <= full, f"sequence {seq.seq_id}: unfinished blocks hashed"
+            assert seq.tree_start is None or 0 <= seq.tree_start <= seq.num_tokens
+            if seq.num_tokens % bs:
+                assert seq.blocks[-1].ref_cnt == 1, f"sequence {seq.seq_id}: a shared partial block"
+        assert refs.tolist() == [b.ref_cnt for b in self.pool.blocks], "block references out of step"
 
     # --- figures --------------------------------------------------------------------------------
     def bytes_used(self, seq: Sequence) -> int:
