@@ -68,6 +68,12 @@ def tree_positions(parents, context_len: int) -> np.ndarray:  # [n] -> [n] posit
     return context_len + tree_depths(parents)
 
 
+def verification_positions(parents, root_position: int) -> np.ndarray:  # [n] -> [n + 1]
+    """The RoPE positions of a tree's verification forward (engine.model.llama.forward's `positions`): the root
+    at its own position, then each node at root_position + depth. A chain's are consecutive."""
+    return np.concatenate([[root_position], tree_positions(parents, root_position)]).astype(np.int64)
+
+
 def children_of(parents) -> dict[int, list[int]]:
     """node (-1: the root) -> its children in node order, the order in which verification tries them."""
     out: dict[int, list[int]] = {-1: []}
@@ -114,6 +120,12 @@ class TreeVerification:
     @property
     def num_accepted(self) -> int:
         return len(self.path)
+
+    @property
+    def kept_rows(self) -> list[int]:
+        """The verification forward's rows whose K/V stay (the runners' `keep_tree_path`): the root's, row 0,
+        then the accepted path's, node i being row i + 1."""
+        return [0] + [i + 1 for i in self.path]
 
 
 def verify_tree(tokens, parents, q, p, rng: np.random.Generator,
