@@ -51,22 +51,17 @@ def chromium_pids() -> list[int]:
     return pids
 
 
-def wait_until_quiet(max_cpu: float = 0.05, window_s: float = 0.25, timeout_s: float = 5.0) -> float:
-    """Wait until Chromium uses under `max_cpu` of a core over `window_s` (at most `timeout_s`); the seconds waited."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
+def load_until_done(page, url: str, timeout_s: float = 120) -> float:
+    """Load `url` after a blank page, once Chromium has gone quiet (under 5% of a core over 0.25 s, at most 5 s),
+    and wait for its run's `done`; Chromium's CPU seconds meanwhile."""
+    page.goto("about:blank")
+    quiet_by = time.monotonic() + 5.0
+    while time.monotonic() < quiet_by:
         pids = chromium_pids()
         before = cpu_seconds(pids)
-        time.sleep(window_s)
-        if not pids or cpu_seconds(pids) - before <= max_cpu * window_s:
+        time.sleep(0.25)
+        if not pids or cpu_seconds(pids) - before <= 0.05 * 0.25:
             break
-    return time.monotonic() - start
-
-
-def load_until_done(page, url: str, timeout_s: float = 120) -> float:
-    """Load `url` after a blank page and wait for its run's `done`; Chromium's CPU seconds meanwhile."""
-    page.goto("about:blank")
-    wait_until_quiet()
     pids = chromium_pids()
     cpu_before = cpu_seconds(pids)
     with page.expect_console_message(lambda m: m.text == "bench:done", timeout=timeout_s * 1000):

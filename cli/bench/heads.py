@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from cli.bench.heads_runs import (NAME, best_row, config, current_defaults, eagle_sweep, generate, measure,
-                                  record_defaults)
+from cli.bench.heads_runs import NAME, best_row, config, current_defaults, generate, measure, record_defaults
 from cli.bench.engines import chat
 from cli.bench.lib import add_bench, generation, goals, machine, machine_line, shown, table, write_section
 from engine.experiments.shootout import SPEC_BENCH, h100_speedup
@@ -30,12 +29,11 @@ HELD_OUT = held_out_prompts()
 OPEN = [HELD_OUT[i] for i in np.random.default_rng(0).permutation(len(HELD_OUT))[:8]]   # head_data's held-out order
 SUMMARIES = [summary_prompt(p) for p in HELD_OUT_PARAGRAPHS]
 CONFIDENCE = 0.5      # draft_confidence_threshold of the rows that stop early (a held-out sweep chose it: docs)
-
-
-def configs(quick: bool) -> list[tuple[str, dict]]:
-    return [config(*c) for c in ([("eagle", 3), ("medusa", 3)] if quick else
-                                 [("ngram", 3), *(("eagle", k) for k in (1, 2, 3, 4)), ("eagle", 3, CONFIDENCE),
-                                  ("eagle", 5, CONFIDENCE), *(("medusa", k) for k in (1, 2, 3)), ("medusa", 3, CONFIDENCE)])]
+CONFIGS = [("ngram", 3), *(("eagle", k) for k in (1, 2, 3, 4)), ("eagle", 3, CONFIDENCE), ("eagle", 5, CONFIDENCE),
+           *(("medusa", k) for k in (1, 2, 3)), ("medusa", 3, CONFIDENCE)]        # (method, γ[, threshold])
+QUICK_CONFIGS = [("eagle", 3), ("medusa", 3)]
+EAGLE_SWEEP = [(3, 0.0), (3, 0.5), (5, 0.5), (7, 0.5), (5, 0.3)]   # --compare-threads: (γ or its cap, threshold)
+QUICK_SWEEP = [(3, 0.0), (5, 0.5)]
 
 
 def run(args) -> dict:
@@ -47,7 +45,7 @@ def run(args) -> dict:
     engine = InferenceEngine(reg, max_sessions=2)
     lm = reg.get(NAME)
     heads = reg.heads_for(lm)
-    cfgs = [c for c in configs(args.quick) if c[1]["method"] not in ("eagle", "medusa") or c[1]["method"] in heads]
+    cfgs = [config(*c) for c in (QUICK_CONFIGS if args.quick else CONFIGS) if c[0] == "ngram" or c[0] in heads]
     generate(engine, OPEN[0], 8, method="none")                                           # warm up
     sets = {"open questions": OPEN[:1] if args.quick else OPEN, "summaries": SUMMARIES[:1] if args.quick else SUMMARIES}
     out = {"machine": started, "model": NAME, "max_tokens": args.max_tokens, "repeats": args.repeats, "threads": threads(),
@@ -61,8 +59,8 @@ def run(args) -> dict:
         out["sets"][label] = r
     if args.compare_threads and "eagle" in heads:
         counts = sorted({1, max(2, threads())})
-        out["by_threads"] = measure(engine, sets["open questions"], args.max_tokens, args.repeats,
-                                    eagle_sweep(args.quick), counts)
+        out["by_threads"] = measure(engine, sets["open questions"], args.max_tokens, args.repeats, [
+            config("eagle", k, q) for k, q in (QUICK_SWEEP if args.quick else EAGLE_SWEEP)], counts)
     held_out = np.array([i for r in out["sets"].values() for i in r.pop("plain_ids")])
     for r in out.get("by_threads", {}).values():
         r.pop("plain_ids")

@@ -12,8 +12,6 @@ from cli.bench.spec import by_prompt, figures, in_run_ms, run
 from engine.model.threads import using_threads
 
 NAME = "smollm2-135m"
-CONFIDENCE_SWEEP = [(3, 0.0), (3, 0.5), (5, 0.5), (7, 0.5), (5, 0.3)]       # (γ or its cap, threshold)
-QUICK_SWEEP = [(3, 0.0), (5, 0.5)]
 DEMO_FILE = "demo.json"
 TIE = 0.01          # speed-ups this close are one run's noise apart
 
@@ -28,11 +26,6 @@ def config(method: str, k: int, q: float = 0.0) -> tuple[str, dict]:
     """(label, settings) of a method at γ = k (with a confidence threshold q: at most k, stopping below q)."""
     return (f"{method} γ≤{k}, q≥{q}" if q else f"{method} γ={k}",
             {"method": method, "num_speculative_tokens": k, **({"draft_confidence_threshold": q} if q else {})})
-
-
-def eagle_sweep(quick: bool) -> list[tuple[str, dict]]:
-    """EAGLE's γ and confidence thresholds compared per thread count."""
-    return [config("eagle", k, q) for k, q in (QUICK_SWEEP if quick else CONFIDENCE_SWEEP)]
 
 
 def measure(engine, prompts, max_tokens, repeats, cfgs, counts=(None,)) -> dict:

@@ -69,26 +69,6 @@ def step_costs(models: dict, tokens, repeats: int) -> dict:
     return by_key([r for results in turns.values() for r in results])
 
 
-def thread_costs(model, tokens, counts, repeats: int) -> dict:
-    """{count: {'read', n, 'character': [ms]}}, the thread counts taking turns."""
-    rows, flat = forward_after(model, tokens, CONTEXT), WeightStream(model).flat
-    cfg, weights, _ = load_checkpoint(CHARACTER_MODEL, with_tokenizer=False)   # our character model: no threads used
-    character_rows = forward_after(Model(cfg, weights), np.random.default_rng(0).integers(2, cfg.vocab_size, 101), 100)
-
-    def side(c):
-        def turn():
-            pool = set_threads(c)
-            return {"read": ms(lambda: read_chunked(flat, pool)), **{n: ms(lambda: rows(n)) for n in ROWS},
-                    "character": ms(lambda: [character_rows(1) for _ in range(50)]) / 50}
-        return turn
-    before = threads()
-    try:
-        turns = take_turns({c: side(c) for c in counts}, repeats)
-    finally:
-        set_threads(before)
-    return {c: by_key(v) for c, v in turns.items()}
-
-
 def generate_tokens_per_s(threads_: int, prompt: str = GENERATE_PROMPT, max_tokens: int = 64, **settings) -> dict:
     """A fresh `generate --threads N` process, greedy: decode tokens/s (1 / TPOT) and its text."""
     s = generate_process(prompt, {"model": NAME, "chat": True, "max_tokens": max_tokens, "temperature": 0,
@@ -97,7 +77,21 @@ def generate_tokens_per_s(threads_: int, prompt: str = GENERATE_PROMPT, max_toke
 
 
 def run_threads(model, tokens, counts, repeats: int, generate_repeats: int) -> dict:
-    times = thread_costs(model, tokens, counts, repeats)
+    """Per thread count, taking turns: the floor, the verify curve and our character model's step in this process
+    (the count set with set_threads), then fresh `generate --threads T` processes."""
+    rows, flat = forward_after(model, tokens, CONTEXT), WeightStream(model).flat
+    cfg, weights, _ = load_checkpoint(CHARACTER_MODEL, with_tokenizer=False)   # our character model: no threads used
+    character_rows = forward_after(Model(cfg, weights), np.random.default_rng(0).integers(2, cfg.vocab_size, 101), 100)
+
+    def turn(c):
+        pool = set_threads(c)
+        return {"read": ms(lambda: read_chunked(flat, pool)), **{n: ms(lambda: rows(n)) for n in ROWS},
+                "character": ms(lambda: [character_rows(1) for _ in range(50)]) / 50}
+    before = threads()
+    try:
+        times = {c: by_key(v) for c, v in take_turns({c: lambda c=c: turn(c) for c in counts}, repeats).items()}
+    finally:
+        set_threads(before)
     gen = take_turns({c: lambda c=c: generate_tokens_per_s(c) for c in counts}, generate_repeats)
     nbytes, per = WeightStream(model).nbytes, {}
     for c in counts:

@@ -30,18 +30,14 @@ TIMEOUT_MS = 900_000
 
 
 # --- generate ---------------------------------------------------------------------------------------------------
-def generate_run(prompt: str, settings: dict, models_dir, threads: int) -> dict:
-    """One `decoding-playground generate --json --threads T` process; its engine time per token."""
-    s = generate_process(prompt, {"max_tokens": MAX_TOKENS, "threads": threads, **settings}, models_dir)
-    return {"ms_per_token": s["elapsed_s"] * 1e3 / s["num_output_tokens"], "tokens_per_s": s["tokens_per_s"],
-            "tokens": s["num_output_tokens"], "text": s["text"]}
-
-
 def generate_comparison(prompt: str, settings: dict, repeats: int, models_dir, threads: int) -> dict:
-    sides = {"plain": {**settings, "method": "none"}, "method": settings}
-    generate_run(prompt, settings, models_dir, threads)        # untimed: the weights in the OS's page cache
-    runs = take_turns({name: lambda s=s: generate_run(prompt, s, models_dir, threads) for name, s in sides.items()},
-                      repeats)
+    """`generate --json --threads T` processes with the case's method and without, taking turns."""
+    def run(s: dict) -> dict:
+        r = generate_process(prompt, {"max_tokens": MAX_TOKENS, "threads": threads, **s}, models_dir)
+        return {"ms_per_token": r["elapsed_s"] * 1e3 / r["num_output_tokens"], "tokens_per_s": r["tokens_per_s"],
+                "tokens": r["num_output_tokens"], "text": r["text"]}
+    run(settings)                                                 # untimed: the weights in the OS's page cache
+    runs = take_turns({"plain": lambda: run({**settings, "method": "none"}), "method": lambda: run(settings)}, repeats)
     return {"speedup": paired(*([r["ms_per_token"] for r in v] for v in runs.values())),
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["method"]),
             "plain_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["plain"]),
