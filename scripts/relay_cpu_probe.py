@@ -23,9 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cli.bench.serve_clients import many  # noqa: E402
 from cli.bench.serve import direct  # noqa: E402
-from cli.bench.served import Server, wait_until_loaded  # noqa: E402
+from cli.bench.served import Server, many, wait_until_loaded  # noqa: E402
 from engine.external.vllm_server import VARIANTS, free_port  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -13,8 +13,7 @@ from statistics import median
 
 from cli.bench.browser import PROMPT, browser_run, chromium_tab
 from cli.bench.lib import add_bench, generation, goals, machine, table, take_turns
-from cli.bench.serve_clients import client, pcts
-from cli.bench.served import Server, per_thread_count
+from cli.bench.served import Server, client, pcts, per_thread_count
 
 GOAL_RATIO = 0.90
 GOAL_LONG_TASK_MS = 50.0

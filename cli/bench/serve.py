@@ -14,8 +14,8 @@ import time
 import httpx
 
 from cli.bench.lib import add_bench, goals, machine, pooled, table, take_turns
-from cli.bench.serve_clients import PROMPTS, client, figures, many, merge, ms, p50_p99, pcts
-from cli.bench.served import Server, per_thread_count, wait_until_loaded
+from cli.bench.served import (PROMPTS, Server, client, figures, many, merge, ms, p50_p99, pcts, per_thread_count,
+                              wait_until_loaded)
 from engine.external.vllm_server import SERVED_NAME, VARIANTS, free_port
 
 SWEEP_GAMMAS = ("none", 2, 4, 6)
