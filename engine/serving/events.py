@@ -55,6 +55,7 @@ class DraftProposed(Event):
     method: str
     tokens: list[dict]          # [{id, text, q}]
     ms: float
+    origin: dict | None = None  # where the drafter found it (suffix: source, match_len, score, probs per token)
 
 
 @dataclass

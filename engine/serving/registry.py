@@ -29,6 +29,7 @@ from ..model.fetched import LazyModel, fetched_models
 from ..model.llama import Model
 from ..model.loaded_model import LoadedModel
 from ..spec_decode.heads import HEADS_DIR, available_heads, load_heads
+from ..spec_decode.suffix_caches import DEFAULT_MAX_TREE_NODES, SuffixCaches
 from .pools import KVPools, PoolBudgetError
 from .settings import GenerationSettings, excerpt
 
@@ -165,11 +166,13 @@ class PoolSpec:
 
 class InferenceEngine:
     """Models plus their shared KV pools, within `kv_cache_memory` bytes (engine/serving/pools.py; None: twice
-    what the pools of every target's defaults take, `default_pool_bytes`).
+    what the pools of every target's defaults take, `default_pool_bytes`), and suffix decoding's global trees
+    (`suffix_caches`: shared by every session, or kept per session; engine/spec_decode/suffix_caches.py).
     NOTE: one lock serialises engine work (one engine thread)."""
 
     def __init__(self, registry: ModelRegistry, blocks_per_pool: int | None = None, max_sessions: int = 8,
-                 kv_cache_memory: int | None = None):
+                 kv_cache_memory: int | None = None, suffix_cache: str = "shared",
+                 suffix_max_tree_nodes: int = DEFAULT_MAX_TREE_NODES):
         self.registry = registry
         self.blocks_per_pool = blocks_per_pool
         self.max_sessions = max_sessions
@@ -178,6 +181,7 @@ class InferenceEngine:
                              else kv_cache_memory)
         self.managers: dict[tuple, KVCacheManager] = self.pools.made    # (model, dtype, block size) -> pool
         self.lock = threading.RLock()
+        self.suffix_caches = SuffixCaches(suffix_cache, suffix_max_tree_nodes)
 
     @property
     def kv_cache_memory(self) -> int:

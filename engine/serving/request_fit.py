@@ -6,7 +6,7 @@ change over the years (SmolLM2 came, and with it a default no draft model can se
 
 - A setting left out takes the chosen model's default (`model_defaults`), a value that model can run: the
   method is its draft model, else its EAGLE head (with the head's measured best γ and confidence threshold),
-  else n-gram lookup.
+  else n-gram lookup. A method named brings its own defaults (`method_defaults`: suffix decoding's γ).
 - A model named is the model run; a setting named that it cannot take is an error naming that setting.
 - No model named: the default model, if it can take every setting named; else the first target that can,
   and a one-line note says which and why. If none can, the default model's error.
@@ -65,15 +65,29 @@ def unmet(registry, target: LoadedModel, s: GenerationSettings) -> SettingsError
         target = variants[s.num_kv_heads]
     if s.method == "draft_model" and registry.draft_for(target) is None:
         return SettingsError("method", f"no draft model shares {target.name}'s vocabulary "
-                                       f"({target.cfg.vocab_size:,} tokens); use method ngram or none")
+                                       f"({target.cfg.vocab_size:,} tokens); use method ngram, suffix or none")
     if s.method in HEAD_METHODS and s.method not in target.meta.get("heads", []):
         return SettingsError("method", f"{target.name} has no {s.method} head")
     return None
 
 
+MAX_SPECULATIVE_TOKENS = 16              # num_speculative_tokens' range's top
+
+
+def method_defaults(asked: dict) -> dict:
+    """What a method asked for brings where it is left out: suffix decoding drafts up to
+    suffix_decoding_max_tree_depth tokens (vLLM's num_speculative_tokens for it, here at most 16), its rule
+    deciding each round's length."""
+    if asked.get("method") == "suffix" and asked.get("num_speculative_tokens") is None:
+        depth = asked.get("suffix_decoding_max_tree_depth") or GenerationSettings().suffix_decoding_max_tree_depth
+        return {"num_speculative_tokens": min(int(depth), MAX_SPECULATIVE_TOKENS)}
+    return {}
+
+
 def _on(registry, target: LoadedModel, asked: dict) -> tuple[dict, dict, SettingsError | None]:
     """`asked` on `target`: the settings with its defaults filled in, those defaults, and what it cannot take."""
     filled = {k: v for k, v in model_defaults(registry, target).items() if asked.get(k) is None}
+    filled.update(method_defaults(asked))
     settings = {**filled, **{k: v for k, v in asked.items() if v is not None}}
     return settings, filled, unmet(registry, target, GenerationSettings.parse(settings))
 

@@ -39,6 +39,8 @@ from ..spec_decode.faults import TEACHING_FAULTS
 from ..spec_decode.heads import EagleProposer, FeatureLog, MedusaProposer
 from ..spec_decode.proposers import DraftModelProposer, NgramProposer
 from ..spec_decode.schedule import next_num_speculative_tokens
+from ..spec_decode.suffix_caches import suffix_cache_scope
+from ..spec_decode.suffix_proposer import SuffixParams, SuffixProposer
 from ..spec_decode.verify import verify_draft
 from .clock import EngineClock
 from .events import Done, Error, Event, Metrics, Prefill, SettingsApplied, Started
@@ -46,7 +48,7 @@ from .live_settings import LiveSettings, pool_setting
 from .registry import InferenceEngine, LoadedModel
 from .request_fit import unmet
 from .session_figures import SessionFigures
-from .settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsError
+from .settings import MAX_PROMPT_CHARS, SUFFIX_SETTINGS, GenerationSettings, SettingsError
 
 
 class GenerationSession:
@@ -86,6 +88,7 @@ class GenerationSession:
         self.rng = np.random.default_rng(settings.seed)
         self.k = settings.num_speculative_tokens
         self.clock = EngineClock(clock_for(self.target_lm.model))
+        self.suffix_scope = suffix_cache_scope.get()   # whose earlier requests suffix decoding may draft from
         self.round = 0
         self.finish_reason: str | None = None
         self.target = None                            # the target's runner, made at the prefill
@@ -312,6 +315,9 @@ class GenerationSession:
             return DraftModelProposer(self._make_runner(self.draft_lm))
         if s.method == "ngram":
             return NgramProposer(self.target_lm.cfg.vocab_size, s.prompt_lookup_min, s.prompt_lookup_max)
+        if s.method == "suffix":
+            return SuffixProposer(self.engine.suffix_caches, self.target_lm.name, SuffixParams.of(s), self.tokens,
+                                  self.target_lm.cfg.vocab_size, self.suffix_scope)
         if s.method == "medusa":
             return MedusaProposer(self.engine.registry.heads_for(self.target_lm)["medusa"], self.features)
         if s.method == "eagle":
@@ -344,7 +350,8 @@ class GenerationSession:
                 draft.runner = self._moved(draft.runner, self.draft_lm)     # its cache follows the target's
             notes.append(f"KV cache re-quantized to {new.kv_cache_dtype}, block size {new.block_size}: "
                          f"{kv_bytes_per_token(self.target_lm.cfg, new.kv_cache_dtype):,} bytes/token")
-        if {"method", "prompt_lookup_min", "prompt_lookup_max"} & changed.keys():
+        if {"method", "prompt_lookup_min", "prompt_lookup_max"} & changed.keys() or (
+                new.method == "suffix" and set(SUFFIX_SETTINGS) & changed.keys()):
             if self.proposer is not None:
                 self.proposer.free()
             self.proposer = self._make_proposer()

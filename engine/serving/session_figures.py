@@ -46,7 +46,7 @@ class SessionFigures:
             self.stats.record_round(len(draft), v.num_accepted)
             token_text = self.session.tokenizer.token_text
             events.append(DraftProposed(round_no, method, [{"id": x, "text": token_text(x), "q": float(draft.q[i, x])}
-                                                           for i, x in enumerate(draft.tokens)], draft_ms))
+                                                           for i, x in enumerate(draft.tokens)], draft_ms, draft.origin))
         events += self.token_events(round_no, draft, logits, v, texts)
         events.append(RoundDone(round_no, len(draft), v.num_accepted, len(v.emitted), len(draft) + 1, target_ms,
                                 draft_ms, target_ms + draft_ms))

@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from ..kv.dtypes import resolve_kv_cache_dtype
 
 MAX_PROMPT_CHARS = 8000
-METHODS = ("none", "draft_model", "ngram", "eagle", "medusa")   # vLLM's names; heads: engine/spec_decode/heads.py
+METHODS = ("none", "draft_model", "ngram", "eagle", "medusa", "suffix")   # vLLM's names; heads: engine/spec_decode/heads.py
+SUFFIX_SETTINGS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+                   "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 FAULTS = ("none", "no_causal_mask", "no_truncate", "unnormalized_residual")
 
 
@@ -47,12 +49,18 @@ class GenerationSettings(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = Field(0, ge=0, le=2 ** 32 - 1)
-    method: Literal["none", "draft_model", "ngram", "eagle", "medusa"] = "draft_model"
+    method: Literal["none", "draft_model", "ngram", "eagle", "medusa", "suffix"] = "draft_model"
     num_speculative_tokens: int = Field(4, ge=1, le=16)
     num_speculative_tokens_schedule: Literal["constant", "heuristic"] = "constant"
     draft_confidence_threshold: float = Field(0.0, ge=0.0, le=1.0)   # stop drafting below it (0: never)
     prompt_lookup_min: int = Field(1, ge=1, le=16)
     prompt_lookup_max: int = Field(4, ge=1, le=16)
+    # suffix decoding (vLLM's names and defaults; engine/spec_decode/suffix.py): the trees' depth, the earlier
+    # responses a global tree holds, the draft's length per matched token, the path probability it stops below
+    suffix_decoding_max_tree_depth: int = Field(24, ge=1, le=64)
+    suffix_decoding_max_cached_requests: int = Field(10000, ge=0, le=1_000_000)
+    suffix_decoding_max_spec_factor: float = Field(1.0, ge=0.0, le=16.0)
+    suffix_decoding_min_token_prob: float = Field(0.1, ge=0.0, le=1.0)
     kv_cache: bool = True
     kv_cache_dtype: str = "auto"
     num_kv_heads: int | None = Field(None, ge=1, le=64)
@@ -102,11 +110,24 @@ class GenerationSettings(BaseModel):
             if err["type"] == "extra_forbidden":
                 raise SettingsError(setting, f"unknown setting; known: {', '.join(cls.model_fields)}") from None
             message = err["msg"].removeprefix("Value error, ")     # pydantic's prefix for a validator's ValueError
+            if err["type"] in BOUND_ERRORS and setting in cls.model_fields:
+                message = f"must be in {value_range(cls.model_fields[setting])}"
             raise SettingsError(setting, f"{message} (got {excerpt(err.get('input'))})") from None
+
+
+BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
+
+
+def value_range(field) -> str:
+    """A numeric setting's range as an interval, e.g. `[1, 16]` or `(0, 1]`."""
+    bounds = {name: getattr(m, name) for m in field.metadata for name in ("ge", "gt", "le", "lt") if hasattr(m, name)}
+    low = f"[{bounds['ge']}" if "ge" in bounds else f"({bounds['gt']}" if "gt" in bounds else "(-inf"
+    high = f"{bounds['le']}]" if "le" in bounds else f"{bounds['lt']})" if "lt" in bounds else "inf)"
+    return f"{low}, {high}"
 
 
 # Settings a running generation picks up at its next round; the rest need a new generation.
 LIVE_SETTINGS = {"temperature", "top_p", "method", "num_speculative_tokens", "num_speculative_tokens_schedule",
                  "draft_confidence_threshold",
-                 "prompt_lookup_min", "prompt_lookup_max", "kv_cache", "kv_cache_dtype", "num_kv_heads",
+                 "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_SETTINGS, "kv_cache", "kv_cache_dtype", "num_kv_heads",
                  "block_size", "enable_prefix_caching", "fault", "max_tokens"}

@@ -35,6 +35,8 @@ class Draft:
     #                                            lookup): what the token inspector shows as q when decoding is
     #                                            greedy and q itself is a point mass
     forward_calls: int = 0                # drafting forwards this draft cost (the statistics' draft_forward_calls)
+    origin: dict | None = None            # where the drafter found it, shown with it (suffix decoding: its source,
+    #                                       match_len, score and each token's probs; engine/spec_decode/suffix_proposer.py)
 
     def __post_init__(self):
         for i, parent in enumerate(self.parents):
@@ -42,9 +44,9 @@ class Draft:
                 raise ValueError(f"node {i}: parent {parent} is neither an earlier node nor the root (-1)")
 
     @classmethod
-    def chain(cls, tokens: list[int], q, display_logits=None, forward_calls: int = 0) -> "Draft":
+    def chain(cls, tokens: list[int], q, display_logits=None, forward_calls: int = 0, origin=None) -> "Draft":
         """Tokens drafted one after the other: node i's parent is node i - 1."""
-        return cls(list(tokens), list(range(-1, len(tokens) - 1)), q, display_logits, forward_calls)
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), q, display_logits, forward_calls, origin)
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 
 SOURCE_REQUEST = "request"
-SOURCE_EARLIER = "earlier requests"
+SOURCE_EARLIER = "earlier_requests"
 
 
 def _rank(node: _Node):
