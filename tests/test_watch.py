@@ -98,10 +98,11 @@ def test_a_presenter_back_while_its_old_socket_is_still_closing_takes_the_room()
     from types import SimpleNamespace
 
     from app.watch.rooms import Rooms
+    from app.ws.socket import Socket
     rooms = Rooms(make_view=lambda kind: None)
-    old = SimpleNamespace(_tg=None, room=None, watch_id=None)      # a Connection past its task group
+    old = SimpleNamespace(socket=Socket(None), room=None, watch_id=None)   # a Connection past its task group
     rooms.join_presenter(old, "k")
-    new = SimpleNamespace(_tg=None, room=None, watch_id=None)
+    new = SimpleNamespace(socket=Socket(None), room=None, watch_id=None)
     room = rooms.join_presenter(new, "k")
     assert room.presenter is new and new.room is room and old.room is None
     rooms.leave_presenter(old)                                     # its `finally`, late

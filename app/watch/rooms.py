@@ -7,7 +7,7 @@ the same key (htmx does, after a network blip) finds its watchers still there.
 
     Room        one presenter (or none, between reconnects), its watchers, the events of its current run
     Broadcaster one per room and kind (html | json): renders the presenter's items once for all watchers
-    Watcher     one viewer's websocket (app/watch/watcher.py): the receiving half of `Socket` and a queue
+    Watcher     one viewer's websocket (app/watch/watcher.py): a `Socket`, its `Receiver` and a queue
 
 NOTE (invariants):
 - The engine never knows about watchers: the presenter's connection hands each delivered round to its room
@@ -115,13 +115,13 @@ class Room:
 
     @property
     def speed(self):
-        return self.presenter.speed if self.presenter else None
+        return self.presenter.pace.speed if self.presenter else None
 
     def context(self) -> RenderContext:
         """What the room's views know: the presenter's latest run, and its state while it is connected."""
         p = self.presenter
-        return RenderContext(self.current_run.run_id if self.current_run else None, bool(p and p.paused),
-                             p.state if p else "idle", p.speed if p else None, self.watch_id)
+        return RenderContext(self.current_run.run_id if self.current_run else None, bool(p and p.pace.paused),
+                             p.state if p else "idle", p.pace.speed if p else None, self.watch_id)
 
     def run_started(self, run) -> None:
         self.current_run = run
@@ -159,8 +159,8 @@ class Broadcaster:
             room = self.room
             if room.presenter is not None and room.current_run is not None and not room.current_run.ended:
                 p = room.presenter
-                items.append(Notice("state", {"state": p.state, "round": room.current_run.round, "speed": p.speed,
-                                              "paused": p.paused}))
+                items.append(Notice("state", {"state": p.state, "round": room.current_run.round, "speed": p.pace.speed,
+                                              "paused": p.pace.paused}))
             try:
                 messages = view.render(items, room.context())
             except Exception:  # noqa: BLE001
@@ -216,8 +216,7 @@ class Rooms:
         if old is not None and old is not conn:
             # the same key again (a reconnect before the old socket was noticed dead, a duplicated tab)
             old.room = None
-            if old._tg is not None:          # None: its tasks have ended and it is on its way out already
-                old._tg.start_soon(old.close, 1000, "another connection took over this session")
+            old.socket.close_soon(1000, "another connection took over this session")
         if room.watchers:
             room.publish(Notice("note", {"kind": "presenter", "text": "the presenter is connected"}))
         return room

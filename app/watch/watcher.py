@@ -12,18 +12,19 @@ from app.config import AppConfig
 from app.logs import log_event
 from app.protocol import Notice, RenderContext
 from app.watch.rooms import WATCHER_QUEUE, Broadcaster, Room, Rooms
-from app.ws.socket import Socket
+from app.ws.socket import Receiver, Socket
 
 logger = logging.getLogger(__name__)
 
 
-class Watcher(Socket):
+class Watcher:
     """A read-only viewer: the page's acknowledgements are read and ignored, anything else is answered with
     an error; the messages it gets are its broadcaster's."""
 
     def __init__(self, websocket, config: AppConfig, rooms: Rooms, kind: str, watch_id: str):
-        super().__init__(websocket, config)
         self.rooms, self.kind, self.watch_id = rooms, kind, watch_id
+        self.socket = Socket(websocket)
+        self.receiver = Receiver(self.socket, config, self.on_text, self.error, unsent=self.unsent)
         self.room: Room | None = None
         self.broadcaster: Broadcaster | None = None
         self.queue: deque[str] = deque()
@@ -42,10 +43,7 @@ class Watcher(Socket):
             rooms.join_watcher(self, self.watch_id)
             log_event(logger, "watcher_joined", watch_id=self.watch_id, kind=self.kind,
                       watchers=len(self.room.watchers))
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                tg.start_soon(self._receiver)
-                tg.start_soon(self._sender)
+            await self.socket.serve(self.receiver.run, self._sender)
         finally:
             rooms.watchers -= 1
             rooms.leave_watcher(self)
@@ -78,10 +76,10 @@ class Watcher(Socket):
                         self._ready = anyio.Event()
                     await self._ready.wait()
                 while self.queue:
-                    await self.ws.send_text(self.queue.popleft())
+                    await self.socket.send_text(self.queue.popleft())
                 await anyio.sleep(0)
         except (WebSocketDisconnect, OSError, RuntimeError):
-            self._tg.cancel_scope.cancel()
+            self.socket.end()
 
     async def on_text(self, text: str) -> None:
         try:

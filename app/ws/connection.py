@@ -2,22 +2,30 @@
 
 Both websocket endpoints use this handler; they differ only in their `View` (how messages are parsed and
 how events are rendered: HTML fragments for htmx, or JSON objects). Watchers (app/watch/watcher.py) share the
-receiving half (`Socket`, app/ws/socket.py).
+socket and its receiver (app/ws/socket.py).
 
-Tasks of one connection, in one anyio task group (cancelled together when the client goes):
-- the receiver (app/ws/socket.py) reads every client message at once, also while a generation streams
-  (uvicorn stops reading a socket the app does not receive from, and then pings fail); it enforces the
-  message size, the message rate and UTF-8, and answers bad input with an error item;
-- the sender (app/ws/sender.py) takes everything in the outbox at once, lets the view coalesce it into few
-  messages (one per frame when the engine is fast) and sends them;
+A connection is made of parts that each own their state and speak through their methods:
+
+    socket    Socket        the websocket, its close, the task group of the tasks below (app/ws/socket.py)
+    receiver  Receiver      reads every client message at once, also while a generation streams (uvicorn
+                            stops reading a socket the app does not receive from, and then pings fail); it
+                            enforces the message size, the message rate and UTF-8, and hands the rest to
+                            `on_text` (bad input is answered with an error item)
+    sender    PacedSender   takes everything in the outbox at once, lets the view coalesce it into few
+                            messages (one per frame when the engine is fast) and sends them (app/ws/sender.py)
+    pace      ClientPace    pause, steps and speed as the client set them; the engine's gate reads them
+                            (app/ws/run.py)
+
+The connection itself handles the commands, owns the current `Run` and the outbox, and runs, beside the
+receiver and the sender, in one anyio task group (cancelled together when the client goes):
 - a run task per generation (`run_admitted`): it waits for a slot (admission control, app/ws/admission.py),
   hands the session to the engine thread (app/ws/engine_thread.py) or streams it from an external engine
   (app/ws/external.py), and when the generation ends, or is ended, makes sure its KV blocks are freed and
   its slot given back;
 - the idle watch stops a generation that has made no progress and heard nothing for `idle_timeout_s`.
 
-The engine thread runs the rounds. Pacing (pause, step, speed) and backpressure are its gate for this
-session (`SessionLink.may_continue`): a paused session, or one whose client has `OUTBOX_MAX_BATCHES`
+The engine thread runs the rounds. Pacing (`pace`: pause, step, speed) and backpressure are its gate for
+this session (`SessionLink.may_continue`): a paused session, or one whose client has `OUTBOX_MAX_BATCHES`
 rounds not yet taken by the sender, waits at its round boundary, holding only itself.
 
 NOTE (invariants):
@@ -40,59 +48,46 @@ from app.protocol import Batch, Command, CommandError, Notice, RenderContext, Vi
 from app.ws.admission import Busy
 from app.ws.engine_thread import PARKED, SessionLink
 from app.ws.external import start_external
-from app.ws.run import OUTBOX_MAX_BATCHES, Run, next_run_id
+from app.ws.run import OUTBOX_MAX_BATCHES, ClientPace, Run, next_run_id
 from app.ws.sender import PacedSender
-from app.ws.socket import Outbox, Socket
+from app.ws.socket import Outbox, Receiver, Socket
 from engine.serving.request_fit import fit_request
 from engine.serving.session import GenerationSession
 from engine.serving.settings import SettingsError, excerpt
 
 logger = logging.getLogger(__name__)
 
-# For a page at full speed the engine thread posts its rounds to the event loop together, at most this late:
-# each post wakes the event loop, which then takes the GIL from the engine thread (docs/benchmarks.md,
-# `bench page`).
-PAGE_DELIVERY_DELAY_S = 0.02
 IDLE_CHECK_MAX_S = 15.0
 MAX_ERROR_CHARS = 300           # an error message, whatever it quotes of the input
 
 
-class Connection(PacedSender, Socket):
+class Connection:
     """A presenter's connection: one generation at a time, followed by any number of watchers. `playground` is
     the app's Playground (app/state.py, which makes connections: it is not imported here)."""
 
     def __init__(self, websocket: WebSocket, playground, view: View, speed: float | None = None,
                  key: str | None = None):
-        super().__init__(websocket, playground.config)
         self.playground = playground
         self.view = view
         self.outbox = Outbox()
         self.run: Run | None = None
-        self.speed: float | None = speed
-        self.paused = False
-        self.steps_granted = 0
+        self.pace = ClientPace(acks=view.acks, speed=speed)
         self.key = key
         self.room = None                  # app/watch/rooms.py: where watchers follow this connection
         self.watch_id: str | None = None
-        self._wake = anyio.Event()        # set by acknowledgements and by the end of a generation
-        self._sent = 0                    # messages sent, and acknowledged by the page (views that ack)
-        self._acked = 0
-        self._round_at = 0.0              # when the sender took the last round, and the time since the one before
-        self._round_gap = 0.0
-
-    @property
-    def delivery_delay_s(self) -> float:
-        """Pacing for the engine thread: how long a round may wait to be posted with later ones."""
-        return PAGE_DELIVERY_DELAY_S if self.view.acks and self.speed is None else 0.0
-
-    @property
-    def engine_thread(self):
-        return self.playground.engine_thread
+        self.socket = Socket(websocket, release=self.release)
+        self.receiver = Receiver(self.socket, playground.config, self.on_text, self.error, unsent=self.outbox.__len__)
+        self.sender = PacedSender(self.socket, view, self.outbox, self.context, self.pace, self.streaming,
+                                  self.poke_engine)
 
     def context(self) -> RenderContext:
         """What the view may know of this connection."""
-        return RenderContext(self.run.run_id if self.run else None, self.paused, self.state, self.speed,
+        return RenderContext(self.run.run_id if self.run else None, self.pace.paused, self.state, self.pace.speed,
                              self.watch_id)
+
+    def streaming(self) -> bool:
+        """A generation is under way (queued, running, paused or stopping)."""
+        return self.run is not None and not self.run.ended
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def serve(self) -> None:
@@ -101,21 +96,13 @@ class Connection(PacedSender, Socket):
         if self.key is not None and pg.rooms is not None:
             pg.rooms.join_presenter(self, self.key)
         try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                tg.start_soon(self._receiver)
-                tg.start_soon(self._sender)
-                tg.start_soon(self._idle_watch)
+            await self.socket.serve(self.receiver.run, self.sender.run, self._idle_watch)
         finally:
-            self._tg = None                  # ended: nothing may start in it now (Rooms.join_presenter checks)
             with anyio.CancelScope(shield=True):
                 await self.end_run()
             pg.connections -= 1
             if self.room is not None:
                 pg.rooms.leave_presenter(self)
-
-    def unsent(self) -> int:
-        return len(self.outbox.items)
 
     async def release(self) -> None:
         """The generation's KV blocks and slot go at once, not once the peer has been dealt with."""
@@ -139,14 +126,10 @@ class Connection(PacedSender, Socket):
             logger.exception("handling a message failed")
             self.error(f"internal error handling this message: {type(e).__name__}")
 
-    def _poke_engine(self) -> None:
-        if self.engine_thread is not None:
-            self.engine_thread.poke()
-
-    def acknowledge(self, rendered: int) -> None:
-        """The page has rendered `rendered` messages of this connection."""
-        self._acked = max(self._acked, rendered)
-        self._poke()
+    def poke_engine(self) -> None:
+        """Wake the engine thread: the pace changed, or a held session may go on."""
+        if self.playground.engine_thread is not None:
+            self.playground.engine_thread.poke()
 
     async def _idle_watch(self) -> None:
         """Stop a generation that has made no progress and heard nothing from its client for
@@ -157,7 +140,7 @@ class Connection(PacedSender, Socket):
             run = self.run
             if run is None or run.ended or run.queued or run.stopping:
                 continue
-            quiet = anyio.current_time() - max(self.last_message_at, run.last_progress_at)
+            quiet = anyio.current_time() - max(self.receiver.last_message_at, run.last_progress_at)
             if quiet >= timeout:
                 log_event(logger, "idle_timeout", session=run.session.id, quiet_s=round(quiet, 1))
                 self.notice("note", kind="idle", text=f"stopped after {quiet:.0f} s without progress or a message "
@@ -187,20 +170,20 @@ class Connection(PacedSender, Socket):
             return "stopping"
         if run.queued:
             return "queued"
-        return "paused" if self.paused else "running"
+        return "paused" if self.pace.paused else "running"
 
     def _state_notice(self) -> None:
         self.notice("state", state=self.state, round=self.run.round if self.run else 0,
-                    speed=self.speed, paused=self.paused)
+                    speed=self.pace.speed, paused=self.pace.paused)
 
     # --- commands ----------------------------------------------------------------------------------
     async def handle(self, command: Command) -> None:
         if command.kind == "ack":
-            self.acknowledge(command.ack)
+            self.sender.acknowledge(command.ack)
             return
         if command.speed != "keep":
-            self.speed = command.speed
-            self._poke_engine()
+            self.pace.speed = command.speed
+            self.poke_engine()
         kind = command.kind
         if kind == "toggle":
             state = self.state
@@ -218,20 +201,20 @@ class Connection(PacedSender, Socket):
             # "paused" is announced once the engine has come to rest (after the round in flight, or after
             # the stepped round), so that a client seeing it knows no more rounds are coming
             if kind == "pause":
-                self.paused = True
+                self.pace.paused = True
             elif kind == "resume":
-                self.paused = False
+                self.pace.paused = False
                 self._state_notice()
             elif kind == "step":
-                self.paused = True
-                self.steps_granted += 1
+                self.pace.paused = True
+                self.pace.steps_granted += 1
             elif run.queued:                  # stop while waiting for a slot: leave the line
                 await self.end_run()
                 self._state_notice()
             else:
                 self._stop(run)
                 self._state_notice()
-            self._poke_engine()
+            self.poke_engine()
         elif kind == "reset":
             await self.end_run()
             self.notice("reset")
@@ -246,7 +229,7 @@ class Connection(PacedSender, Socket):
         run.session.cancel()
         if run.link is not None:
             run.link.stopping = True
-        self._poke_engine()
+        self.poke_engine()
 
     async def start(self, prompt: str | None, settings: dict, paused: bool = False) -> None:
         pg = self.playground
@@ -271,12 +254,12 @@ class Connection(PacedSender, Socket):
         # validates (raises SettingsError); in a worker thread: a fetched model's weights load on first use
         session = await anyio.to_thread.run_sync(GenerationSession, pg.engine, prompt, settings)
         run = self.run = Run(next_run_id(), session, sent_settings=dict(settings))
-        self.paused = paused
-        run.link = SessionLink(session, self, lambda item: self._deliver(run, item), OUTBOX_MAX_BATCHES,
+        self.pace.paused = paused
+        run.link = SessionLink(session, self.pace, lambda item: self.deliver(run, item), OUTBOX_MAX_BATCHES,
                                None if paused else requested_at)
         if self.room is not None:
             self.room.run_started(run)
-        await self._tg.start(self._run_task, run)
+        await self.socket.tasks.start(self._run_task, run)
 
     def update_settings(self, changes: dict) -> None:
         run = self.run
@@ -332,7 +315,7 @@ class Connection(PacedSender, Socket):
                 except Busy as e:
                     log_event(logger, "refused_busy", running=admission.running, waiting=admission.waiting)
                     self.run = None
-                    await self.close(1013, str(e))
+                    await self.socket.close(1013, str(e))
                     return
                 admitted = True
                 run.queued = False
@@ -356,12 +339,12 @@ class Connection(PacedSender, Socket):
         adm = self.playground.admission
         self.notice("queued", position=position, running=adm.running, max_sessions=adm.limit)
 
-    def _deliver(self, run: Run, item) -> None:
+    def deliver(self, run: Run, item) -> None:
         """Events of one round (or PARKED) from the engine thread; on the event loop."""
         if run is not self.run:
             return                        # a generation that was ended meanwhile (reset, new start)
         if item is PARKED:
-            if not run.ended and self.paused and run.link.steps_used >= self.steps_granted:
+            if not run.ended and self.pace.paused and run.link.steps_used >= self.pace.steps_granted:
                 self._state_notice()
             return
         run.round += sum(e.type == "metrics" for e in item)
@@ -370,13 +353,13 @@ class Connection(PacedSender, Socket):
         batch = Batch(run.run_id, item, run.link)
         self.outbox.put_batch(batch)
         if run.link.backlog >= OUTBOX_MAX_BATCHES // 2:
-            self._poke()                  # a pacing sender takes them before the engine would be held
+            self.sender.wake()            # a pacing sender takes them before the engine would be held
         if self.room is not None:
             self.room.publish(batch)
         if last.type in ("done", "error"):
             run.ended = True
             run.ended_event.set()
-            self._poke()
+            self.sender.wake()
             if last.type == "done":
                 s = last.summary
                 log_event(logger, "generation_done", session=run.session.id, finish_reason=s.get("finish_reason"),

@@ -4,7 +4,7 @@ The operator configures them at start-up (`serve --openai-url ...`, and the embe
 `serve` starts on the fetched GGUF); a client only names one. A generation on one is an asyncio task on
 the connection (it waits on the network, never on our engine thread) that reads `engine/external/openai_stream.py`'s
 events and delivers them as the engine thread would: one chunk's events at a time, through the same
-`Connection._deliver`, held between chunks while the client lags behind, while paused, or by its speed.
+`Connection.deliver`, held between chunks while the client lags behind, while paused, or by its speed.
 """
 from __future__ import annotations
 
@@ -225,15 +225,15 @@ async def start_external(conn, engine: ExternalEngine, prompt: str | None, setti
     await conn.end_run()
     session = ExternalSession(engine, prompt, dict(settings))
     run = conn.run = Run(next_run_id(), session, sent_settings=dict(settings))
-    conn.paused = paused
-    run.link = ExternalLink(session, conn, OUTBOX_MAX_BATCHES)
+    conn.pace.paused = paused
+    run.link = ExternalLink(session, conn.pace, OUTBOX_MAX_BATCHES)
     if conn.room is not None:
         conn.room.run_started(run)
 
     async def generate() -> None:
-        await run_external(session, run.link, lambda item: conn._deliver(run, item), conn.playground.relay)
+        await run_external(session, run.link, lambda item: conn.deliver(run, item), conn.playground.relay)
 
     async def release() -> None:
         session.close()
 
-    await conn._tg.start(conn.run_admitted, run, generate, release, session.described())
+    await conn.socket.tasks.start(conn.run_admitted, run, generate, release, session.described())

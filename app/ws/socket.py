@@ -1,13 +1,21 @@
-"""The receiving half every websocket of the app shares (`Socket`), and the outbox its sender takes from.
+"""A websocket of the app (`Socket`), the receiving half every one of them shares (`Receiver`), and the outbox a
+sender takes from.
 
-A presenter's connection (app/ws/connection.py) and a watcher (app/watch/) both read through `Socket`:
-it enforces the message size, the message rate and UTF-8, answers bad input with an error item, and
-closes the socket only for policy violations (a flood of messages, a client that never reads).
+A presenter's connection (app/ws/connection.py) and a watcher (app/watch/watcher.py) are each made of these:
+
+    socket = Socket(websocket, release=...)           # sends, closes once, owns the tasks that serve it
+    receiver = Receiver(socket, config, on_text=..., error=..., unsent=...)
+    await socket.serve(receiver.run, sender.run, ...)  # until the client goes or the server closes
+
+The receiver enforces the message size, the message rate and UTF-8, answers bad input with an error item (its
+owner's `error`), and closes the socket only for policy violations (a flood of messages, a client that never
+reads).
 """
 from __future__ import annotations
 
 import logging
 from collections import deque
+from typing import Awaitable, Callable
 
 import anyio
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -36,6 +44,9 @@ class Outbox:
         self.items: deque = deque()
         self._ready = anyio.Event()
 
+    def __len__(self) -> int:
+        return len(self.items)
+
     def put(self, item) -> None:
         self.items.append(item)
         self._ready.set()
@@ -55,28 +66,45 @@ class Outbox:
         return items
 
 
-class Socket:
-    """The receiving half every websocket of the app shares: limits first, then `on_text`.
+async def _nothing_to_release() -> None:
+    pass
 
-    NOTE: a message over MAX_MESSAGE_BYTES, binary that is not UTF-8, or a message over the rate limit is
-    answered with an error (the rate error at most once a second) and otherwise ignored. A client that goes
-    over the rate FLOOD_CLOSE_AFTER times without once letting its bucket fill up again is closed (1008).
+
+class Socket:
+    """One websocket and the tasks that serve it (its receiver, its sender, ...).
+
+    NOTE: `tasks` is the running task group while `serve` runs, None before and after: nothing may be started
+    in it then. A close happens once (`closed` holds its code); it first awaits `release` (what the connection
+    holds goes at once, not once the peer has been dealt with), then closes the websocket within bounded time,
+    then ends every task.
     """
 
-    def __init__(self, websocket: WebSocket, config: AppConfig):
-        self.ws, self.config = websocket, config
-        self.bucket = TokenBucket(config.messages_per_s, config.message_burst)
-        self.last_message_at = anyio.current_time()
+    def __init__(self, websocket: WebSocket, release: Callable[[], Awaitable[None]] = _nothing_to_release):
+        self.ws = websocket
+        self.release = release
         self.closed: int | None = None
-        self._dropped = 0
-        self._last_rate_error = -1e9
-        self._tg: anyio.abc.TaskGroup | None = None
+        self.tasks: anyio.abc.TaskGroup | None = None
 
-    def error(self, message: str, setting: str | None = None) -> None:
-        raise NotImplementedError
+    async def serve(self, *tasks: Callable[[], Awaitable[None]]) -> None:
+        """Run `tasks` together until they end, or until the client goes or the socket is closed."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self.tasks = tg
+                for task in tasks:
+                    tg.start_soon(task)
+        finally:
+            self.tasks = None
 
-    async def on_text(self, text: str) -> None:
-        raise NotImplementedError
+    def end(self) -> None:
+        """End every task serving this socket (the client has gone, or we have closed)."""
+        if self.tasks is not None:
+            self.tasks.cancel_scope.cancel()
+
+    async def send_text(self, text: str) -> None:
+        try:
+            await self.ws.send_text(text)
+        except UnicodeEncodeError:   # a lone surrogate (JSON's "\\ud800") cannot be UTF-8 on the wire
+            await self.ws.send_text(text.encode("utf-8", "replace").decode("utf-8"))
 
     async def close(self, code: int, reason: str) -> None:
         """Close the websocket (if it is still open) and end every task of this connection."""
@@ -90,20 +118,38 @@ class Socket:
                     await self.ws.close(code=code, reason=reason[:120])
                 except (RuntimeError, OSError, WebSocketDisconnect):
                     pass
-        if self._tg is not None:
-            self._tg.cancel_scope.cancel()
+        self.end()
 
-    def unsent(self) -> int:
-        return 0
+    def close_soon(self, code: int, reason: str) -> None:
+        """Close from outside its tasks (another connection took over): in its own task group, if that still
+        runs (if not, its tasks have ended and it is on its way out already)."""
+        if self.tasks is not None:
+            self.tasks.start_soon(self.close, code, reason)
 
-    async def release(self) -> None:
-        """Give back what this connection holds (before its close, which may take a moment)."""
 
-    async def _receiver(self) -> None:
+class Receiver:
+    """Reads every message of a socket at once: limits first, then `on_text`.
+
+    NOTE: a message over MAX_MESSAGE_BYTES, binary that is not UTF-8, or a message over the rate limit is
+    answered with `error` and otherwise ignored (the rate error at most once a second). A client that goes
+    over the rate FLOOD_CLOSE_AFTER times without once letting its bucket fill up again is closed (1008), and
+    so is one that sends while more than MAX_UNSENT_ITEMS items wait for it (`unsent()`).
+    """
+
+    def __init__(self, socket: Socket, config: AppConfig, on_text: Callable[[str], Awaitable[None]],
+                 error: Callable[[str], None], unsent: Callable[[], int] = lambda: 0):
+        self.socket, self.on_text, self.error, self.unsent = socket, on_text, error, unsent
+        self.bucket = TokenBucket(config.messages_per_s, config.message_burst)
+        self.last_message_at = anyio.current_time()
+        self._dropped = 0
+        self._last_rate_error = -1e9
+
+    async def run(self) -> None:
+        ws = self.socket.ws
         while True:
-            message = await self.ws.receive()
+            message = await ws.receive()
             if message["type"] == "websocket.disconnect":
-                self._tg.cancel_scope.cancel()
+                self.socket.end()
                 return
             text = message.get("text")
             if text is None and message.get("bytes") is not None:
@@ -117,11 +163,11 @@ class Socket:
             if text is None:
                 continue
             if self.unsent() > MAX_UNSENT_ITEMS:
-                await self.close(1008, "too many unanswered messages: read what the server sends")
+                await self.socket.close(1008, "too many unanswered messages: read what the server sends")
                 return
             if not self._admit():
                 if self._dropped > FLOOD_CLOSE_AFTER:
-                    await self.close(1008, "message rate limit exceeded")
+                    await self.socket.close(1008, "message rate limit exceeded")
                     return
                 continue
             if len(text) > MAX_MESSAGE_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
