@@ -1,4 +1,4 @@
-"""Verifying a token tree exactly, and block verification of a chain.
+"""Verifying a token tree exactly.
 
 A round's draft is a tree (engine/spec_decode/draft.py): node i holds a token, its parent (-1: the root, the
 context's last token) and q[i], the draft distribution its token was drawn from. The target scores the root
@@ -25,14 +25,7 @@ checks it exactly and by sampling). Two ways of drawing siblings are covered:
 At temperature 0 p and q are point masses: follow the target's argmax down the tree (`verify_tree_greedy`),
 which reproduces plain greedy decoding.
 
-Block verification (Sun et al. 2024, "Block Verification Accelerates Speculative Decoding"; vLLM's
-`rejection_sample_method: "block"`) is a second rule for a chain x_1..x_k. With b_0 = 1,
-    b_i = min(1, b_{i-1} p_{i-1}(x_i) / q_{i-1}(x_i))                 (how far the prefix's joint ratio allows)
-    m_i = sum_x max(0, b_i p_i(x) - q_i(x)),  h_i = m_i / (m_i + 1 - b_i)  for i < k,  h_k = b_k
-draw eta_1..eta_k ~ U(0, 1), keep x_1..x_tau with tau = max{i : eta_i < h_i} (0 if none), then sample the last
-token from norm(max(0, b_tau p_tau - q_tau)), or from p_k when tau = k (bonus). Row i of p and q is the
-distribution of x_{i+1}. It emits the target's distribution too, and accepts at least as many tokens on average
-as token-by-token verification of the same drafts (the paper proves it optimal; not on every draw).
+Block verification, the other rule for a chain, is in engine/spec_decode/verify.py.
 """
 from __future__ import annotations
 
@@ -198,69 +191,3 @@ def verify_tree_greedy(tokens, parents, target_ids) -> TreeVerification:
                                          len(path) + 1))
             return TreeVerification(status, tries, path, [tokens[i] for i in path] + [t], last, None, verdicts)
 
-
-def block_stop_probabilities(tokens, q, p):  # [k], [k, V], [k + 1, V] -> b [k + 1], h [k + 1]
-    """Block verification's weights: b_i the prefix's capped joint ratio, h_i the probability that tau >= i may
-    stop at i (h_0 = 1: tau = 0 when no later draw passes)."""
-    k, x = len(tokens), np.asarray(tokens, np.int64)
-    b = [1.0]
-    for ratio in (p[np.arange(k), x] / q[np.arange(k), x]).tolist():
-        b.append(min(1.0, b[-1] * ratio))
-    b = np.array(b)
-    m = np.maximum(b[1:k, None] * p[1:k] - q[1:k], 0.0).sum(-1)                  # [k - 1] residual masses
-    denom = m + 1.0 - b[1:k]
-    h = np.ones(k + 1)
-    h[1:k] = np.where(denom > 0, m / np.where(denom > 0, denom, 1.0), 1.0)
-    h[k] = b[k]                                                                  # h_k = b_k (h_0 = 1 when k = 0)
-    return b, h
-
-
-def block_residual(b_tau: float, p_row, q_row):  # [V], [V] -> [V]
-    """norm(max(0, b_tau p - q)): where the last token comes from after keeping tau < k drafts (b_0 = 1: the
-    standard residual). Falls back to p when it is empty (p == q exactly, which block verification never
-    stops at but through a draw of probability 0)."""
-    r = np.maximum(b_tau * p_row - q_row, 0.0)
-    total = r.sum()
-    return r / total if total > 0 else p_row
-
-
-@dataclass
-class BlockVerification:
-    """A chain verified as a block: per position the weights, the draws and the verdicts, and what
-    token-by-token verification would have accepted with the same draws."""
-    b: np.ndarray                 # [k + 1] capped joint ratios (b_0 = 1)
-    h: np.ndarray                 # [k + 1] stop probabilities (h_0 = 1)
-    eta: np.ndarray               # [k] the uniform draws
-    num_accepted: int             # tau
-    verdicts: list[TokenVerdict]  # accepted x_1..x_tau, rejected x_{tau+1}..x_k, then the resampled or bonus token
-    residual: np.ndarray | None   # [V] what a resampled token was drawn from (None for a bonus)
-    standard_num_accepted: int    # token-by-token verification with r_i = eta_i: accept while eta_i < min(1, p/q)
-
-    @property
-    def emitted(self) -> list[int]:
-        return [v.token_id for v in self.verdicts if v.status != "rejected"]
-
-
-def verify_block(tokens, q, p, rng: np.random.Generator) -> BlockVerification:
-    """Block verification of a chain x_1..x_k (temperature > 0; at temperature 0 it is greedy matching).
-    tokens [k], q [k, V], p [k + 1, V]."""
-    k = len(tokens)
-    b, h = block_stop_probabilities(tokens, q, p)
-    eta = rng.random(k)
-    passed = np.flatnonzero(eta < h[1:])
-    tau = int(passed[-1]) + 1 if len(passed) else 0
-    rows = np.arange(k)
-    px, qx = p[rows, tokens].tolist(), q[rows, tokens].tolist()
-    verdicts = [TokenVerdict(int(x), "accepted" if i < tau else "rejected", px[i], qx[i], float(h[i + 1]),
-                             float(eta[i]), i + 1) for i, x in enumerate(tokens)]
-    if tau == k:
-        residual, t = None, sample(p[k], rng)
-        verdicts.append(TokenVerdict(t, "bonus", float(p[k, t]), None, None, None, k + 1))
-    else:
-        residual = block_residual(b[tau], p[tau], q[tau])
-        t = sample(residual, rng)
-        verdicts.append(TokenVerdict(t, "resampled", float(p[tau, t]), float(q[tau, t]), None, None, tau + 1))
-    standard = 0                                    # token by token with the same draws: r_i = eta_i
-    while standard < k and eta[standard] < acceptance_probability(px[standard], qx[standard]):
-        standard += 1
-    return BlockVerification(b, h, eta, tau, verdicts, residual, standard)

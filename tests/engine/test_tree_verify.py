@@ -1,5 +1,6 @@
-"""Token trees and block verification (engine/spec_decode/tree_verify.py): the tree mask and positions, greedy
-trees, and exactness at temperature 1, exactly (by enumerating the draws) and by sampling.
+"""Token trees (engine/spec_decode/tree_verify.py) and block verification (engine/spec_decode/verify.py): the tree
+mask and positions, greedy trees, and exactness at temperature 1, exactly (by enumerating the draws) and by
+sampling.
 
 The sampled checks run a small "language model": the target's and the draft's next-token distributions depend
 on the previous token (rows of P and Q over V = 6 tokens), so the second emitted token tests that verification
@@ -13,10 +14,10 @@ import numpy as np
 import pytest
 
 from engine.spec_decode.sampling import sample
-from engine.spec_decode.tree_verify import (block_residual, block_stop_probabilities, children_of,
-                                            tree_depths, tree_mask, tree_positions, verify_block, verify_tree, verify_tree_greedy,
-                                            without_drawn)
-from engine.spec_decode.verify import acceptance_probability, residual_distribution, verify, verify_greedy
+from engine.spec_decode.tree_verify import (children_of, tree_depths, tree_mask, tree_positions, verify_tree,
+                                            verify_tree_greedy, without_drawn)
+from engine.spec_decode.verify import (acceptance_probability, block_residual, block_stop_probabilities,
+                                       residual_distribution, verify, verify_block, verify_greedy)
 
 V = 6
 
