@@ -17,6 +17,8 @@ built by `decoding-playground serve` from its options:
 | DECODING_PLAYGROUND_MAX_NUM_BATCHED_TOKENS | `--max-num-batched-tokens` | none: chunks of about 250 ms by each model's measured speed (engine/serving/scheduler.py); 0: no chunked prefill |
 | DECODING_PLAYGROUND_FRAME_ANCESTORS | `--frame-ancestors` | `*` (who may frame `/embed`) |
 | DECODING_PLAYGROUND_THREADS | `--threads` | every core but one (engine/model/thread_choice.py) |
+| DECODING_PLAYGROUND_SUFFIX_CACHE | `--suffix-cache` | `shared`: suffix decoding's global trees serve every session; `session`: each page its own |
+| DECODING_PLAYGROUND_SUFFIX_DECODING_MAX_TREE_NODES | `--suffix-decoding-max-tree-nodes` | 1,000,000: nodes + cached responses of all global trees together |
 | DECODING_PLAYGROUND_DEMO | – | `auto`: the page opens on SmolLM2 + chat + EAGLE when fetched; `character`: our models |
 | DECODING_PLAYGROUND_VLLM (1/0) | `--vllm` / `--no-vllm` | off: start vLLM servers on the fetched SmolLM2 (app/ws/vllm.py) |
 | DECODING_PLAYGROUND_VLLM_VENV | – | `make vllm`'s: $DECODING_PLAYGROUND_CACHE/vllm/venv |
@@ -37,6 +39,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.paths import PROJECT_DIR
 from engine.external.openai_stream import configured_engines
+from engine.spec_decode.suffix_caches import DEFAULT_MAX_TREE_NODES, MAX_TREE_NODES_RANGE, SCOPES
 from engine.serving.settings import excerpt
 
 ENV_PREFIX = "DECODING_PLAYGROUND_"
@@ -181,6 +184,8 @@ class AppConfig:
     threads: int | None = None            # weight-product threads of models that stream from memory; None: the rule
     curve_at_start: bool = False          # measure the demo model's verify curve at start-up (serve: yes)
     freeze_gc: bool = False               # once the models are loaded, the cycle collector skips them (serve: yes)
+    suffix_cache: str = "shared"          # suffix decoding's global trees: shared by every session, or per session
+    suffix_decoding_max_tree_nodes: int = DEFAULT_MAX_TREE_NODES   # their memory bound (engine/spec_decode/suffix_caches.py)
 
     def __post_init__(self):
         object.__setattr__(self, "models_dir", Path(self.models_dir))
@@ -223,6 +228,12 @@ class AppConfig:
             raise ConfigError("vllm_variants", f"plain, ngram and/or eagle, got {excerpt(','.join(self.vllm_variants))}")
         if self.vllm_threads < 1:
             raise ConfigError("vllm_threads", f"at least 1, got {self.vllm_threads}")
+        if self.suffix_cache not in SCOPES:
+            raise ConfigError("suffix_cache", f"shared or session, got {excerpt(self.suffix_cache)}")
+        low, high = MAX_TREE_NODES_RANGE
+        if not low <= self.suffix_decoding_max_tree_nodes <= high:
+            raise ConfigError("suffix_decoding_max_tree_nodes",
+                              f"{low:,} to {high:,}, got {self.suffix_decoding_max_tree_nodes}")
         if self.demo not in ("auto", "character"):
             raise ConfigError("demo", f"auto or character, got {excerpt(self.demo)}")
         if any(c in self.embed_frame_ancestors for c in ";,\r\n"):
@@ -266,6 +277,8 @@ class EnvSettings(BaseSettings):
     demo: str | None = None
     vllm: bool | None = None
     threads: int | None = None
+    suffix_cache: str | None = None
+    suffix_decoding_max_tree_nodes: int | None = None
 
     _split_names = field_validator("allowed_origins", "allowed_hosts", mode="before")(_names)
 

@@ -19,6 +19,8 @@ gauges read at scrape time (sessions, pools, the engine thread) come from the ro
 | playground_kv_pool_bytes | gauge | K/V memory per pool (pools come and go: an idle one may be freed) |
 | playground_kv_cache_memory_bytes | gauge | what all pools may hold together (--kv-cache-memory) |
 | playground_kv_pools_freed / _refused | counter | idle pools freed to make room / requests whose pool did not fit |
+| playground_suffix_decoding_tree_nodes / _cached_requests | gauge | suffix decoding's global trees per model: nodes, responses held |
+| playground_suffix_decoding_max_tree_nodes | gauge | their bound: nodes + cached responses of all of them (--suffix-decoding-max-tree-nodes) |
 | playground_* | | websocket connections, watchers, rooms, KV blocks per pool, scheduler steps and batches |
 
 NOTE (threads): counters and histograms are updated in the engine thread (`observe`) and read by a scrape

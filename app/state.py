@@ -98,7 +98,9 @@ class Playground:
         except (FileNotFoundError, CheckpointError, KeyError, ValueError) as e:
             logger.error("no models loaded from %s: %s", config.models_dir, e)
             return cls(config, None, f"no models loaded from {config.models_dir}: {e}")
-        engine = InferenceEngine(registry, max_sessions=config.max_sessions, kv_cache_memory=config.kv_cache_memory)
+        engine = InferenceEngine(registry, max_sessions=config.max_sessions, kv_cache_memory=config.kv_cache_memory,
+                                 suffix_cache=config.suffix_cache,
+                                 suffix_max_tree_nodes=config.suffix_decoding_max_tree_nodes)
         how = "--kv-cache-memory; the pools made at start-up take %s" if config.kv_cache_memory is not None else \
             "the default: twice the %s of the pools made at start-up"
         logger.info("KV cache memory: %s for all pools (" + how + ")", human_bytes(engine.kv_cache_memory),

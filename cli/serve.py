@@ -85,6 +85,13 @@ def add_parser(sub) -> None:
                    metavar="N", help="tokens an engine step computes: a longer prefill runs in chunks between the "
                                      "other sessions' steps (chunked prefill, as vLLM; 0: off; default: chunks of "
                                      "about 250 ms by each model's measured prefill speed)")
+    s.add_argument("--suffix-cache", choices=("shared", "session"), default=None,
+                   help="suffix decoding's global trees: 'shared' (default) drafts from every session's earlier "
+                        "answers, as vLLM's one global tree does (in a room, from other people's answers); "
+                        "'session': each page drafts only from its own earlier runs")
+    s.add_argument("--suffix-decoding-max-tree-nodes", type=_integer(1, 100_000_000), default=None, metavar="N",
+                   help="memory bound of suffix decoding's global trees: nodes plus cached responses of all of them "
+                        "together, oldest response evicted first (default 1,000,000: about 110 MB)")
     s.add_argument("--token", default=None,
                    help="workshop mode: a shared secret required by page, API and websockets (?token=...); "
                         "DECODING_PLAYGROUND_TOKEN does the same without showing it in the process list")
@@ -127,7 +134,8 @@ OPTIONS = {"allowed_origins": "--allowed-origin", "allowed_hosts": "--allowed-ho
            "idle_timeout_s": "--idle-timeout", "token": "--token", "max_num_batched_tokens": "--max-num-batched-tokens",
            "embed_frame_ancestors": "--frame-ancestors", "openai_engines": "--openai-url",
            "llamacpp_threads": "--llamacpp-threads", "models_dir": "--models-dir", "vllm_threads": "--vllm-threads",
-           "vllm_variants": "--vllm-variants", "vllm_port": "--vllm-port", "threads": "--threads"}
+           "vllm_variants": "--vllm-variants", "vllm_port": "--vllm-port", "threads": "--threads",
+           "suffix_cache": "--suffix-cache", "suffix_decoding_max_tree_nodes": "--suffix-decoding-max-tree-nodes"}
 VARIABLES = {"idle_timeout_s": "IDLE_TIMEOUT", "embed_frame_ancestors": "FRAME_ANCESTORS"}
 
 
@@ -159,6 +167,7 @@ def server_config(args):
         llamacpp_threads=args.llamacpp_threads, max_num_batched_tokens=args.max_num_batched_tokens,
         threads=args.threads, vllm=args.vllm, vllm_threads=args.vllm_threads, vllm_port=args.vllm_port, vllm_compile=args.vllm_compile,
         vllm_variants=tuple(args.vllm_variants.split(",")) if args.vllm_variants else None,
+        suffix_cache=args.suffix_cache, suffix_decoding_max_tree_nodes=args.suffix_decoding_max_tree_nodes,
         curve_at_start=True, freeze_gc=True)
     try:
         config = base.with_overrides(**overrides)

@@ -40,6 +40,7 @@ def scrape_gauges(pg) -> list[tuple]:
             ("playground_kv_pools_refused", "counter", "Requests refused: their KV pool did not fit the memory.", {},
              pg.engine.pools.refused),
         ]
+        rows += suffix_gauges(pg.engine.suffix_caches)
     thread = pg.engine_thread
     rows += [
         ("playground_max_sessions", "gauge", "Generations allowed at once (--max-sessions).", {},
@@ -61,6 +62,20 @@ def scrape_gauges(pg) -> list[tuple]:
         ("playground_engine_batched_requests", "counter", "Forward requests served by batched computations.", {},
          thread.scheduler.batched_requests if thread else 0),
     ]
+    return rows
+
+
+def suffix_gauges(caches) -> list[tuple]:
+    """Suffix decoding's global trees: their size per model (every tree shape and session), and their bound."""
+    rows = [("playground_suffix_decoding_max_tree_nodes", "gauge",
+             "Bound on the nodes plus cached responses of all suffix decoding global trees.", {}, caches.max_tree_nodes)]
+    sizes = caches.sizes()
+    for model, size in sizes.items():
+        rows.append(("playground_suffix_decoding_tree_nodes", "gauge", "Nodes of the model's suffix decoding global "
+                     "trees.", {"model_name": model}, size["nodes"]))
+    for model, size in sizes.items():
+        rows.append(("playground_suffix_decoding_cached_requests", "gauge", "Responses held in the model's suffix "
+                     "decoding global trees.", {"model_name": model}, size["cached_requests"]))
     return rows
 
 

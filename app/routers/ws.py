@@ -4,10 +4,12 @@ Both check the Origin header before accepting (a refused handshake is an HTTP 40
 when the server already holds `max_connections` websockets (close 1013: htmx retries with backoff), and
 hand the connection to `app.ws.connection.Connection` with their view. `?key=` (16-64 characters of
 A-Z a-z 0-9 _ -) names the presenter's session for watch mode (app/watch/rooms.py); without one a fresh key is
-made. docs/protocol.md has the vocabulary.
+made. The key is also the session whose earlier runs suffix decoding drafts from under `serve --suffix-cache
+session`. docs/protocol.md has the vocabulary.
 """
 
 import logging
+from contextlib import nullcontext
 
 from fastapi import APIRouter, WebSocket, WebSocketException, status
 
@@ -61,7 +63,8 @@ async def html_ws(websocket: WebSocket) -> None:
     view = playground.view("html")
     conn = Connection(websocket, playground, view, speed=view.default_speed, key=key)
     conn.notice("hello")                          # the page's connection indicator
-    await conn.serve()
+    with suffix_scope(playground, key):
+        await conn.serve()
 
 
 @router.websocket("/api/ws")
@@ -72,4 +75,11 @@ async def json_ws(websocket: WebSocket) -> None:
         return
     playground = get_playground(websocket)
     view = playground.view("json")
-    await Connection(websocket, playground, view, speed=view.default_speed, key=key).serve()
+    with suffix_scope(playground, key):
+        await Connection(websocket, playground, view, speed=view.default_speed, key=key).serve()
+
+
+def suffix_scope(playground, key: str):
+    """The generations of a presenter key (a page, across its reconnects) are one session of suffix decoding's
+    caches: with `serve --suffix-cache session` they draft only from each other (engine/spec_decode/suffix_caches.py)."""
+    return playground.engine.suffix_caches.session_scope(key) if playground.engine is not None else nullcontext()

@@ -41,6 +41,10 @@ from engine.serving.settings import LIVE_SETTINGS, excerpt, excerpt_name
 METRICS = tuple(name for name, _, _ in GAUGES)
 ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")
 
+NO_MATCH = {"ngram": "no draft: the n-gram was not found earlier, the target decodes one token",     # a lookup's
+            "suffix": "no draft: nothing in the suffix trees follows the latest tokens often enough, the target "
+                      "decodes one token"}                                                       # empty round
+
 
 class HtmlView:
     default_speed = float(DEFAULT_SPEED)
@@ -275,9 +279,10 @@ class HtmlView:
 
     def _on_draft(self, e, frame: Frame, run_id: int) -> None:
         self.status.pop("prefill", None)          # decoding (recordings made before the last chunk was reported)
-        self.lane = {"round": e.round, "method": e.method, "final": None, "why": "", "verdict": "",
+        scores = (e.origin or {}).get("probs") or [None] * len(e.tokens)     # suffix decoding's frequency scores
+        self.lane = {"round": e.round, "method": e.method, "final": None, "why": "", "verdict": "", "origin": e.origin,
                      "drafts": [{"text": t["text"], "q": t["q"], "status": "unverified", "accept_prob": None,
-                                 "r": None} for t in e.tokens]}
+                                 "r": None, "score": score} for t, score in zip(e.tokens, scores)]}
 
     def _on_token(self, e, frame: Frame, run_id: int) -> None:
         self.status.pop("prefill", None)
@@ -310,8 +315,8 @@ class HtmlView:
                 lane["verdict"] = (f"{e.num_accepted} of {e.num_draft_tokens} accepted"
                                    + (", bonus token" if e.num_accepted == e.num_draft_tokens else ", resampled")
                                    + f" · {e.verify_tokens} positions in one target forward")
-            elif lane["method"] == "none" and self.form.get("method") == "ngram":
-                lane["why"] = "no draft: the n-gram was not found earlier, the target decodes one token"
+            elif lane["method"] == "none" and self.form.get("method") in NO_MATCH:
+                lane["why"] = NO_MATCH[self.form["method"]]
             frame.lane = lane
 
     def _on_kv(self, e, frame: Frame, run_id: int) -> None:

@@ -16,12 +16,14 @@ from app.views.race_pick import race_state, races_of
 from engine.experiments.theory import worked_table
 from engine.kv.dtypes import KV_CACHE_DTYPES
 from engine.serving.request_fit import fit_request, model_defaults
-from engine.serving.settings import MAX_PROMPT_CHARS, METHODS, GenerationSettings, SettingsError, excerpt
+from engine.serving.settings import (MAX_PROMPT_CHARS, METHODS, SUFFIX_SETTINGS, GenerationSettings, SettingsError,
+                                     excerpt)
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
                  "num_speculative_tokens_schedule", "draft_confidence_threshold", "prompt_lookup_min",
-                 "prompt_lookup_max", "kv_cache", "kv_cache_dtype", "num_kv_heads", "block_size", "enable_prefix_caching"]
+                 "prompt_lookup_max", *SUFFIX_SETTINGS, "kv_cache", "kv_cache_dtype", "num_kv_heads", "block_size",
+                 "enable_prefix_caching"]
 BOOL_SETTINGS = {"kv_cache", "enable_prefix_caching", "chat"}
 SPEEDS = [("0.5", "½ round/s"), ("1", "1 round/s"), ("2", "2 rounds/s"), ("5", "5 rounds/s"),
           ("10", "10 rounds/s"), ("25", "25 rounds/s"), ("max", "full speed")]
@@ -289,7 +291,7 @@ def target_of(registry, name: str | None):
 
 
 METHOD_LABELS = {"none": "none (plain decoding)", "draft_model": "draft model", "ngram": "n-gram lookup",
-                 "medusa": "Medusa heads", "eagle": "EAGLE head"}
+                 "medusa": "Medusa heads", "eagle": "EAGLE head", "suffix": "suffix decoding"}
 
 
 def model_options(registry, name: str | None) -> dict:
@@ -304,6 +306,7 @@ def model_options(registry, name: str | None) -> dict:
         ("none", True, ""),
         ("draft_model", draft is not None, "no draft model shares this target's vocabulary"),
         ("ngram", True, ""),
+        ("suffix", True, ""),
         ("medusa", "medusa" in heads, "no Medusa heads trained for this target"),
         ("eagle", "eagle" in heads, "no EAGLE head trained for this target")]]
     return {"target": target.name, "attention": target.cfg.attention_kind,
@@ -324,7 +327,7 @@ def model_note(opts: dict) -> str:
 # chat endpoint applies to every request: the page disables them.
 SERVER_SET_CONTROLS = ("f-num_kv_heads", "f-chat", "f-method", "f-num_speculative_tokens",
                        "f-num_speculative_tokens_schedule", "f-draft_confidence_threshold", "f-prompt_lookup_min",
-                       "f-prompt_lookup_max", "f-kv_cache", "f-kv_cache_dtype", "f-block_size", "f-enable_prefix_caching")
+                       "f-prompt_lookup_max", *(f"f-{name}" for name in SUFFIX_SETTINGS), "f-kv_cache", "f-kv_cache_dtype", "f-block_size", "f-enable_prefix_caching")
 
 
 def server_set(model: str | None, external, registry=None) -> dict:
