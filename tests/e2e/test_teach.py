@@ -198,8 +198,9 @@ def test_race_plain_against_speculative_with_their_clocks(live_server, page, art
     only_view(page, "race")
     page.select_option("#race-slowdown", "10")
     page.click("#race-start")
-    page.wait_for_selector("#race-result .race[data-state='running']", timeout=30_000)
-    page.wait_for_selector("#race-result .race[data-state='done']", timeout=30_000)
+    answer = page.wait_for_selector("#race-result .race, #race-result .teach-error", timeout=120_000)
+    assert "teach-error" not in (answer.get_attribute("class") or ""), answer.inner_text()
+    page.wait_for_selector("#race-result .race[data-state='done']", timeout=60_000)
     for lane in ("a", "b"):                                           # plain, then the draft model
         sel = f"#race-result .race-lane[data-lane={lane}]"
         total = float(page.get_attribute(sel, "data-total-ms"))
