@@ -76,7 +76,7 @@ class Connection:
         self.room = None                  # app/watch/rooms.py: where watchers follow this connection
         self.watch_id: str | None = None
         self.socket = Socket(websocket, release=self.release)
-        self.receiver = Receiver(self.socket, playground.config, self.on_text, self.error, unsent=self.outbox.__len__)
+        self.receiver = Receiver(self.socket, playground.config, self.on_text, self.error, unsent=lambda: len(self.outbox))
         self.sender = PacedSender(self.socket, view, self.outbox, self.context, self.pace, self.streaming,
                                   self.poke_engine)
 
