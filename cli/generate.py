@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from engine.experiments.measure import check_distribution
+from engine.experiments.distribution import check_distribution
 from engine.model.thread_choice import current_choice, request_threads
 from engine.serving.registry import MODELS_DIR, InferenceEngine, ModelRegistry
 from engine.serving.request_fit import fit_request
@@ -71,16 +71,22 @@ def cmd_generate(args) -> int:
 def cmd_check_distribution(args) -> int:
     engine = load_engine(args.models_dir)
     try:
+        gamma = args.num_speculative_tokens or (2 if args.rejection_sample_method == "block" else 1)
         r = check_distribution(engine, args.prompt, args.samples, args.temperature, args.seed,
-                               None if args.json else lambda i, n: print(f"  {i:,}/{n:,}", file=sys.stderr))
+                               None if args.json else lambda i, n: print(f"  {i:,}/{n:,}", file=sys.stderr),
+                               args.rejection_sample_method, gamma)
     except SettingsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
-    print(f"{r['prompt']!r} T={r['temperature']} samples={r['samples']:,} ({r['target']} vs draft {r['draft']})")
-    print(f"accept={r['acceptance_rate']:.4f} theory_sum_min(p,q)={r['theory_sum_min_p_q']:.4f} "
+    print(f"{r['prompt']!r} T={r['temperature']} samples={r['samples']:,} ({r['target']} vs draft {r['draft']}, "
+          f"{r['rejection_sample_method']} verification, γ = {r['num_speculative_tokens']})")
+    standard = r["standard_mean_acceptance_length"]
+    print(f"mean_acceptance_length={r['mean_acceptance_length']:.4f}"
+          + (f" (standard rule on the same draws: {standard:.4f})" if standard is not None else ""))
+    print(f"accept_x1={r['acceptance_rate']:.4f} theory_sum_min(p,q)={r['theory_sum_min_p_q']:.4f} "
           f"TVD(spec,p)={r['tvd_speculative']:.4f} TVD(direct,p)={r['tvd_direct']:.4f} "
           f"TVD(draft_only,p)={r['tvd_draft_only']:.4f}")
     for t in r["top_tokens"]:
@@ -130,6 +136,10 @@ def add_parsers(sub) -> None:
     c.add_argument("--samples", type=int, default=200_000)
     c.add_argument("--temperature", type=float, default=1.0)
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--rejection-sample-method", default="standard", choices=["standard", "block"],
+                   help="how a round's draft is verified: token by token (standard) or as a block")
+    c.add_argument("--num-speculative-tokens", type=int, default=None, metavar="GAMMA",
+                   help="draft tokens per round (default 1; 2 with block: with one draft token the rules are the same)")
     c.add_argument("--json", action="store_true")
     c.add_argument("--models-dir", default=None)
     c.set_defaults(func=cmd_check_distribution)

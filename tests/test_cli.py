@@ -57,6 +57,30 @@ def test_check_distribution(models_dir):
     assert abs(r["acceptance_rate"] - r["theory_sum_min_p_q"]) <= 0.02
 
 
+def test_check_distribution_takes_the_verification_rule(models_dir):
+    code, out, err = cli("check-distribution", "--prompt", "def ", "--samples", "20000", "--json",
+                         "--rejection-sample-method", "block", "--models-dir", str(models_dir))
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["rejection_sample_method"] == "block" and r["num_speculative_tokens"] == 2   # block's default γ
+    assert r["tvd_speculative"] <= 3 * r["tvd_direct"] + 0.01                           # as the standard check
+    assert r["standard_mean_acceptance_length"] is not None
+    code, _, err = cli("check-distribution", "--prompt", "def ", "--rejection-sample-method", "blocks",
+                       "--models-dir", str(models_dir))
+    assert code == 2 and "rejection-sample-method" in err and "'block'" in err
+
+
+def test_generate_json_reports_the_verification_rule(models_dir):
+    code, out, err = cli("generate", "--prompt", "def f(x):", "--max-tokens", "40", "--json", "--temperature", "1",
+                         "--rejection-sample-method", "block", "--models-dir", str(models_dir))
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["settings"]["rejection_sample_method"] == "block"
+    assert s["block_verification"]["num_drafts"] == s["num_drafts"] > 0
+    code, _, err = cli("generate", "--prompt", "x", "--rejection-sample-method", "tree", "--models-dir", str(models_dir))
+    assert code == 2 and "rejection_sample_method" in err and "'standard' or 'block'" in err
+
+
 def test_models_lists_the_family(models_dir):
     code, out, err = cli("models", "--json", "--models-dir", str(models_dir))
     assert code == 0, err

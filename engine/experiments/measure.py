@@ -5,7 +5,6 @@
                                               whether the curve is physical, its noise, age and the load
     roofline_steps(lm)                     -> per thread count: the weights' read bandwidth, the step it predicts,
                                               the step measured
-    distribution_steps(engine, prompt, …)  -> the first seed's distribution check (TVD against p)
 
 Each job yields between timed pieces, never inside one, and times them on the engine clock (engine/kv/runner.py's
 `clock_for`: the engine thread's CPU time, unless helper threads share the work): what the engine thread runs
@@ -22,14 +21,11 @@ import numpy as np
 from ..kv.cache import KVCacheManager
 from ..kv.runner import clock_for
 from ..model.layout import WeightStream, weight_bytes
-from ..model.llama import forward, forward_no_cache
+from ..model.llama import forward
 from ..model.thread_choice import available_cores, candidate_threads
 from ..model.threads import read_chunked, threads, using_threads
 from ..serving.jobs import Job, run_to_end
-from ..serving.registry import InferenceEngine, ModelRegistry
-from ..serving.settings import SettingsError
-from ..spec_decode.sampling import probs_from_logits, sample
-from ..spec_decode.verify import verify
+from ..serving.registry import ModelRegistry
 
 CURVE_NS = tuple(range(1, 18))          # verify sizes: gamma + 1 for gamma up to 16
 LARGE_MODEL_PARAMS = 20e6               # beyond this a curve is measured at fewer sizes
@@ -42,7 +38,6 @@ CURVE_REPEATS = 21
 LARGE_CURVE_REPEATS = 11
 CURVE_ATTEMPTS = 2                      # a curve that is not physical is measured again, then flagged
 MIN_NOISE = 0.02                        # the least relative noise a curve states
-DISTRIBUTION_SLICE = 500                # samples a step of the distribution check
 
 
 def verify_curve_samples(lm, context: int = CURVE_CONTEXT, ns=(1, 2, 3, 4, 5, 7, 9),
@@ -173,63 +168,3 @@ def roofline_steps(lm, context: int = CURVE_CONTEXT, repeats: int = 5) -> Job[li
                      "speedup": min(step[1]) / step_ms})
     return rows
 
-
-def tvd(counts, p) -> float:
-    """Total variation distance between the empirical distribution of `counts` and p."""
-    return 0.5 * float(np.abs(counts / counts.sum() - p).sum())
-
-
-def distribution_steps(engine: InferenceEngine, prompt: str, samples: int, temperature: float, seed: int,
-                       progress=None) -> Job[dict]:
-    """The first seed's experiment: one round with gamma = 1 from `prompt`, `samples` times.
-
-    Speculative sampling (draft x ~ q, verified against p by `engine.spec_decode.verify.verify`), direct sampling
-    from p, and draft-only sampling from q, each compared with p by total variation distance. `progress(i, n)`
-    is told how far it is after every slice.
-    """
-    if temperature <= 0:
-        raise SettingsError("temperature", "the distribution check needs temperature > 0")
-    target = engine.registry.default_target()
-    draft = engine.registry.draft_for(target)
-    ids = target.tokenizer.encode(prompt)
-    p = probs_from_logits(forward_no_cache(target.model, ids)[-1], temperature)
-    q = probs_from_logits(forward_no_cache(draft.model, ids)[-1], temperature)
-    rng = np.random.default_rng(seed)
-    V = len(p)
-    spec, accepted = np.zeros(V), 0
-    p2 = np.stack([p, p])
-    seconds = 0.0
-    every = max(1, samples // 20)
-    for i in range(samples):
-        if i % DISTRIBUTION_SLICE == 0:
-            yield
-            t = time.thread_time()
-        x = sample(q, rng)
-        verdicts, _ = verify([x], q[None], p2, rng)
-        first = verdicts[0] if verdicts[0].status == "accepted" else verdicts[1]
-        spec[first.token_id] += 1
-        accepted += verdicts[0].status == "accepted"
-        if progress and ((i + 1) % every == 0 or i + 1 == samples):
-            progress(i + 1, samples)
-        if (i + 1) % DISTRIBUTION_SLICE == 0 or i + 1 == samples:
-            seconds += time.thread_time() - t
-    yield
-    t = time.thread_time()
-    direct = np.bincount(rng.choice(V, size=samples, p=p), minlength=V).astype(float)
-    draft_only = np.bincount(rng.choice(V, size=samples, p=q), minlength=V).astype(float)
-    seconds += time.thread_time() - t
-    top = np.argsort(-p)[:8]
-    tok = target.tokenizer
-    return {"prompt": prompt, "samples": samples, "temperature": temperature, "seed": seed,
-            "target": target.name, "draft": draft.name,
-            "acceptance_rate": accepted / samples, "theory_sum_min_p_q": float(np.minimum(p, q).sum()),
-            "tvd_speculative": tvd(spec, p), "tvd_direct": tvd(direct, p), "tvd_draft_only": tvd(draft_only, p),
-            "seconds": seconds,
-            "top_tokens": [{"text": tok.token_text(int(i)), "p": float(p[i]), "q": float(q[i]),
-                            "speculative": float(spec[i] / samples), "direct": float(direct[i] / samples),
-                            "draft_only": float(draft_only[i] / samples)} for i in top]}
-
-
-def check_distribution(engine: InferenceEngine, prompt: str, samples: int, temperature: float, seed: int,
-                       progress=None) -> dict:
-    return run_to_end(distribution_steps(engine, prompt, samples, temperature, seed, progress))

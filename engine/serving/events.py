@@ -74,6 +74,10 @@ class TokenResult(Event):
     top_p: list = field(default_factory=list)   # [[id, text, prob]] top-5 of p
     top_q: list = field(default_factory=list)   # top-5 of q
     residual_top: list = field(default_factory=list)  # top-5 of norm(max(0, p - q)) for a resample
+    # a block-verified draft token (engine/spec_decode/verify.py): h_i, which r is compared with, and what
+    # token-by-token verification would have done with the same draws (accepted | rejected | unreached)
+    stop_prob: float | None = None
+    standard_status: str | None = None
 
 
 @dataclass

@@ -215,7 +215,7 @@ class GenerationSession:
         context = len(self.tokens)                          # the target holds K/V for context - 1 tokens
         logits, target_ms = yield from self._target_forward([self.tokens[-1]] + draft.tokens,
                                                             mask=fault.verification_mask(draft))
-        verification = fault.verify(draft, logits, s.temperature, s.top_p, self.rng)
+        verification = fault.verify(draft, logits, s.temperature, s.top_p, self.rng, s.rejection_sample_method)
         accepted = verification.num_accepted
         fault.truncate(self.target, context + accepted)    # the rejected drafts' K/V leave the cache
         texts = self._append(verification.emitted)

@@ -53,6 +53,9 @@ class GenerationSettings(BaseModel):
     num_speculative_tokens: int = Field(4, ge=1, le=16)
     num_speculative_tokens_schedule: Literal["constant", "heuristic"] = "constant"
     draft_confidence_threshold: float = Field(0.0, ge=0.0, le=1.0)   # stop drafting below it (0: never)
+    # how a chain is verified (vLLM's name): token by token, or as a block (engine/spec_decode/verify.py)
+    rejection_sample_method: Literal["standard", "block"] = Field(
+        "standard", description="standard (token by token) or block (Sun et al. 2024)")
     prompt_lookup_min: int = Field(1, ge=1, le=16)
     prompt_lookup_max: int = Field(4, ge=1, le=16)
     # suffix decoding (vLLM's names and defaults; engine/spec_decode/suffix.py): the trees' depth, the earlier
@@ -128,6 +131,7 @@ def value_range(field) -> str:
 
 # Settings a running generation picks up at its next round; the rest need a new generation.
 LIVE_SETTINGS = {"temperature", "top_p", "method", "num_speculative_tokens", "num_speculative_tokens_schedule",
+                 "rejection_sample_method",
                  "draft_confidence_threshold",
                  "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_SETTINGS, "kv_cache", "kv_cache_dtype", "num_kv_heads",
                  "block_size", "enable_prefix_caching", "fault", "max_tokens"}

@@ -25,8 +25,9 @@ class Round:
         """Which verification positions each position sees: the draft's own ancestors only."""
         return draft.attention_mask()
 
-    def verify(self, draft: Draft, logits, temperature: float, top_p: float, rng) -> Verification:
-        return verify_draft(draft, logits, temperature, top_p, rng)
+    def verify(self, draft: Draft, logits, temperature: float, top_p: float, rng,
+               rejection_sample_method: str = "standard") -> Verification:
+        return verify_draft(draft, logits, temperature, top_p, rng, rejection_sample_method)
 
     def truncate(self, runner, num_tokens: int) -> None:
         """Drop the K/V of the rejected drafts: the cache holds the first `num_tokens` tokens' K/V."""
@@ -52,12 +53,14 @@ class NoTruncate(Round):
 class UnnormalizedResidual(Round):
     name = "unnormalized_residual"
 
-    def verify(self, draft: Draft, logits, temperature: float, top_p: float, rng) -> Verification:
+    def verify(self, draft: Draft, logits, temperature: float, top_p: float, rng,
+               rejection_sample_method: str = "standard") -> Verification:
         """The correct verification, then the faulty draw from max(0, p - q) where there was a rejection: numpy
         checks the weights before it draws, and refuses (ValueError: probabilities do not sum to 1). Asked on
         a generator of its own, so where numpy accepts (weights within its tolerance of 1) the session's
-        random stream is as the correct draw left it."""
-        result = super().verify(draft, logits, temperature, top_p, rng)
+        random stream is as the correct draw left it. (Block verification's residual, max(0, b p - q), is no
+        more normalised: the same weights show the same refusal.)"""
+        result = super().verify(draft, logits, temperature, top_p, rng, rejection_sample_method)
         if result.residual is not None and result.p is not None:       # a rejection while sampling
             i = result.verdicts[-1].position - 1
             weights = np.maximum(result.p[i] - draft.q[i], 0.0)

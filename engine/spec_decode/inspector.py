@@ -29,11 +29,25 @@ class Inspector:
     def add(self, events, logits, verification, draft) -> None:
         """A verification's token events (positions 1..n), to annotate from the target's logits [n, V] or its
         sampling distributions (`verification.p`) and the draft's q, or its logits when greedy."""
+        if verification.standard_num_accepted is not None:
+            self._block_figures(events, verification)
         greedy = verification.p is None
         shows_logits = greedy and draft.display_logits is not None
         q_source = None if not draft else draft.display_logits if shows_logits else draft.q
         self.unshown.append(Unshown(events, logits if greedy else verification.p, greedy, q_source, shows_logits,
                                     verification.residual))
+
+    @staticmethod
+    def _block_figures(events, verification) -> None:
+        """A block-verified round's draft tokens: h_i, which block verification compared r with, and what
+        token-by-token verification would have done with the same draws: accept while r < min(1, p/q), reject at
+        the first draw that fails, never try the drafts after it. (events: one per verdict, in order.)"""
+        standard = verification.standard_num_accepted
+        for e, v in zip(events, verification.verdicts):
+            if v.stop_prob is not None:
+                e.stop_prob = v.stop_prob
+                e.standard_status = ("accepted" if e.position <= standard else
+                                     "rejected" if e.position == standard + 1 else "unreached")
 
     def annotate(self) -> None:
         """Fill in what the token inspector shows: p(x), q(x) and the top-5 of p, q and the residual.

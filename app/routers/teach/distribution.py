@@ -1,4 +1,4 @@
-"""`POST /teach/distribution` starts the first seed's distribution check (engine/experiments/measure.py) as an engine job;
+"""`POST /teach/distribution` starts the first seed's distribution check (engine/experiments/distribution.py) as an engine job;
 `GET /teach/distribution/{job}` shows its progress, then its answer."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse
 
 from app.deps import PlaygroundDep
 from app.routers.teach.common import error_fragment, form_fields, fragment
-from engine.experiments.measure import distribution_steps
+from engine.experiments.distribution import distribution_steps
 from engine.serving.settings import SettingsError
 
 logger = logging.getLogger(__name__)
