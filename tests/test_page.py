@@ -91,6 +91,15 @@ def test_url_settings_are_rendered_into_the_form(app_client):
     assert "warning-banner" not in html
 
 
+def test_the_verification_rule_is_a_select_the_url_sets(app_client):
+    assert Form(app_client.get("/").text).values["rejection_sample_method"] == "standard"
+    html = app_client.get("/?rejection_sample_method=block").text
+    assert Form(html).values["rejection_sample_method"] == "block" and "warning-banner" not in html
+    assert '<option value="standard">standard</option><option value="block" selected>block</option>' in html
+    bad = app_client.get("/?rejection_sample_method=tree").text
+    assert "warning-banner" in bad and "rejection_sample_method" in bad
+
+
 @pytest.mark.parametrize("query, needle", [
     ("num_speculative_tokens=99", "num_speculative_tokens"),
     ("temperature=hot", "temperature"),

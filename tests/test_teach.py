@@ -219,6 +219,30 @@ def test_the_inspector_explains_what_it_cannot_show(client, recorded):
     assert "no accepted token at round 999" in missing.text
 
 
+def test_the_inspector_shows_what_the_standard_rule_would_have_done_with_a_block_rounds_draws(client, engine):
+    events = run_events(engine, temperature=1.0, seed=3, max_tokens=200, num_speculative_tokens=4,
+                        rejection_sample_method="block")
+    view = client.app.state.playground.view("html")
+    view.form_prompt = PROMPT
+    show_run(view, events)
+
+    def inspect(token):
+        return client.get("/teach/inspect", params={"recording": view.recording.key, "round": token.round,
+                                                    "position": token.position, "status": token.status}).text
+
+    drafts = [e for e in events if e.type == "token" and e.stop_prob is not None]
+    for status in ("accepted", "rejected"):
+        token = next(t for t in drafts if t.status == status)
+        html = inspect(token)
+        assert f'data-figure="stop_prob">{token.stop_prob:.3f}<' in html and "Block verification" in html
+        assert f'data-standard-status="{token.standard_status}"' in html
+    # a draft the block kept although token-by-token verification rejected it or never tried it
+    kept = next(t for t in drafts if t.status == "accepted" and t.standard_status != "accepted")
+    assert f"<strong>{'never tried' if kept.standard_status == 'unreached' else 'rejected'}</strong>" in inspect(kept)
+    resampled = next(e for e in events if e.type == "token" and e.status == "resampled")
+    assert "norm(max(0, b·p − q))" in inspect(resampled)
+
+
 # --- KV memory and paging: the seeds' figures ------------------------------------------------------------------
 def figure(html: str, name: str) -> str:
     m = re.search(rf'data-figure="{name}"[^>]*>([^<]*)<', html)

@@ -103,6 +103,8 @@ PROMPT = "def main(argv):\n    "
     (json.dumps({"type": "start", "prompt": "x", "settings": {"temperature": -1}}), "temperature"),
     (json.dumps({"type": "start", "prompt": "x", "settings": {"kv_cache_dtype": "int3"}}), "kv_cache_dtype"),
     (json.dumps({"type": "start", "prompt": "x", "settings": {"block_size": 12}}), "block_size"),
+    (json.dumps({"type": "start", "prompt": "x", "settings": {"rejection_sample_method": "tree"}}),
+     "rejection_sample_method"),
     (json.dumps({"type": "start", "prompt": ""}), "prompt"),
     (json.dumps({"type": "start", "prompt": "x" * 9000}), "prompt"),
     (json.dumps({"type": "start", "prompt": "x", "speed": "warp"}), "speed"),
@@ -262,6 +264,26 @@ def test_settings_mid_stream_are_queued_then_applied_at_the_next_round(live_serv
             assert error["setting"] == "num_speculative_tokens"
             await c.send(type="stop")
             await c.until("done")
+
+    run(scenario())
+
+
+def test_the_verification_rule_is_a_live_setting(live_server):
+    async def scenario():
+        async with connect(live_server) as c:
+            await c.send(type="start", prompt=PROMPT, speed=30, settings={
+                "max_tokens": 200, "method": "draft_model", "temperature": 1, "rejection_sample_method": "block"})
+            token = await c.until("token")
+            while token["status"] not in ("accepted", "rejected"):
+                token = await c.until("token")
+            assert token["stop_prob"] is not None and token["standard_status"] is not None
+            await c.send(type="settings", settings={"rejection_sample_method": "standard"})
+            applied = await c.until("settings_applied")
+            assert applied["changes"] == {"rejection_sample_method": "standard"}
+            await c.send(type="stop")
+            done = await c.until("done")
+            assert done["settings"]["rejection_sample_method"] == "standard"
+            assert done["block_verification"]["num_drafts"] < done["num_drafts"]
 
     run(scenario())
 

@@ -14,7 +14,8 @@ SETTING_LABELS = {"num_speculative_tokens": "γ", "kv_cache_dtype": "KV dtype", 
                   "enable_prefix_caching": "prefix caching", "kv_cache": "KV cache", "block_size": "block size",
                   "temperature": "temperature", "top_p": "top-p", "method": "method", "max_tokens": "max tokens",
                   "prompt_lookup_min": "n-gram min", "prompt_lookup_max": "n-gram max",
-                  "num_speculative_tokens_schedule": "γ schedule", "draft_confidence_threshold": "stop drafting below",
+                  "num_speculative_tokens_schedule": "γ schedule", "rejection_sample_method": "verification",
+                  "draft_confidence_threshold": "stop drafting below",
                   "suffix_decoding_max_tree_depth": "suffix depth", "suffix_decoding_max_cached_requests":
                   "suffix cached requests", "suffix_decoding_max_spec_factor": "suffix factor",
                   "suffix_decoding_min_token_prob": "suffix min prob"}

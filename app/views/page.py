@@ -21,9 +21,9 @@ from engine.serving.settings import (MAX_PROMPT_CHARS, METHODS, SUFFIX_SETTINGS,
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
-                 "num_speculative_tokens_schedule", "draft_confidence_threshold", "prompt_lookup_min",
-                 "prompt_lookup_max", *SUFFIX_SETTINGS, "kv_cache", "kv_cache_dtype", "num_kv_heads", "block_size",
-                 "enable_prefix_caching"]
+                 "num_speculative_tokens_schedule", "rejection_sample_method", "draft_confidence_threshold",
+                 "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_SETTINGS, "kv_cache", "kv_cache_dtype", "num_kv_heads",
+                 "block_size", "enable_prefix_caching"]
 BOOL_SETTINGS = {"kv_cache", "enable_prefix_caching", "chat"}
 SPEEDS = [("0.5", "½ round/s"), ("1", "1 round/s"), ("2", "2 rounds/s"), ("5", "5 rounds/s"),
           ("10", "10 rounds/s"), ("25", "25 rounds/s"), ("max", "full speed")]
@@ -326,7 +326,8 @@ def model_note(opts: dict) -> str:
 # What an external engine fixes when it starts (its KV cache, attention and drafter) and the chat template its
 # chat endpoint applies to every request: the page disables them.
 SERVER_SET_CONTROLS = ("f-num_kv_heads", "f-chat", "f-method", "f-num_speculative_tokens",
-                       "f-num_speculative_tokens_schedule", "f-draft_confidence_threshold", "f-prompt_lookup_min",
+                       "f-num_speculative_tokens_schedule", "f-rejection_sample_method", "f-draft_confidence_threshold",
+                       "f-prompt_lookup_min",
                        "f-prompt_lookup_max", *(f"f-{name}" for name in SUFFIX_SETTINGS), "f-kv_cache", "f-kv_cache_dtype", "f-block_size", "f-enable_prefix_caching")
 
 

@@ -28,7 +28,8 @@ from ..serving.settings import MAX_PROMPT_CHARS, GenerationSettings, SettingsErr
 from .vllm_rounds import StepRules, reconcile, step_tokens, stream_figures
 
 # Our settings that describe our engine's internals; a server has them fixed at its start-up.
-SERVER_SETTINGS = ("method", "num_speculative_tokens", "num_speculative_tokens_schedule", "draft_confidence_threshold",
+SERVER_SETTINGS = ("method", "num_speculative_tokens", "num_speculative_tokens_schedule", "rejection_sample_method",
+                   "draft_confidence_threshold",
                    "prompt_lookup_min",
                    "prompt_lookup_max", "kv_cache", "kv_cache_dtype", "num_kv_heads", "block_size",
                    "enable_prefix_caching", "fault")
