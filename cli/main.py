@@ -33,11 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_bench_parsers(sub) -> None:
-    from cli.bench import engine, engines, faults, heads, page, serve, smollm2, views
+    from cli.bench import engine, engines, faults, heads, page, serve, smollm2, suffix, views
 
     b = sub.add_parser("bench", help="measure the engine (results also go to docs/benchmarks.md)")
     bsub = b.add_subparsers(dest="bench_command", required=True)
-    for bench in (engine, page, smollm2, heads, serve, engines, faults, views):
+    for bench in (engine, page, smollm2, heads, serve, engines, faults, views, suffix):
         bench.add_parser(bsub)
 
 

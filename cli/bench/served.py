@@ -128,8 +128,9 @@ PROMPTS = ["def fibonacci(n):\n    ", "class Stack:\n    def __init__(self", "im
 
 
 async def client(ws_base: str, i: int, settings: dict, start_at: asyncio.Event | None = None,
-                 key: str | None = None, timeout_s: float = 600.0) -> dict:
-    """One generation on /api/ws at full speed; times are this client's own clock (perf_counter)."""
+                 key: str | None = None, timeout_s: float = 600.0, prompt: str | None = None) -> dict:
+    """One generation on /api/ws at full speed (of `prompt`, or the i-th of PROMPTS); times are this client's own
+    clock (perf_counter); `summary`: the run's own figures from its `done`."""
     import websockets
 
     out = {"ok": False, "error": None, "tokens": 0, "ttft_s": None, "itl_s": [], "tpot_s": None}
@@ -140,7 +141,8 @@ async def client(ws_base: str, i: int, settings: dict, start_at: asyncio.Event |
             if start_at is not None:
                 await start_at.wait()
             t0 = time.perf_counter()
-            await ws.send(json.dumps({"type": "start", "prompt": PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)),
+            prompt = PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) if prompt is None else prompt
+            await ws.send(json.dumps({"type": "start", "prompt": prompt,
                                       "settings": settings, "speed": "max"}))
             first = last_round = None
             async with asyncio.timeout(timeout_s):
@@ -162,7 +164,7 @@ async def client(ws_base: str, i: int, settings: dict, start_at: asyncio.Event |
                         out.update(ok=True, tokens=data["num_output_tokens"], wall_s=t - t0,
                                    ttft_s=(first - t0) if first else None,
                                    mean_acceptance_length=data.get("mean_acceptance_length"),
-                                   started_at=t0, done_at=t, watch_id=data.get("watch_id"))
+                                   started_at=t0, done_at=t, watch_id=data.get("watch_id"), summary=data)
                         if first is not None and data["num_output_tokens"] > 1:
                             out["tpot_s"] = (t - first) / (data["num_output_tokens"] - 1)
                         break
