@@ -8,8 +8,7 @@ import statistics
 import numpy as np
 
 from cli.bench import spec as bench_spec
-from cli.bench.lib import (add_bench, forward_after, goals, machine, paired, pooled, shown, table, take_turns,
-                           timer)
+from cli.bench.lib import add_bench, forward_after, goals, paired, pooled, shown, table, take_turns, timer
 from engine.kv.cache import KVCacheManager, KVStore
 from engine.kv.dtypes import KV_CACHE_DTYPES, kv_bytes_per_token
 from engine.model import reference
@@ -135,9 +134,8 @@ def batched_decode(cfg: ModelConfig, quick: bool, batch: int = 64) -> dict:
 
 
 def run_engine(quick: bool, models_dir=None) -> dict:
-    m = machine()
     cfg = ModelConfig.from_name("seed-target")
-    res = {"machine": m, "quick": quick, "model": f"`{cfg.name}`: {cfg.num_hidden_layers} layers x width "
+    res = {"quick": quick, "model": f"`{cfg.name}`: {cfg.num_hidden_layers} layers x width "
            f"{cfg.hidden_size} x {cfg.num_attention_heads} heads, {cfg.num_parameters():,} parameters, random weights",
            "pairs": pairs(cfg, quick)
            + [batched_decode(ModelConfig.from_name(p), quick) for p in ("seed-target", "target-mha")],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cli.bench.lib import add_bench, machine, paired_rates, shown, table, take_turns, timer
+from cli.bench.lib import add_bench, paired_rates, shown, table, take_turns, timer
 from cli.bench.smollm2 import GENERATE_PROMPT as PROMPT
 from cli.bench.smollm2 import NAME, generate_tokens_per_s
 from engine.external.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
@@ -76,7 +76,6 @@ def run_engines(args) -> dict:
     reason = unavailable_reason(gguf_path())
     if reason:
         raise SystemExit(f"bench engines: llama.cpp cannot run: {reason}")
-    started = machine()
     request_threads(1)                   # SmolLM2 loaded here for its tokenizer and size: load-time choice skipped
     lm = ModelRegistry(fetched_models()).get(NAME)
     runs, skipped, workers = race(args, lm)
@@ -85,7 +84,7 @@ def run_engines(args) -> dict:
     ours_text = runs["ours", 1][0]["text"]
     a = np.ones(64 * 1024 * 1024, dtype=np.float32)   # what one thread reads: numpy's own sum reads at about half that
     bandwidth = a.nbytes / statistics.median(timer(lambda: np.dot(a, a), 5, warm=1)()) * 1e3
-    r = {"machine": started, "repeats": args.repeats, "max_tokens": MAX_TOKENS, "counts": counts,
+    r = {"repeats": args.repeats, "max_tokens": MAX_TOKENS, "counts": counts,
          "llamacpp_threads": args.llamacpp_threads, "bandwidth_bytes_per_s": bandwidth,
          "tokens_per_s": {e: {k: v for (e2, k), v in tps.items() if e2 == e} for e in LABELS},
          "bytes_per_token": {"ours": lm.model.num_parameters * 4, "llama.cpp": gguf_path().stat().st_size},

@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 from cli.bench import faults_bodies
-from cli.bench.lib import add_bench, machine, ms_shown, s_shown, table
+from cli.bench.lib import add_bench, ms_shown, s_shown, table
 from cli.bench.served import Server, get_json, wait_until_loaded
 from engine.serving.scheduler import CHUNK_SECONDS
 
@@ -342,7 +342,7 @@ def tables(r: dict) -> list[str]:
 
 def run(args) -> dict:
     parts = args.parts.split(",")
-    r = {"machine": machine()}
+    r = {}
     if "stuck" in parts:
         r["stuck"] = asyncio.run(stuck_client(args.models_dir))
     if "prefill" in parts:

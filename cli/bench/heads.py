@@ -99,14 +99,11 @@ def vllm_acceptance(prompts, max_tokens: int, name: str) -> dict:
     try:
         if not asyncio.run(server.wait_ready()):
             return {"skipped": f"vLLM did not start: {server.error}"}
-        steps, per_pos = 0, [0] * EAGLE_GAMMA
-        for prompt in prompts:
-            counts = own_counts(chat(server, prompt, max_tokens)["engine_metrics"], EAGLE_GAMMA)
-            if counts is None:
-                return {"skipped": "vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)"}
-            steps += counts[0]
-            per_pos = [p + a for p, a in zip(per_pos, counts[1])]
-        return acceptance_figures(steps, per_pos)
+        counts = [own_counts(chat(server, p, max_tokens)["engine_metrics"], EAGLE_GAMMA) for p in prompts]
+        if None in counts:
+            return {"skipped": "vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)"}
+        return acceptance_figures(sum(c[0] for c in counts),
+                                  [sum(c[1][i] for c in counts) for i in range(EAGLE_GAMMA)])
     except RuntimeError as e:                      # a request that failed: the row says why
         return {"skipped": str(e)}
     finally:

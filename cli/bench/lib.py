@@ -168,7 +168,8 @@ def write_section(name: str, body: str, docs: Path | None = None) -> None:
 
 
 def add_bench(bsub, name: str, help: str, measure, tables, quick: str | None = None, models_dir: bool = False):
-    """`bench NAME`: measure(args) -> results ('section', default NAME; 'ok'), tables(results) -> its tables."""
+    """`bench NAME`: measure(args) -> results ('section', default NAME; 'ok'; 'machine', default the machine's facts
+    as the run starts), tables(results) -> the section's tables."""
     parser = bsub.add_parser(name, help=help)
     if quick:
         parser.add_argument("--quick", action="store_true", help=f"{quick} (a smoke run; writes nothing)")
@@ -178,7 +179,7 @@ def add_bench(bsub, name: str, help: str, measure, tables, quick: str | None = N
     parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
 
     def run(args) -> int:
-        r = measure(args)
+        r = {"machine": machine(), **measure(args)}
         section, line = r.setdefault("section", name), machine_line(r["machine"])
         text = "\n\n".join([*tables(r), line])
         print(json.dumps(r, indent=1, default=str) if args.json else text, flush=True)

@@ -8,11 +8,10 @@ import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from statistics import median
 
 from cli.bench.browser import PROMPT, browser_run, chromium_tab
-from cli.bench.lib import add_bench, generation, goals, machine, table, take_turns
+from cli.bench.lib import add_bench, generation, goals, table, take_turns
 from cli.bench.served import Server, client, pcts, per_thread_count
 
 GOAL_RATIO = 0.90
@@ -57,11 +56,8 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
     from app.config import AppConfig
     from engine.serving.registry import InferenceEngine, ModelRegistry
 
-    started = machine()
     config = AppConfig.from_env()
-    if models_dir:
-        config = AppConfig(models_dir=Path(models_dir), allowed_origins=config.allowed_origins)
-    registry = ModelRegistry.from_dir(config.models_dir, fetched=False)
+    registry = ModelRegistry.from_dir(models_dir or config.models_dir, fetched=False)
     engine = InferenceEngine(registry)
     target = registry.default_target()
     cases = []
@@ -86,12 +82,11 @@ def run_page(models_dir, max_tokens: int, repeats: int) -> dict:
                           "messages": median(w["messages"] for w in web), "runs": runs,
                           "long_tasks": sum(w["long_tasks"] for w in web),
                           "max_long_task_ms": max(w["max_long_task_ms"] for w in web)})
-    return {"machine": started, "max_tokens": max_tokens, "repeats": repeats, "cases": cases,
+    return {"max_tokens": max_tokens, "repeats": repeats, "cases": cases,
             "models": f"{target.name} ({target.model.num_parameters:,} parameters) and its draft"}
 
 
 def run_page_threads(args) -> dict:
-    started = machine()
     counts = sorted({1, max(1, args.threads)})
     settings = {"model": args.model, "method": "none", "chat": "true", "max_tokens": args.max_tokens}
     api = {**settings, "chat": True}
@@ -116,7 +111,7 @@ def run_page_threads(args) -> dict:
                    "p99_over_step": gaps["p99"] / step_ms if gaps["p99"] else None,
                    "chromium_cores": sum(x["chromium_cpu_s"] for x in pages) / sum(x["wall_s"] for x in pages),
                    "long_tasks": sum(x["long_tasks"] for x in pages)}
-    return {"machine": started, "settings": settings, "repeats": args.repeats, "rows": rows}
+    return {"settings": settings, "repeats": args.repeats, "rows": rows}
 
 
 def tables(r: dict) -> list[str]:

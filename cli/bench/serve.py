@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from cli.bench.lib import add_bench, goals, machine, pooled, table, take_turns
+from cli.bench.lib import add_bench, goals, pooled, table, take_turns
 from cli.bench.served import (PROMPTS, Server, client, figures, many, merge, ms, p50_p99, pcts, per_thread_count,
                               wait_until_loaded)
 from engine.external.vllm_server import SERVED_NAME, VARIANTS, free_port
@@ -130,8 +130,7 @@ def engine_alone(n: int, settings: dict, repeats: int, models_dir: str | None) -
     from app.config import AppConfig
     from engine.serving.registry import InferenceEngine, ModelRegistry
 
-    config = AppConfig(models_dir=models_dir) if models_dir else AppConfig()
-    eng = InferenceEngine(ModelRegistry.from_dir(config.models_dir), max_sessions=max(n, 1))
+    eng = InferenceEngine(ModelRegistry.from_dir(models_dir or AppConfig().models_dir), max_sessions=max(n, 1))
     engine_tokens_per_s(eng, n, settings)                      # warm up, as the server's run
     runs = take_turns({"one": lambda: [engine_tokens_per_s(eng, 1, settings) for _ in range(3)],
                        "many": lambda: engine_tokens_per_s(eng, n, settings)}, repeats)
@@ -148,7 +147,7 @@ def settings_of(method: str, gamma, max_tokens: int) -> dict:
 
 def run_main(args) -> dict:
     settings = settings_of(args.method, args.num_speculative_tokens, args.max_tokens)
-    out = {"settings": settings, "machine": machine(), "repeats": args.repeats}
+    out = {"settings": settings, "repeats": args.repeats}
     with Server(*sessions(max(args.clients, 1)), models_dir=args.models_dir) as srv:
         ws_base = srv.ws("")
         # warm up: weights, caches, and the KV pools' memory (first touched by the first run at full load)
@@ -173,7 +172,7 @@ def run_main(args) -> dict:
 
 
 def run_sweep(args) -> dict:
-    rows, started = [], machine()
+    rows = []
     with Server(*sessions(max(CONCURRENCY)), models_dir=args.models_dir) as srv:
         ws_base = srv.ws("")
         asyncio.run(many(ws_base, max(CONCURRENCY), settings_of("draft_model", 4, args.max_tokens)))  # warm up
@@ -189,13 +188,13 @@ def run_sweep(args) -> dict:
                              "ratio": r["tokens_per_s"] / baseline if baseline and r["tokens_per_s"] else None,
                              "errors": r["errors"]})
         left = blocks_left(srv)
-    return {"machine": started, "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows,
+    return {"max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows,
             "kv_blocks_used_after": left["kv_blocks_used"]}
 
 
 def run_room(args) -> dict:
     """The workshop room: 1, 4 and 16 sessions on a server per thread count, the counts taking turns."""
-    started, counts = machine(), list(range(1, max(1, args.threads) + 1))
+    counts = list(range(1, max(1, args.threads) + 1))
     settings = {"model": args.model, "method": "none", "chat": True, "max_tokens": args.max_tokens}
     with per_thread_count(args.model, counts, *sessions(max(CONCURRENCY)), models_dir=args.models_dir) as servers:
         ws = {t: s.ws("") for t, s in servers.items()}
@@ -204,7 +203,7 @@ def run_room(args) -> dict:
         results = {c: take_turns({t: lambda t=t: asyncio.run(many(ws[t], c, settings)) for t in counts}, args.repeats)
                    for c in CONCURRENCY}
     rows = {t: {c: merge(results[c][t]) for c in CONCURRENCY} for t in counts}
-    return {"machine": started, "settings": settings, "repeats": args.repeats, "rows": rows,
+    return {"settings": settings, "repeats": args.repeats, "rows": rows,
             "knee": {t: knee(rows[t]) for t in counts}}
 
 
@@ -307,7 +306,6 @@ async def direct(url: str, key: str, n: int, max_tokens: int) -> dict:
 
 
 def run_vllm_sweep(args) -> dict:
-    started = machine()
     engines = {"ours": {"model": "smollm2-135m", "chat": True, "method": "none", "max_tokens": args.max_tokens},
                "vllm": {"model": VARIANTS["plain"].label, "max_tokens": args.max_tokens}}
     rows, port, key = [], free_port(), secrets.token_urlsafe(24)
@@ -324,7 +322,7 @@ def run_vllm_sweep(args) -> dict:
             sides["vllm, no page"] = lambda: asyncio.run(direct(url, key, concurrency, args.max_tokens))
             for name, got in take_turns(sides, args.repeats).items():
                 rows.append({"engine": name, "concurrency": concurrency, **merge(got)})
-    return {"machine": started, "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, "vllm": described}
+    return {"max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, "vllm": described}
 
 
 def vllm_tables(r: dict) -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from cli.bench.heads_runs import measure
-from cli.bench.lib import (add_bench, by_key, forward_after, generate_process, goals, machine, paired, paired_rates,
+from cli.bench.lib import (add_bench, by_key, forward_after, generate_process, goals, paired, paired_rates,
                            pooled, shown, table, take_turns, timer)
 from engine.kv.cache import KVCacheManager
 from engine.model.checkpoint import load_checkpoint
@@ -158,7 +158,6 @@ def run_smollm2(quick: bool = False, cache=None, max_threads: int = 2) -> dict:
     if not is_fetched(NAME, cache):
         raise SystemExit(f"bench smollm2: {NAME} is not in the cache {cache or cache_dir()}; "
                          f"run `decoding-playground fetch-model {NAME}` first")
-    m = machine()
     request_threads(1)          # one thread but where the threads part sets a count
     registry = ModelRegistry(fetched_models(cache))
     t = time.perf_counter()
@@ -174,7 +173,7 @@ def run_smollm2(quick: bool = False, cache=None, max_threads: int = 2) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     floor_how = min((k[1] for k in med if k[0] == "floor"), key=lambda h: med["floor", h])
     floor, one, nbytes = med["floor", floor_how], med[chosen.layout, 1], WeightStream(chosen).nbytes
-    r = {"machine": m, "model": NAME, "load_s": load_s, "quick": quick, "layout": chosen.layout,
+    r = {"model": NAME, "load_s": load_s, "quick": quick, "layout": chosen.layout,
          "layout_choice_ms": chosen.layout_ms, "padded_rows": PanelWeight.padded_rows, "weight_bytes": nbytes,
          "times": {f"{a} {b}": v for (a, b), v in times.items()}, "floor_how": floor_how,
          "decode_tokens_per_s": 1e3 / one, "decode_over_floor": one / floor,

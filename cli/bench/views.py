@@ -9,7 +9,7 @@ import urllib.parse
 import urllib.request
 
 from cli.bench.browser import PROMPT, chromium_tab, load_until_done
-from cli.bench.lib import add_bench, generate_process, machine, paired, shown, table, take_turns
+from cli.bench.lib import add_bench, generate_process, paired, shown, table, take_turns
 from cli.bench.served import Server
 from cli.bench.smollm2 import SUMMARY_PROMPT
 from engine.model.thread_choice import available_cores, candidate_threads
@@ -127,7 +127,6 @@ def views_case(page, base: str, label: str, settings: dict, prompt: str, repeats
 
 
 def run_views(models_dir, repeats: int, cases: list, threads: int) -> dict:
-    started = machine()
     out = [{"case": label, "settings": settings, "prompt": prompt,
             "generate": generate_comparison(prompt, settings, repeats, models_dir, threads)}
            for label, settings, prompt in cases]
@@ -139,7 +138,7 @@ def run_views(models_dir, repeats: int, cases: list, threads: int) -> dict:
             case.update(views_case(page, srv.base, case["case"], case["settings"], case["prompt"], repeats))
     for case in out:
         case["checks"] = checks(case)
-    return {"machine": started, "repeats": repeats, "threads": threads, "cases": out,
+    return {"repeats": repeats, "threads": threads, "cases": out,
             "ok": all(all(c["checks"].values()) for c in out)}
 
 
