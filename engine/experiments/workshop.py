@@ -25,7 +25,8 @@ QUESTIONS = [
     ("What is inflation?", "Can you explain what inflation means in economics?"),
     ("Why is the sky blue?", "What makes the sky look blue during the day?"),
 ]
-PHASES = ("first", "again", "paraphrase")
+# the phases of a question, in the order asked, and how a table names them
+PHASES = {"first": "first asking (nothing cached)", "again": "the same words again", "paraphrase": "a paraphrase"}
 METHODS = ("plain", "ngram", "suffix")
 DRAFTING = ("ngram", "suffix")          # the methods that draft: their mean acceptance length and identical text
 
