@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from cli.bench.lib import add_bench, goals, machine, shown, table
+from cli.bench.lib import add_bench, goals, shown, table
 from cli.bench.served import Server, client, wait_until_loaded
 from cli.bench.smollm2 import NAME, NGRAM
 from engine.experiments.workshop import DRAFTING, METHODS, PHASES, QUESTIONS, prompt_of, run_order, workshop_figures
@@ -35,7 +35,7 @@ def one_run(ws_base: str, prompt: str, settings: dict) -> dict:
 
 
 def measure(args) -> dict:
-    started, questions = machine(), QUESTIONS[:2 if args.quick else args.questions]
+    questions = QUESTIONS[:2 if args.quick else args.questions]
     rounds, max_tokens = (1, 48) if args.quick else (args.rounds, args.max_tokens)
     with Server("--no-llamacpp", "--suffix-cache", "shared", models_dir=args.models_dir) as srv:
         wait_until_loaded(srv.base, NAME)
@@ -45,7 +45,7 @@ def measure(args) -> dict:
                                        settings_of(m, max_tokens, MAX_CACHED_REQUESTS - 1 - r * len(questions) - q))
                 for r, q, ph, m in run_order(len(questions), rounds)}
     phases = workshop_figures(runs)
-    return {"machine": started, "questions": len(questions), "rounds": rounds, "max_tokens": max_tokens,
+    return {"questions": len(questions), "rounds": rounds, "max_tokens": max_tokens,
             "phases": phases, "ok": all(p["identical"] for p in phases.values())}
 
 
