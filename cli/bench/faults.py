@@ -16,7 +16,7 @@ import urllib.request
 
 from cli.bench import faults_bodies
 from cli.bench.lib import add_bench, ms_shown, s_shown, table
-from cli.bench.served import Server, get_json, wait_until_loaded
+from cli.bench.served import TOKEN, Server, get_json, wait_until_loaded
 from engine.serving.scheduler import CHUNK_SECONDS
 
 PROMPT = "def main(argv):\n    "
@@ -238,7 +238,6 @@ HUGE = "<an integer of 5,000 digits>"
 # A form, its probe and the acknowledgements of what arrives meanwhile: well under the server's 100 messages a
 # second per connection (docs/protocol.md), which would drop a probe.
 FUZZ_INTERVAL_S = 0.05
-TOKEN = re.compile(r'<span class="tok" data-token-status="(\w+)"')
 SUMMARY = re.compile(r'<div id="summary"[^>]*><strong>[^<]*</strong> (\d+) tokens in')   # after `done`
 
 

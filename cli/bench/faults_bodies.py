@@ -12,6 +12,7 @@ import statistics
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cli.bench.lib import ms_shown, table
@@ -160,7 +161,7 @@ def upload_probe(models_dir=None, n: int = 4, size: int = 16 * 10 ** 6, baseline
                 health.append((t, time.monotonic() - t))
                 time.sleep(0.05)
 
-        def upload(i: int, out: list):
+        def upload(i: int) -> dict:
             host, port = srv.base.removeprefix("http://").split(":")
             c = http.client.HTTPConnection(host, int(port), timeout=600)
             t = time.monotonic()
@@ -168,20 +169,16 @@ def upload_probe(models_dir=None, n: int = 4, size: int = 16 * 10 ** 6, baseline
                                                                    "X-File-Name": f"probe-{i}.json"})
             r = c.getresponse()
             answer = r.read()
-            out[i] = {"status": r.status, "s": time.monotonic() - t,
-                      "error": json.loads(answer).get("error") if r.status != 200 else None}
+            return {"status": r.status, "s": time.monotonic() - t,
+                    "error": json.loads(answer).get("error") if r.status != 200 else None}
 
         helpers = [threading.Thread(target=f, daemon=True) for f in (stream, poll_health)]
         for h in helpers:
             h.start()
         time.sleep(baseline_s)
         started = time.monotonic()
-        results: list = [None] * n
-        uploaders = [threading.Thread(target=upload, args=(i, results)) for i in range(n)]
-        for u in uploaders:
-            u.start()
-        for u in uploaders:
-            u.join()
+        with ThreadPoolExecutor(n) as uploaders:              # all n at once
+            results = list(uploaders.map(upload, range(n)))
         ended = time.monotonic()
         stop.set()
         for h in helpers:

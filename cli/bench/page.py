@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from statistics import median
 
 from cli.bench.browser import PROMPT, browser_run, chromium_tab
 from cli.bench.lib import add_bench, generation, goals, table, take_turns
-from cli.bench.served import Server, client, pcts, per_thread_count
+from cli.bench.served import RUN_DONE, TOKEN, Server, client, pcts, per_thread_count
 
 GOAL_RATIO = 0.90
 GOAL_LONG_TASK_MS = 50.0
@@ -21,7 +20,6 @@ CASES = [  # (label, settings): plain decoding has the most rounds per second, t
     ("plain decoding (method none)", {"method": "none"}),
     ("draft model, γ = 4", {"method": "draft_model", "num_speculative_tokens": 4}),
 ]
-TOKEN_RE = re.compile(r'class="tok" data-token-status="(\w+)"')
 
 
 def engine_run(engine, settings: dict) -> dict:
@@ -45,8 +43,8 @@ def ws_run(base_url: str, settings: dict, timeout_s: float = 120) -> dict:
             message = ws.recv(timeout=timeout_s)
             received += 1
             ws.send(json.dumps({"ack": received}))          # as the page does after rendering a message
-            tokens += sum(status != "rejected" for status in TOKEN_RE.findall(message))
-            if 'id="run-status"' in message and 'data-state="done"' in message:
+            tokens += sum(status != "rejected" for status in TOKEN.findall(message))
+            if RUN_DONE.search(message):
                 break
         wall = time.perf_counter() - t0
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import secrets
 import statistics
 import time
@@ -14,13 +13,12 @@ import time
 import httpx
 
 from cli.bench.lib import add_bench, goals, pooled, table, take_turns
-from cli.bench.served import (PROMPTS, Server, client, figures, many, merge, ms, p50_p99, pcts, per_thread_count,
+from cli.bench.served import (PROMPTS, RUN_DONE, Server, client, figures, many, merge, ms, p50_p99, pcts, per_thread_count,
                               wait_until_loaded)
 from engine.external.vllm_server import SERVED_NAME, VARIANTS, free_port
 
 SWEEP_GAMMAS = ("none", 2, 4, 6)
 CONCURRENCY = (1, 4, 16)      # sessions at once: the sweep's, the room's and vLLM's against ours
-WATCHER_DONE = re.compile(r'id="run-status"[^>]*data-state="done"')
 KNEE_GAIN = 1.25       # tokens/s from one concurrency to the next (4x the sessions) below this: past the knee
 
 
@@ -80,7 +78,7 @@ async def watchers(ws_base: str, n: int, settings: dict) -> dict:
                 joined("connected")
                 async with asyncio.timeout(600):
                     async for message in ws:
-                        if WATCHER_DONE.search(message):
+                        if RUN_DONE.search(message):
                             done_at.append(time.perf_counter())
                             return
         except Exception as e:  # noqa: BLE001

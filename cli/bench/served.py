@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -122,6 +123,9 @@ def per_thread_count(model: str, counts, *args: str, models_dir=None):
 
 
 # --- clients of /api/ws --------------------------------------------------------------------------------------------
+# what the page's fragments on /ws and /watch say: a token's status, and the end of the run
+TOKEN = re.compile(r'<span class="tok" data-token-status="(\w+)"')
+RUN_DONE = re.compile(r'id="run-status"[^>]*data-state="done"')
 PROMPTS = ["def fibonacci(n):\n    ", "class Stack:\n    def __init__(self", "import os\nimport sys\n\ndef main(",
            "for i in range(10):\n    print(", "def parse_args(argv):\n    parser = ", "x = [1, 2, 3]\ny = ",
            "def read_file(path):\n    with open(", "while True:\n    line = "]

@@ -68,8 +68,11 @@ def page_run(page, url: str) -> dict:
     return {"tokens_per_s": 1e3 / ms, "ms_per_token": ms, "text": page.inner_text("#summary")}
 
 
-def figures(page, selector: str) -> dict:
-    """An on-screen speed-up's median, spread and verdict (the data attributes beside its text)."""
+def figures(page, button: str, selector: str) -> dict:
+    """Press `button` and wait for the on-screen speed-up at `selector`: its median, spread and verdict (the data
+    attributes beside its text)."""
+    page.click(button)
+    page.wait_for_selector(selector, state="attached", timeout=TIMEOUT_MS)
     el = page.locator(selector).first
     value = {k: el.get_attribute(f"data-{k}") for k in ("median", "speedup", "low", "high", "verdict", "speed-verdict")}
     num = {k: float(v) if v not in (None, "", "None") else None for k, v in value.items() if "verdict" not in k}
@@ -78,11 +81,8 @@ def figures(page, selector: str) -> dict:
 
 
 def theory_measure(page) -> dict:
-    page.click("#theory-measure")
-    page.wait_for_selector("#theory-measured[data-verdict]", state="attached", timeout=TIMEOUT_MS)
-    out = figures(page, "#theory-measured")
-    out["note"] = page.inner_text("#theory-measured-note")
-    return out
+    return {**figures(page, "#theory-measure", "#theory-measured[data-verdict]"),
+            "note": page.inner_text("#theory-measured-note")}
 
 
 def views_case(page, base: str, label: str, settings: dict, prompt: str, repeats: int) -> dict:
@@ -107,21 +107,15 @@ def views_case(page, base: str, label: str, settings: dict, prompt: str, repeats
     page_run(page, page_url(base, prompt, settings, autoplay=1))
     page.click("#tab-theory")
     r["theory_after"] = theory_measure(page)
-    page.click("#tab-cost")
-    page.wait_for_selector("#cost-body [data-figure=speedup_measured]", state="attached", timeout=TIMEOUT_MS)
-    r["cost_measured"] = figures(page, "#cost-body [data-figure=speedup_measured]")
+    r["cost_measured"] = figures(page, "#tab-cost", "#cost-body [data-figure=speedup_measured]")
     predicted = page.get_attribute("#cost-body [data-figure=speedup_run_predicted]", "data-value")
     r["cost_predicted"] = float(predicted) if predicted else None
     # the Race and the Shoot-out
     page.goto(page_url(base, prompt, settings, view="race", race="method", race_a="none", race_b=method))
-    page.click("#race-start")
-    page.wait_for_selector("#race-result [data-speed-verdict]", state="attached", timeout=TIMEOUT_MS)
-    r["race"] = figures(page, "#race-result [data-speed-verdict]")
+    r["race"] = figures(page, "#race-start", "#race-result [data-speed-verdict]")
     page.goto(page_url(base, prompt, settings, view="shootout"))
-    page.click("#shootout-start")
     row = f"#shootout-result tr[data-method='{method}'] td[data-figure=measured]"
-    page.wait_for_selector(row, state="attached", timeout=TIMEOUT_MS)
-    r["shootout"] = figures(page, row)
+    r["shootout"] = figures(page, "#shootout-start", row)
     r["shootout"]["verdict"] = page.get_attribute(f"{row} strong", "data-verdict") if r["shootout"]["median"] else None
     return r
 
