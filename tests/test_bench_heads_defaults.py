@@ -1,6 +1,6 @@
-"""`bench heads` records the demo's EAGLE setting per thread count (cli/bench/heads_runs.py): the fastest,
+"""`bench heads` records the demo's EAGLE setting per thread count (cli/bench/heads.py): the fastest,
 but the one in use stays while the fastest beats it by no more than a run's noise."""
-from cli.bench.heads_runs import TIE, best_row, current_defaults, record_defaults
+from cli.bench.heads import TIE, best_row, current_defaults, record_defaults
 
 
 def row(gamma, confidence, measured, identical=True, method="eagle"):

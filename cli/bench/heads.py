@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from cli.bench.heads_runs import NAME, best_row, config, current_defaults, generate, measure, record_defaults
 from cli.bench.engines import chat
 from cli.bench.lib import add_bench, generation, goals, machine, machine_line, shown, table, write_section
+from cli.bench.smollm2 import NAME, against_plain, config, generate
 from engine.experiments.shootout import SPEC_BENCH, h100_speedup
 from engine.external.vllm_rounds import acceptance_figures, own_counts
 from engine.external.vllm_server import EAGLE_GAMMA, VARIANTS, VllmServer, default_venv, unavailable_reason
@@ -34,6 +34,8 @@ CONFIGS = [("ngram", 3), *(("eagle", k) for k in (1, 2, 3, 4)), ("eagle", 3, CON
 QUICK_CONFIGS = [("eagle", 3), ("medusa", 3)]
 EAGLE_SWEEP = [(3, 0.0), (3, 0.5), (5, 0.5), (7, 0.5), (5, 0.3)]   # --compare-threads: (γ or its cap, threshold)
 QUICK_SWEEP = [(3, 0.0), (5, 0.5)]
+DEMO_FILE = "demo.json"
+TIE = 0.01          # speed-ups this close are one run's noise apart
 
 
 def run(args) -> dict:
@@ -52,14 +54,14 @@ def run(args) -> dict:
            "sets": {}}
     for label, prompts in sets.items():
         cs = cfgs if label == "open questions" else [c for c in cfgs if c[1]["method"] == "eagle"]
-        r = measure(engine, prompts, args.max_tokens, args.repeats, cs)[None]
+        r = against_plain(engine, prompts, args.max_tokens, args.repeats, cs)[None]
         for row in r["rows"]:
             row["h100_projected"] = h100_speedup(engine, lm, row["method"], row["mean_acceptance_length"],
                                                   row["draft_calls_per_round"], context=256)
         out["sets"][label] = r
     if args.compare_threads and "eagle" in heads:
         counts = sorted({1, max(2, threads())})
-        out["by_threads"] = measure(engine, sets["open questions"], args.max_tokens, args.repeats, [
+        out["by_threads"] = against_plain(engine, sets["open questions"], args.max_tokens, args.repeats, [
             config("eagle", k, q) for k, q in (QUICK_SWEEP if args.quick else EAGLE_SWEEP)], counts)
     held_out = np.array([i for r in out["sets"].values() for i in r.pop("plain_ids")])
     for r in out.get("by_threads", {}).values():
@@ -194,6 +196,38 @@ def tables(out: dict) -> list[str]:
         lines += threads_tables(out["by_threads"])
     return lines + [table(["Spec-Bench (Vicuna-7B, A100)", *SPEC_BENCH],
                           [["mean acceptance length", *SPEC_BENCH.values()]])]
+
+
+def best_row(rows: list[dict], current: dict | None = None) -> dict | None:
+    """The fastest EAGLE setting with identical output; the one in use stays unless beaten by more than TIE."""
+    eagle = [x for x in rows if x["method"] == "eagle" and x["identical"]]
+    best = max(eagle, key=lambda x: x["measured"], default=None)
+    kept = [x for x in eagle if current and (x["gamma"], x.get("confidence", 0.0)) ==
+            (current["num_speculative_tokens"], current["draft_confidence_threshold"])]
+    if best and kept and kept[0]["measured"] * (1 + TIE) >= best["measured"]:
+        return kept[0]
+    return best
+
+
+def current_defaults(folder: Path) -> dict[int, dict]:
+    """The demo's settings per thread count as last recorded (`record_defaults`)."""
+    f = folder / DEMO_FILE
+    return {int(t): e for t, e in json.loads(f.read_text())["by_threads"].items()} if f.is_file() else {}
+
+
+def record_defaults(folder: Path, date: str, best_by_threads: dict[int, dict]) -> dict:
+    """Store the best EAGLE setting per thread count in `folder`/demo.json (what the page's demo opens with)."""
+    f = folder / DEMO_FILE
+    data = json.loads(f.read_text()) if f.is_file() else {"by_threads": {}}
+    for t, row in best_by_threads.items():
+        if row is None:
+            continue
+        data["by_threads"][str(t)] = {
+            "num_speculative_tokens": row["gamma"],
+            "draft_confidence_threshold": row.get("confidence", 0.0),
+            "decode_speedup": round(row["measured"], 3), "measured": f"bench heads, {date}, {row['config']}"}
+    f.write_text(json.dumps(data, indent=1) + "\n")
+    return data
 
 
 def add_parser(bsub) -> None:

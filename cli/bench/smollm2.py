@@ -1,25 +1,27 @@
 """`decoding-playground bench smollm2`: the pretrained model's speed, taking turns: the floor, the verify cost
-curve, a prefill, a step's breakdown, n-gram against plain; with --threads N, 1 .. N threads and `generate`.
+curve, a prefill, a step's breakdown, n-gram against plain in fresh generations (as bench heads runs its heads);
+with --threads N, 1 .. N threads and `generate`.
 """
 from __future__ import annotations
 
 import copy
 import statistics
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 
-from cli.bench.heads_runs import measure
 from cli.bench.lib import (add_bench, by_key, forward_after, generate_process, goals, paired, paired_rates,
                            pooled, shown, table, take_turns, timer)
+from cli.bench.spec import by_prompt, figures, in_run_ms, run
 from engine.kv.cache import KVCacheManager
 from engine.model.checkpoint import load_checkpoint
 from engine.model.fetched import cache_dir, fetched_models, is_fetched
 from engine.model.layout import LAYOUTS, PanelWeight, WeightStream, use_layout, weights_of
 from engine.model.llama import Model, attention, forward, rms_norm_vector, swiglu
 from engine.model.thread_choice import request_threads
-from engine.model.threads import read_chunked, set_threads, threads
+from engine.model.threads import read_chunked, set_threads, threads, using_threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
 
 NAME = "smollm2-135m"
@@ -43,6 +45,42 @@ CONTEXT = 256
 ROWS = tuple(range(1, 10))
 CHARACTER_MODEL = Path(__file__).resolve().parents[2] / "models" / "target-mha"
 LAYOUT_LABELS = {"panels": "64-column panels [in, out]", "out_in": "[out, in], 256-row blocks"}
+
+
+def generate(engine, prompt, max_tokens, **settings) -> dict:
+    """One fresh generation of SmolLM2 as `generate` runs it, chat, greedy (spec.py's `run`)."""
+    return run(engine, prompt, {"model": NAME, "chat": True, "temperature": 0, "max_tokens": max_tokens,
+                                "enable_prefix_caching": False, **settings})
+
+
+def config(method: str, k: int, q: float = 0.0) -> tuple[str, dict]:
+    """(label, settings) of a method at γ = k (with a confidence threshold q: at most k, stopping below q)."""
+    return (f"{method} γ≤{k}, q≥{q}" if q else f"{method} γ={k}",
+            {"method": method, "num_speculative_tokens": k, **({"draft_confidence_threshold": q} if q else {})})
+
+
+def against_plain(engine, prompts, max_tokens, repeats, cfgs, counts=(None,)) -> dict:
+    """{thread count: its figures}: per repeat and prompt, plain decoding first, then every config in turn."""
+    sides = {(t, name): s for t in counts for name, s in [("plain", {"method": "none"}), *cfgs]}
+
+    def one(prompt, side, settings):
+        with using_threads(side[0]) if side[0] else nullcontext():
+            return generate(engine, prompt, max_tokens, **settings)
+    runs = by_prompt(one, prompts, sides, repeats)
+    out = {}
+    for t in counts:
+        plain, rows = runs[t, "plain"], []
+        for name, s in cfgs:
+            x = figures(s["num_speculative_tokens"], runs[t, name], plain)
+            per_round = x["draft_calls_per_round"] * x["c"] + x["v"]
+            rows.append({**x, "config": name, "method": s["method"], "gamma": s["num_speculative_tokens"],
+                         "confidence": s.get("draft_confidence_threshold", 0.0),
+                         "predicted": (x["drafts"] * x["mean_acceptance_length"] + x["plain_steps"])
+                         / (x["drafts"] * per_round + x["plain_steps"]),
+                         "measured": x["decode_speedup"]["median"], "measured_wall": x["wall_speedup"]["median"]})
+        out[t] = {"t1_ms": statistics.median(in_run_ms(b, 1) for b in plain), "rows": rows,
+                  "plain_ids": [tok["id"] for x in plain[-1] for tok in x["tokens"]]}
+    return out
 
 
 def ms(fn) -> float:
@@ -179,7 +217,7 @@ def run_smollm2(quick: bool = False, cache=None, max_threads: int = 2) -> dict:
          "decode_tokens_per_s": 1e3 / one, "decode_over_floor": one / floor,
          "breakdown": step_breakdown(chosen, tokens, CONTEXT, 3 if quick else 9)}
     engine = InferenceEngine(registry, max_sessions=2)           # `ngram` against plain decoding, as bench heads runs them
-    r["ngram"] = {label: measure(engine, [prompt], 96, 1 if quick else 3, [("ngram", NGRAM)])[None]
+    r["ngram"] = {label: against_plain(engine, [prompt], 96, 1 if quick else 3, [("ngram", NGRAM)])[None]
                   for label, prompt in (("summarise a paragraph", SUMMARY_PROMPT), ("open question", QUESTION_PROMPT))}
     summary = r["ngram"]["summarise a paragraph"]["rows"][0]
     r["ngram_summary_speedup"] = summary["measured"] if summary["identical"] else 0.0

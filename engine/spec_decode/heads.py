@@ -269,7 +269,7 @@ def demo_settings(target_name: str, threads: int, heads_dir: Path = HEADS_DIR) -
     """EAGLE's best γ and confidence threshold for a target at `threads` weight-product threads, as `bench heads`
     measured them (its folder's demo.json, per thread count): the entry of the most threads measured up to
     `threads`, else of the fewest; None without one. Verification and drafting scale differently with threads
-    (cli/bench/heads_runs.py), so the best setting is a property of the thread count."""
+    (cli/bench/heads.py), so the best setting is a property of the thread count."""
     try:
         by_threads = json.loads((Path(heads_dir) / target_name / "demo.json").read_text())["by_threads"]
         entries = {int(t): e for t, e in by_threads.items()}
