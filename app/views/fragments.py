@@ -254,17 +254,6 @@ def external_done_notes(s: dict, prompt_tokens_shown: int) -> list[tuple[str, st
     return notes
 
 
-def vllm_lane(lane: dict, e) -> None:
-    """A vLLM step in the draft lane: the drafts it accepted (the step's first tokens), its rejected ones as a
-    count (vLLM does not send them), then its own token, resampled or a bonus."""
-    rejected = e.num_draft_tokens - e.num_accepted
-    lane["method"] = "vLLM"
-    lane["drafts"] += [{"text": "?", "q": None, "status": "rejected", "accept_prob": None, "r": None}] * rejected
-    lane["verdict"] = (f"vLLM drafted {e.num_draft_tokens}, accepted {e.num_accepted}"
-                       + (", bonus token" if not rejected else ", resampled")
-                       + (f" · its {rejected} rejected draft(s) shown as ?: vLLM does not send them" if rejected else ""))
-
-
 def vllm_rounds_text(r: dict) -> str:
     """The end of a vLLM run: do the stream's steps (a chunk each) and vLLM's per-step lists agree?"""
     own, stream = r.get("vllm"), r["stream"]

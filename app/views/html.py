@@ -26,8 +26,8 @@ from app.views.fragments import (
     status_view,
     summary_text,
     token_html,
-    vllm_lane,
 )
+from app.views.draft_lane import drafted, round_ended, token_verdict
 from app.views.frame import Frame, ViewSources
 from app.views.kv_map import KvMap
 from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_note,
@@ -40,11 +40,6 @@ from engine.serving.settings import LIVE_SETTINGS, excerpt, excerpt_name
 
 METRICS = tuple(name for name, _, _ in GAUGES)
 ACTIONS = ("toggle", "start", "step", "pause", "resume", "stop", "reset")
-
-NO_MATCH = {"ngram": "no draft: the n-gram was not found earlier, the target decodes one token",     # a lookup's
-            "suffix": "no draft: nothing in the suffix trees follows the latest tokens often enough, the target "
-                      "decodes one token"}                                                       # empty round
-
 
 class HtmlView:
     default_speed = float(DEFAULT_SPEED)
@@ -279,45 +274,23 @@ class HtmlView:
 
     def _on_draft(self, e, frame: Frame, run_id: int) -> None:
         self.status.pop("prefill", None)          # decoding (recordings made before the last chunk was reported)
-        scores = (e.origin or {}).get("probs") or [None] * len(e.tokens)     # suffix decoding's frequency scores
-        self.lane = {"round": e.round, "method": e.method, "final": None, "why": "", "verdict": "", "origin": e.origin,
-                     "drafts": [{"text": t["text"], "q": t["q"], "status": "unverified", "accept_prob": None,
-                                 "r": None, "score": score} for t, score in zip(e.tokens, scores)]}
+        self.lane = drafted(e)
 
     def _on_token(self, e, frame: Frame, run_id: int) -> None:
         self.status.pop("prefill", None)
         frame.append("stream", token_html(e))
         if e.status != "rejected":
             self.status["tokens"] += 1
-        lane = self.lane
-        if lane is None or lane["round"] != e.round:
-            lane = self.lane = {"round": e.round, "method": "none", "drafts": [], "final": None, "verdict": "",
-                                "why": "no draft: the target decodes one token"}
-        if e.status in ("accepted", "rejected") and e.position <= len(lane["drafts"]):
-            d = lane["drafts"][e.position - 1]
-            d.update(status=e.status, accept_prob=e.accept_prob, r=e.r)
-        elif self.external and e.status == "accepted":      # vLLM: its accepted drafts come as the step's tokens
-            lane["method"] = "vLLM"
-            lane["drafts"].append({"text": e.text, "q": None, "status": "accepted", "accept_prob": None, "r": None})
-        else:
-            lane["final"] = e
+        self.lane = token_verdict(self.lane, e, self.external)
 
     def _on_round(self, e, frame: Frame, run_id: int) -> None:
         self.status.pop("prefill", None)
         self.status["round"] = e.round
         frame.chart.append(f"{int(e.round)}:{e.target_ms:.3f}:{e.draft_ms:.3f}:{int(e.num_emitted)}:"
                            f"{int(e.num_draft_tokens)}:{int(e.num_accepted)}")
-        lane = self.lane
-        if lane is not None and lane["round"] == e.round:
-            if self.external and e.num_draft_tokens:
-                vllm_lane(lane, e)
-            elif lane["drafts"]:
-                lane["verdict"] = (f"{e.num_accepted} of {e.num_draft_tokens} accepted"
-                                   + (", bonus token" if e.num_accepted == e.num_draft_tokens else ", resampled")
-                                   + f" · {e.verify_tokens} positions in one target forward")
-            elif lane["method"] == "none" and self.form.get("method") in NO_MATCH:
-                lane["why"] = NO_MATCH[self.form["method"]]
-            frame.lane = lane
+        if self.lane is not None and self.lane["round"] == e.round:
+            round_ended(self.lane, e, self.external, self.form.get("method"))
+            frame.lane = self.lane
 
     def _on_kv(self, e, frame: Frame, run_id: int) -> None:
         frame.kv_events.append(e)

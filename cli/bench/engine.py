@@ -9,7 +9,8 @@ import numpy as np
 
 from cli.bench import spec as bench_spec
 from cli.bench.lib import add_bench, forward_after, goals, paired, pooled, shown, table, take_turns, timer
-from engine.kv.cache import KVCacheManager, KVStore
+from engine.kv.cache import KVCacheManager
+from engine.kv.store import KVStore
 from engine.kv.dtypes import KV_CACHE_DTYPES, kv_bytes_per_token
 from engine.model import reference
 from engine.model.checkpoint import init_weights

@@ -1,7 +1,7 @@
 """The block pool: metadata for every KV block of one model's cache (after vLLM's BlockPool).
 
 It holds no K or V, only who uses which block: ids, reference counts and prefix-cache hashes. The
-numbers live in `engine.kv.cache.KVStore`, indexed by the same block ids.
+numbers live in `engine.kv.store.KVStore`, indexed by the same block ids.
 
 NOTE (invariants, checked by `check_invariants` and the property test):
 - every block is either in the free queue (ref_cnt == 0) or in use (ref_cnt > 0), never both;
