@@ -325,10 +325,8 @@ def model_note(opts: dict) -> str:
 
 # What an external engine fixes when it starts (its KV cache, attention and drafter) and the chat template its
 # chat endpoint applies to every request: the page disables them.
-SERVER_SET_CONTROLS = ("f-num_kv_heads", "f-chat", "f-method", "f-num_speculative_tokens",
-                       "f-num_speculative_tokens_schedule", "f-rejection_sample_method", "f-draft_confidence_threshold",
-                       "f-prompt_lookup_min",
-                       "f-prompt_lookup_max", *(f"f-{name}" for name in SUFFIX_SETTINGS), "f-kv_cache", "f-kv_cache_dtype", "f-block_size", "f-enable_prefix_caching")
+SERVER_SET_CONTROLS = tuple(f"f-{name}" for name in FORM_SETTINGS
+                            if name not in ("model", "max_tokens", "temperature", "top_p", "seed"))
 
 
 def server_set(model: str | None, external, registry=None) -> dict:

@@ -66,11 +66,10 @@ class ForwardRequest:
         clock = clock_for(self.runner.model)
         t = clock()
         try:
-            if self.inputs_embeds is not None:
-                return self.runner.extend(self.tokens, self.mask, self.last_only, inputs_embeds=self.inputs_embeds)
-            if self.positions is not None:
-                return self.runner.extend(self.tokens, self.mask, self.last_only, positions=self.positions)
-            return self.runner.extend(self.tokens, self.mask, self.last_only)
+            # only what was given: a recompute runner takes no inputs_embeds
+            extras = {name: value for name, value in (("inputs_embeds", self.inputs_embeds),
+                                                      ("positions", self.positions)) if value is not None}
+            return self.runner.extend(self.tokens, self.mask, self.last_only, **extras)
         finally:
             self.seconds += clock() - t
 

@@ -20,10 +20,10 @@ from .suffix_caches import SuffixCaches, TreeShape
 @dataclass(frozen=True)
 class SuffixParams:
     """The suffix settings of a generation (vLLM's names, engine/serving/settings.py)."""
-    max_tree_depth: int = 24                     # suffix_decoding_max_tree_depth
-    max_cached_requests: int = 10000             # suffix_decoding_max_cached_requests
-    max_spec_factor: float = 1.0                 # suffix_decoding_max_spec_factor
-    min_token_prob: float = 0.1                  # suffix_decoding_min_token_prob
+    max_tree_depth: int                          # suffix_decoding_max_tree_depth
+    max_cached_requests: int                     # suffix_decoding_max_cached_requests
+    max_spec_factor: float                       # suffix_decoding_max_spec_factor
+    min_token_prob: float                        # suffix_decoding_min_token_prob
 
     @classmethod
     def of(cls, settings) -> "SuffixParams":
