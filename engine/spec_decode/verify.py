@@ -201,6 +201,8 @@ class Verification(NamedTuple):
     residual: np.ndarray | None
     p: np.ndarray | None
     standard_num_accepted: int | None = None
+    tree: object = None         # a token tree's TreeVerification (engine/spec_decode/tree_verify.py); its p is then
+    #                             the rows of the verdicts' positions: the root's, then the accepted path's
 
     @property
     def num_accepted(self) -> int:
@@ -221,7 +223,7 @@ def verify_draft(draft: Draft, logits, temperature: float, top_p: float, rng: np
     if rejection_sample_method not in ("standard", "block"):
         raise ValueError(f"rejection_sample_method: standard or block, got {rejection_sample_method!r}")
     if not draft.is_chain:
-        raise NotImplementedError("verifying a token tree: only chains are drafted")
+        raise ValueError("a token tree is verified by tree_verify.verify_tree_draft")
     if temperature == 0:    # point masses on the argmax: verification compares ids, no distributions are built
         p = None
         verdicts, residual = verify_greedy(draft.tokens, logits.argmax(axis=-1).tolist(), logits.shape[-1])
