@@ -45,7 +45,8 @@ class SessionFigures:
         if draft:
             self.stats.record_round(len(draft), v.num_accepted, v.standard_num_accepted)
             token_text = self.session.tokenizer.token_text
-            events.append(DraftProposed(round_no, method, [{"id": x, "text": token_text(x), "q": float(draft.q[i, x])}
+            events.append(DraftProposed(round_no, method, [{"id": x, "text": token_text(x), "q": float(draft.q[i, x]),
+                                                            "parent": draft.parents[i]}
                                                            for i, x in enumerate(draft.tokens)], draft_ms, draft.origin))
         events += self.token_events(round_no, draft, logits, v, texts)
         events.append(RoundDone(round_no, len(draft), v.num_accepted, len(v.emitted), len(draft) + 1, target_ms,
