@@ -9,7 +9,8 @@ verification (engine/spec_decode/verify.py) stays exact, the residual covers the
 - EAGLE-1 (Li et al. 2024): z = [f_t, emb(x_{t+1})] W_fc -> one Llama decoder layer with its own paged
   KV cache -> h; h's norm is the predicted next feature and (norm h) @ LM head[S] the next token. It
   drafts autoregressively on its own features; after verification its cache is rolled back to the
-  entries made from the target's real features, and the next round catches up with the new ones.
+  entries made from the target's real features, and the next round catches up with the new ones. With
+  speculative_eagle_topk > 1 it drafts an EAGLE-2 dynamic tree instead (engine/spec_decode/eagle_tree.py).
 - Medusa-1 (Cai et al. 2024): K heads r_i = f_t + SiLU(f_t W_i); head i proposes token t+1+i from the
   same f_t, all K in one pass.
 

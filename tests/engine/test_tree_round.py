@@ -257,3 +257,22 @@ def test_bad_tree_settings_name_the_setting_and_a_running_generation_keeps_its_v
     rest = list(events)
     assert rest[-1].type == "done" and rest[-1].summary["draft_tree"] == {"topk": 3, "depth": 3, "num_draft_tokens": 5}
     assert max(len(e.tokens) for e in rest if e.type == "draft") <= 5
+
+
+def test_tree_sessions_under_the_scheduler_give_what_they_give_alone(shipped):
+    """The server's path: three sessions (two drafting trees, one a chain) stepped together by one Scheduler, whose
+    tree forwards run whole beside the others' batched ones: each output is its own run alone's, no block left."""
+    from engine.serving.scheduler import Scheduler
+
+    runs = [(CODE[0], {**TREE, "model": "target-mha", "max_tokens": 50}),
+            (CODE[1], {**TREE, "model": "target-mha", "max_tokens": 50, "temperature": 1.0, "seed": 3}),
+            (CODE[2], {"model": "target-mha", "method": "eagle", "max_tokens": 50})]
+    alone = [rounds(shipped, prompt, settings)[1]["text"] for prompt, settings in runs]
+    scheduler, sinks = Scheduler(), []
+    for prompt, settings in runs:
+        sinks.append([])
+        scheduler.add(GenerationSession(shipped, prompt, settings), sinks[-1].append)
+    while scheduler.step():
+        managers_check(shipped)
+    assert [sink[-1].summary["text"] for sink in sinks] == alone
+    assert no_blocks_used(shipped)
