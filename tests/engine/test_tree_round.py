@@ -1,9 +1,9 @@
-"""Token trees through the whole round (engine/spec_decode/eagle_tree.py, engine/serving/session.py): EAGLE-2
-dynamic trees drafted by an EAGLE head, verified in one target forward with the tree mask, the accepted path's
-K/V kept.
+"""Token trees through the whole round (engine/spec_decode/eagle_tree.py, ngram_tree.py, engine/serving/session.py):
+EAGLE-2 dynamic trees drafted by an EAGLE head and n-gram trees of several earlier matches, verified in one target
+forward with the tree mask, the accepted path's K/V kept.
 
 - greedy: a tree's output is plain decoding's, on the shipped character model and its head (long accepted paths,
-  some through a later sibling) and on a random head (mostly rejections);
+  some through a later sibling), on a random head (mostly rejections), and from n-gram lookup;
 - speculative_eagle_topk 1 is the chain, bit for bit;
 - the target's cache after each tree round equals the cache of plain decoding at the same length (float32, and
   int8 with 8-token blocks), check_invariants holds after each round, and closing a session mid-tree leaks no block;
@@ -238,7 +238,7 @@ def test_bad_tree_settings_name_the_setting_and_a_running_generation_keeps_its_v
            ({"speculative_num_draft_tokens": 65}, r"speculative_num_draft_tokens: must be in \[1, 64\]"),
            ({"num_speculative_tokens": 4, "speculative_num_draft_tokens": 3},
             r"speculative_num_draft_tokens: must be in \[num_speculative_tokens \(4\), 64\]"),
-           ({"method": "ngram", "speculative_eagle_topk": 2}, "speculative_eagle_topk: must be 1 .* method ngram"),
+           ({"method": "medusa", "speculative_eagle_topk": 2}, "speculative_eagle_topk: must be 1 .* method medusa"),
            ({"method": "eagle", "speculative_eagle_topk": 2, "rejection_sample_method": "block"},
             "rejection_sample_method: must be standard with a draft tree"),
            ({"method": "eagle", "speculative_eagle_topk": 2, "fault": "no_truncate"}, "fault: must be none")]
@@ -275,4 +275,22 @@ def test_tree_sessions_under_the_scheduler_give_what_they_give_alone(shipped):
     while scheduler.step():
         managers_check(shipped)
     assert [sink[-1].summary["text"] for sink in sinks] == alone
+    assert no_blocks_used(shipped)
+
+
+def test_an_ngram_tree_branches_where_earlier_matches_went_on_differently_and_keeps_greedy_output(shipped):
+    """A context whose last words occurred before with different continuations: the tree holds them as siblings,
+    most frequent first; a repetitive prompt's greedy run with n-gram trees is plain decoding's."""
+    from engine.spec_decode.ngram_tree import ngram_tree
+    context = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 1, 2, 3, 4, 7, 1, 2, 3]    # 1 2 3 went on as 4 9, 5 6 and 4 7
+    assert ngram_tree(context, 2, 2, 6, 1, 4) == ([4, 5, 9, 6, 7], [-1, -1, 0, 1, 0])
+    assert ngram_tree(context, 2, 2, 2, 1, 4) == ([4, 5], [-1, -1])      # the budget: the most frequent nodes
+    assert ngram_tree([1, 2, 3], 3, 2, 6, 1, 4) == ([], [])
+    prompt = "def a(x):\n    return x + 1\ndef b(y):\n    return y * 2\ndef c(x):\n    return "
+    _, plain = rounds(shipped, prompt, {"model": "target-mha", "method": "none", "max_tokens": 60})
+    events, tree = rounds(shipped, prompt, {"model": "target-mha", "method": "ngram", "num_speculative_tokens": 4,
+                                            "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 10,
+                                            "max_tokens": 60}, lambda s: s.finish_reason or managers_check(shipped))
+    assert tree["text"] == plain["text"]
+    assert any(len({t["parent"] for t in e.tokens}) < len(e.tokens) for e in events if e.type == "draft")  # siblings
     assert no_blocks_used(shipped)
