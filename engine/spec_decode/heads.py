@@ -209,7 +209,7 @@ class EagleProposer(Proposer):
         EAGLE-2 dynamic tree of depth γ instead (engine/spec_decode/eagle_tree.py)."""
         logits = yield from self.catch_up(tokens)
         if params.eagle_topk > 1:
-            return (yield from draft_tree(self, logits, params))
+            return (yield from draft_tree(self, logits, params, rng))
         head, runner, vocab = self.head, self.runner, self.vocab
         k, temperature, top_p = params.num_speculative_tokens, params.temperature, params.top_p
         drafts, qs, shown = [], [], []

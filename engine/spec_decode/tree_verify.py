@@ -203,8 +203,9 @@ def verify_tree_greedy(tokens, parents, target_ids) -> TreeVerification:
 def verify_tree_draft(draft, logits, temperature: float, top_p: float, rng: np.random.Generator) -> Verification:
     """A round's token tree (engine/spec_decode/draft.py) verified from the target's logits [n + 1, V] over the
     root and the nodes: greedy at temperature 0, else multi-draft speculative sampling with each node's own q row
-    (children independent, `without_replacement=False`: the deterministic top-k children of an EAGLE-2 tree are
-    distinct point masses, engine/spec_decode/eagle_tree.py). Its `p`: the target's rows along the path."""
+    (`without_replacement=False`: a sampled EAGLE-2 tree's first child is drawn from q, its siblings are point
+    masses fixed by what precedes them, engine/spec_decode/eagle_tree.py; an n-gram tree's nodes are all point
+    masses). Its `p`: the target's rows along the path."""
     if temperature == 0:
         tree = verify_tree_greedy(draft.tokens, draft.parents, logits.argmax(axis=-1).tolist())
         return Verification(tree.verdicts, None, None, tree=tree)

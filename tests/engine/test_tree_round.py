@@ -18,6 +18,7 @@ from engine.serving.registry import MODELS_DIR, InferenceEngine, ModelRegistry
 from engine.serving.session import GenerationSession
 from engine.serving.settings import GenerationSettings, SettingsError
 from engine.spec_decode.draft import DraftParams
+from engine.spec_decode.eagle_tree import DraftTree
 from engine.spec_decode.sampling import probs_from_logits
 from engine.spec_decode.tree_verify import children_of, verify_tree_draft
 from engine.spec_decode.verify import residual_distribution
@@ -152,13 +153,12 @@ def test_the_cache_after_each_tree_round_is_plain_decodings(shipped, dtype, bloc
 
 
 def drafted_tree(engine, prompt, settings, temperature=1.0):
-    """A session's EAGLE-2 tree for its context after three rounds, and the target's logits over it (one forward
-    with the tree mask, the tree's rows then dropped)."""
+    """A session's EAGLE-2 tree for its context after three rounds, the target's logits over it (one forward with
+    the tree mask, the tree's rows then dropped), and the session's EAGLE proposer."""
     s = GenerationSession(engine, prompt, {**settings, "temperature": temperature})
     gen = s.events()
     next(e for e in gen if e.type == "round" and e.round == 3)
-    params = DraftParams(settings["num_speculative_tokens"], temperature, 1.0, 0.0,
-                         settings["speculative_eagle_topk"], settings["speculative_num_draft_tokens"])
+    params = params_of(settings, temperature)
     run, logits = s.proposer.propose(s.tokens, params, s.rng), None
     try:
         while True:
@@ -170,38 +170,56 @@ def drafted_tree(engine, prompt, settings, temperature=1.0):
                              positions=draft.verification_positions(context - 1))
     s.target.truncate(context - 1)
     gen.close()
-    return draft, logits
+    return draft, logits, s.proposer
 
 
-def first_token_law(draft, p):  # [n + 1, V] -> [V]: the root's children tried in turn, then the residual
-    law, mass, residual = np.zeros(p.shape[1]), 1.0, p[0]
-    for c in children_of(draft.parents)[-1]:
-        x = draft.tokens[c]
-        a = min(1.0, residual[x] / draft.q[c, x])
+def params_of(settings, temperature):
+    return DraftParams(settings["num_speculative_tokens"], temperature, 1.0, 0.0, settings["speculative_eagle_topk"],
+                       settings["speculative_num_draft_tokens"])
+
+
+def first_token_law(tokens, q, p0):  # the root's children in order with their q rows [n, V], p at the root [V]
+    """The law of the round's first token, exactly: the children tried in turn, then the residual."""
+    law, mass, residual = np.zeros(len(p0)), 1.0, p0
+    for x, q_x in zip(tokens, q):
+        a = min(1.0, residual[x] / q_x[x])
         law[x] += mass * a
         mass *= 1 - a
-        residual = residual_distribution(residual, draft.q[c])
+        residual = residual_distribution(residual, q_x)
     return law + mass * residual
 
 
-def test_a_trees_first_token_has_the_targets_law_exactly_and_by_sampling(shipped):
-    """Temperature 1 on the shipped model and head: the exact law of the first emitted token (enumerating the
-    root's tries, each a Leviathan step from the point mass on a child) is p; 20,000 verifications of the same tree
-    with seed 0 give a TVD against p within 3 sqrt(m / N) (m tokens with p > 0; the noise is about 0.4 sqrt(m / N)).
-    Taking the head's distribution as each child's q instead, the deterministic top-k children would be
-    over-accepted: its law leaves p by more than that tolerance."""
-    draft, logits = drafted_tree(shipped, CODE[2], {**TREE, "model": "target-mha", "speculative_eagle_topk": 4})
+def test_a_sampled_trees_first_token_has_the_targets_law_exactly_and_by_sampling(shipped):
+    """Temperature 1 on the shipped model and head, a tree of 4 children a node, 8 nodes, depth 3. The root's first
+    child is drawn from the head's q and verified with it; its siblings are the head's most likely other tokens,
+    each verified as its point mass. Averaged over the first child's draw, the law of the first emitted token
+    (enumerated) is p. The drafter's own expansion of the root, drawn N = 10,000 times with seed 0 and verified,
+    gives a TVD against p within 4x its expected value at the sampling noise, 0.5 sum_x sqrt(2 p(x)(1 - p(x)) /
+    (pi N)). Verifying every child with the head's q instead (as if each had been drawn from it) leaves p by more
+    than that tolerance."""
+    settings = {**TREE, "model": "target-mha", "speculative_eagle_topk": 4}
+    draft, logits, proposer = drafted_tree(shipped, CODE[2], settings)
     p = probs_from_logits(logits, 1.0, 1.0)
-    assert len(children_of(draft.parents)[-1]) == 4 and (draft.q.max(-1) == 1).all()
-    assert np.abs(first_token_law(draft, p) - p[0]).max() <= 1e-12
-    rng, n, counts = np.random.default_rng(0), 20_000, np.zeros(p.shape[1])
+    q, head_logits = draft.q[0], draft.display_logits[0]                  # the head's q and logits at the root
+    roots = children_of(draft.parents)[-1]
+    assert roots == [0, 1, 2, 3] and np.allclose(q, probs_from_logits(head_logits, 1.0, 1.0))
+    others = [int(x) for x in np.argsort(-head_logits, kind="stable")[:4] if x != draft.tokens[0]][:3]
+    assert [draft.tokens[i] for i in roots[1:]] == others and (draft.q[roots[1:]].max(-1) == 1).all()
+    exact, wrong = np.zeros(len(q)), np.zeros(len(q))
+    for x in np.flatnonzero(q):                                           # the first child's every draw
+        rest = [int(y) for y in np.argsort(-head_logits, kind="stable")[:4] if y != x][:3]
+        exact += q[x] * first_token_law([x] + rest, [q] + [np.eye(len(q))[y] for y in rest], p[0])
+        wrong += q[x] * first_token_law([x] + rest, [q] * 4, p[0])
+    assert np.abs(exact - p[0]).max() <= 1e-12
+    rng, n, counts = np.random.default_rng(0), 10_000, np.zeros(p.shape[1])
+    depth1 = {**settings, "num_speculative_tokens": 1, "speculative_num_draft_tokens": 4}
     for _ in range(n):
-        counts[verify_tree_draft(draft, logits, 1.0, 1.0, rng).tree.emitted[0]] += 1
-    m = int((p[0] > 0).sum())
-    tolerance = 3 * np.sqrt(m / n)
+        tree = DraftTree(proposer.vocab, p.shape[1], params_of(depth1, 1.0), rng)
+        one = tree.draft(tree.expand(-1, head_logits[proposer.vocab.ids], None))
+        counts[verify_tree_draft(one, np.repeat(logits[:1], 5, axis=0), 1.0, 1.0, rng).emitted[0]] += 1
+    noise = 0.5 * np.sqrt(2 * p[0] * (1 - p[0]) / (np.pi * n)).sum()     # the TVD's expected value at the sampling noise
+    tolerance = 4 * noise
     assert 0.5 * np.abs(counts / n - p[0]).sum() <= tolerance
-    head_q = probs_from_logits(draft.display_logits, 1.0, 1.0)
-    wrong = first_token_law(type(draft)(draft.tokens, draft.parents, head_q), p)
     assert 0.5 * np.abs(wrong - p[0]).sum() > tolerance
 
 
