@@ -243,6 +243,8 @@ class KVCacheManager:
         if keep < len(seq.blocks):
             self.pool.free_blocks(seq.blocks[keep:], seq.seq_id)
             del seq.blocks[keep:]
+            if not seq.contiguous:                  # the block that broke the run may be gone (a tree's scratch)
+                seq.contiguous = all(a.block_id + 1 == b.block_id for a, b in zip(seq.blocks, seq.blocks[1:]))
         del seq.token_ids[num_tokens:]
         del seq.block_hashes[num_tokens // bs:]
         if num_tokens % bs and seq.blocks:

@@ -53,7 +53,7 @@ class DraftProposed(Event):
     type = "draft"
     round: int
     method: str
-    tokens: list[dict]          # [{id, text, q}]
+    tokens: list[dict]          # [{id, text, q, parent}]: a token tree's nodes (parent -1: the root; a chain's i - 1)
     ms: float
     origin: dict | None = None  # where the drafter found it (suffix: source, match_len, score, probs per token)
 

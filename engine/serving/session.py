@@ -213,11 +213,15 @@ class GenerationSession:
         s, fault = self.settings, TEACHING_FAULTS[self.settings.fault]
         draft, draft_ms = yield from self._draft()
         context = len(self.tokens)                          # the target holds K/V for context - 1 tokens
-        logits, target_ms = yield from self._target_forward([self.tokens[-1]] + draft.tokens,
-                                                            mask=fault.verification_mask(draft))
+        logits, target_ms = yield from self._target_forward([self.tokens[-1]] + draft.tokens, fault.verification_mask(
+            draft), positions=draft.verification_positions(context - 1))    # a tree's: root + depth
         verification = fault.verify(draft, logits, s.temperature, s.top_p, self.rng, s.rejection_sample_method)
         accepted = verification.num_accepted
-        fault.truncate(self.target, context + accepted)    # the rejected drafts' K/V leave the cache
+        if verification.tree is not None:                  # the accepted path's K/V kept in order, the rest freed
+            self.target.keep_tree_path(verification.tree.kept_rows)
+            self.features.record(self.target)              # and its hidden states, where the path's tokens now are
+        else:
+            fault.truncate(self.target, context + accepted)    # the rejected drafts' K/V leave the cache
         texts = self._append(verification.emitted)
         self.target.commit()
         if self.proposer is not None:
@@ -229,21 +233,20 @@ class GenerationSession:
     def _draft(self):  # generator -> (Draft, its engine time in ms)
         """The proposer's draft: at most k tokens, fewer where max_tokens or the context end sooner (the round's
         bonus or replacement token takes one more place)."""
-        s = self.settings
-        k = min(self.k, s.max_tokens - self.num_output_tokens - 1,
-                self.target_lm.cfg.max_position_embeddings - len(self.tokens) - 1)
+        s, room = self.settings, self.target_lm.cfg.max_position_embeddings - len(self.tokens) - 1
+        k = min(self.k, s.max_tokens - self.num_output_tokens - 1, room)
         if self.proposer is None or k <= 0:
             return NO_DRAFT, 0.0
         t = self.clock.now()
-        draft = yield from self.proposer.propose(self.tokens, DraftParams(k, s.temperature, s.top_p,
-                                                                          s.draft_confidence_threshold), self.rng)
+        draft = yield from self.proposer.propose(self.tokens, DraftParams.of(s, k, min(s.num_draft_tokens, room)),
+                                                 self.rng)
         ms = (self.clock.now() - t) * 1e3
         self.stats.draft_forward(ms, draft.forward_calls)
         return draft, ms
 
-    def _target_forward(self, tokens, mask=None, prefill: bool = False):  # generator -> (logits, engine ms)
+    def _target_forward(self, tokens, mask=None, prefill: bool = False, positions=None):  # -> (logits, engine ms)
         t = self.clock.now()
-        logits = yield ForwardRequest(self.target, tokens, mask=mask, last_only=prefill)
+        logits = yield ForwardRequest(self.target, tokens, mask=mask, last_only=prefill, positions=positions)
         ms = (self.clock.now() - t) * 1e3
         self.features.record(self.target)
         self.stats.target_forward(ms, len(tokens), prefill=prefill)

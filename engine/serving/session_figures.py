@@ -45,7 +45,8 @@ class SessionFigures:
         if draft:
             self.stats.record_round(len(draft), v.num_accepted, v.standard_num_accepted)
             token_text = self.session.tokenizer.token_text
-            events.append(DraftProposed(round_no, method, [{"id": x, "text": token_text(x), "q": float(draft.q[i, x])}
+            events.append(DraftProposed(round_no, method, [{"id": x, "text": token_text(x), "q": float(draft.q[i, x]),
+                                                            "parent": draft.parents[i]}
                                                            for i, x in enumerate(draft.tokens)], draft_ms, draft.origin))
         events += self.token_events(round_no, draft, logits, v, texts)
         events.append(RoundDone(round_no, len(draft), v.num_accepted, len(v.emitted), len(draft) + 1, target_ms,
@@ -96,6 +97,15 @@ class SessionFigures:
                  num_output_tokens=s.num_output_tokens, num_speculative_tokens=s.k)
         return m
 
+    def draft_tree(self) -> dict | None:
+        """The shape of the drafts (SGLang's settings): children per expanded node (1: a chain), depth (γ), and
+        nodes verified at most; None without a drafter."""
+        s = self.session
+        if s.proposer is None:
+            return None
+        return {"topk": s.settings.speculative_eagle_topk, "depth": s.settings.num_speculative_tokens,
+                "num_draft_tokens": s.settings.num_draft_tokens}
+
     def summary(self) -> dict:
         s = self.session
         out_ids, tokenizer, cfg = s.tokens[len(s.prompt_ids):], s.tokenizer, s.target_lm.cfg
@@ -105,7 +115,7 @@ class SessionFigures:
             "finish_reason": s.finish_reason,
             "tokens": [{**t, "text": text} for t, text in   # stream pieces: joined, they are `text`
                        zip(self.stats.token_statuses(tokenizer, out_ids), tokenizer.stream_texts(out_ids))],
-            **m, "kv_cache": self.kv_figures(),
+            **m, "draft_tree": self.draft_tree(), "kv_cache": self.kv_figures(),
             "model": {"name": s.target_lm.name, "num_hidden_layers": cfg.num_hidden_layers,
                       "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
                       "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,

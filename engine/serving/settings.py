@@ -17,6 +17,8 @@ METHODS = ("none", "draft_model", "ngram", "eagle", "medusa", "suffix")   # vLLM
 SUFFIX_SETTINGS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
                    "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 FAULTS = ("none", "no_causal_mask", "no_truncate", "unnormalized_residual")
+TREE_METHODS = ("eagle", "ngram")           # the methods that can draft a token tree (speculative_eagle_topk > 1)
+MAX_DRAFT_TOKENS = 64                # speculative_num_draft_tokens' top: the nodes one verification forward scores
 
 
 EXCERPT_CHARS = 40
@@ -52,6 +54,13 @@ class GenerationSettings(BaseModel):
     method: Literal["none", "draft_model", "ngram", "eagle", "medusa", "suffix"] = "draft_model"
     num_speculative_tokens: int = Field(4, ge=1, le=16)
     num_speculative_tokens_schedule: Literal["constant", "heuristic"] = "constant"
+    # token trees (SGLang's names; engine/spec_decode/eagle_tree.py): the children an expanded node gets (1: a chain
+    # of num_speculative_tokens, its depth), and the nodes verified (None: num_speculative_tokens, a chain's count)
+    speculative_eagle_topk: int = Field(1, ge=1, le=8, description="children per expanded node of a draft tree "
+                                                                   "(1: a chain)")
+    speculative_num_draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS,
+                                                     description="the draft tree's nodes verified (the budget; "
+                                                                 "default num_speculative_tokens)")
     draft_confidence_threshold: float = Field(0.0, ge=0.0, le=1.0)   # stop drafting below it (0: never)
     # how a chain is verified (vLLM's name): token by token, or as a block (engine/spec_decode/verify.py)
     rejection_sample_method: Literal["standard", "block"] = Field(
@@ -81,7 +90,7 @@ class GenerationSettings(BaseModel):
     def _empty_model(cls, v):
         return None if v in ("", None) else v
 
-    @field_validator("num_kv_heads", mode="before")
+    @field_validator("num_kv_heads", "speculative_num_draft_tokens", mode="before")
     @classmethod
     def _empty_heads(cls, v):
         return None if v in ("", None) else v
@@ -106,7 +115,7 @@ class GenerationSettings(BaseModel):
         values = base.model_dump() if base is not None else {}
         values.update(data or {})
         try:
-            return cls.model_validate(values)
+            settings = cls.model_validate(values)
         except ValidationError as e:
             err = e.errors()[0]
             setting = ".".join(str(x) for x in err["loc"]) or "settings"
@@ -116,6 +125,40 @@ class GenerationSettings(BaseModel):
             if err["type"] in BOUND_ERRORS and setting in cls.model_fields:
                 message = f"must be in {value_range(cls.model_fields[setting])}"
             raise SettingsError(setting, f"{message} (got {excerpt(err.get('input'))})") from None
+        if (why := settings.tree_error()) is not None:
+            raise why
+        return settings
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """The draft tree's budget: speculative_num_draft_tokens, else num_speculative_tokens (a chain's count)."""
+        return self.speculative_num_draft_tokens or self.num_speculative_tokens
+
+    @property
+    def drafts_tree(self) -> bool:
+        return self.speculative_eagle_topk > 1
+
+    def tree_error(self) -> SettingsError | None:
+        """What a token tree's settings cannot be together (each value's own range is checked as any setting's)."""
+        budget, depth = self.speculative_num_draft_tokens, self.num_speculative_tokens
+        if budget is not None and budget < depth:
+            return SettingsError("speculative_num_draft_tokens", f"must be in [num_speculative_tokens ({depth}), "
+                                                                 f"{MAX_DRAFT_TOKENS}]: a tree holds at least its "
+                                                                 f"depth's nodes (got {budget})")
+        if not self.drafts_tree:
+            return None
+        topk = self.speculative_eagle_topk
+        if self.method not in TREE_METHODS + ("none",):
+            return SettingsError("speculative_eagle_topk", f"must be 1 (a chain) with method {self.method}: only "
+                                                           f"{' and '.join(TREE_METHODS)} draft trees (got {topk})")
+        if self.rejection_sample_method != "standard":
+            return SettingsError("rejection_sample_method", f"must be standard with a draft tree "
+                                                            f"(speculative_eagle_topk {topk}): block verification "
+                                                            f"verifies chains")
+        if self.fault != "none":
+            return SettingsError("fault", f"must be none with a draft tree (speculative_eagle_topk {topk}): the "
+                                          f"teaching faults break a chain's round")
+        return None
 
 
 BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
@@ -131,6 +174,7 @@ def value_range(field) -> str:
 
 # Settings a running generation picks up at its next round; the rest need a new generation.
 LIVE_SETTINGS = {"temperature", "top_p", "method", "num_speculative_tokens", "num_speculative_tokens_schedule",
+                 "speculative_eagle_topk", "speculative_num_draft_tokens",
                  "rejection_sample_method",
                  "draft_confidence_threshold",
                  "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_SETTINGS, "kv_cache", "kv_cache_dtype", "num_kv_heads",

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..kv.runner import ForwardRequest
 from .sampling import draft_confidence
-from .tree_verify import tree_depths, tree_mask
+from .tree_verify import tree_depths, tree_mask, verification_positions
 
 
 @dataclass
@@ -71,6 +71,17 @@ class Draft:
         sees[1:, 1:] = tree_mask(self.parents)
         return np.where(sees, 0.0, -np.inf).astype(np.float32)
 
+    def verification_positions(self, root_position: int):  # -> [n + 1] or None
+        """The verification forward's RoPE positions (tree_verify.verification_positions); None for a chain, whose
+        positions follow one another as in any forward."""
+        return None if self.is_chain else verification_positions(self.parents, root_position)
+
+    def along(self, nodes) -> "Draft":
+        """The chain of these nodes' tokens with their q and display rows (a tree's path, as figures show it)."""
+        nodes = list(nodes)
+        shown = None if self.display_logits is None else self.display_logits[nodes]
+        return Draft.chain([self.tokens[i] for i in nodes], self.q[nodes], shown)
+
 
 NO_DRAFT = Draft([], [], np.zeros((0, 0)))      # a round that drafts nothing: a plain decode step
 
@@ -82,7 +93,16 @@ class DraftParams:
     temperature: float                    # q is shaped like the target's p: the same temperature and top-p
     top_p: float = 1.0
     draft_confidence_threshold: float = 0.0   # a neural drafter stops at the first token it gives less than
-    #                                           this probability; 0: never
+    #                                           this probability; 0: never (a chain's rule: a tree ignores it)
+    eagle_topk: int = 1                   # a token tree's children per expanded node (1: a chain of length γ)
+    num_draft_tokens: int = 0             # a token tree's nodes at most (its depth is γ); 0: γ
+
+    @classmethod
+    def of(cls, settings, k: int, num_draft_tokens: int) -> "DraftParams":
+        """A round's parameters from the generation's settings (engine/serving/settings.py): γ = k, the tree's
+        budget `num_draft_tokens`, what room is left may have cut both."""
+        return cls(k, settings.temperature, settings.top_p, settings.draft_confidence_threshold,
+                   settings.speculative_eagle_topk, num_draft_tokens)
 
     def stops_at(self, logits, token: int, q) -> bool:  # the drafter's logits [V'], its q [V] (None: greedy)
         """Whether a neural drafter's draft ends at `token`: its own probability of it is below the threshold."""

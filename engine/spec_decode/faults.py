@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .draft import Draft
+from .tree_verify import verify_tree_draft
 from .verify import Verification, verify_draft
 
 
@@ -27,6 +28,8 @@ class Round:
 
     def verify(self, draft: Draft, logits, temperature: float, top_p: float, rng,
                rejection_sample_method: str = "standard") -> Verification:
+        if not draft.is_chain:       # a tree (the settings pair one with no fault and the standard rule only)
+            return verify_tree_draft(draft, logits, temperature, top_p, rng)
         return verify_draft(draft, logits, temperature, top_p, rng, rejection_sample_method)
 
     def truncate(self, runner, num_tokens: int) -> None:

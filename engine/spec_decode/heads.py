@@ -9,7 +9,8 @@ verification (engine/spec_decode/verify.py) stays exact, the residual covers the
 - EAGLE-1 (Li et al. 2024): z = [f_t, emb(x_{t+1})] W_fc -> one Llama decoder layer with its own paged
   KV cache -> h; h's norm is the predicted next feature and (norm h) @ LM head[S] the next token. It
   drafts autoregressively on its own features; after verification its cache is rolled back to the
-  entries made from the target's real features, and the next round catches up with the new ones.
+  entries made from the target's real features, and the next round catches up with the new ones. With
+  speculative_eagle_topk > 1 it drafts an EAGLE-2 dynamic tree instead (engine/spec_decode/eagle_tree.py).
 - Medusa-1 (Cai et al. 2024): K heads r_i = f_t + SiLU(f_t W_i); head i proposes token t+1+i from the
   same f_t, all K in one pass.
 
@@ -32,8 +33,9 @@ from ..model.config import ModelConfig
 from ..model.layout import LAYOUTS, choose_split_rows, use_layout, weight_rows, weight_vec
 from ..model.llama import Model
 from .draft import Draft, DraftParams, Proposer
+from .eagle_tree import draft_tree
 from .proposers import point_masses
-from .sampling import probs_from_logits, sample
+from .sampling import full_vocab, probs_from_logits, sample
 
 HEADS_DIR = Path(__file__).resolve().parents[2] / "models" / "heads"
 METHODS = ("eagle", "medusa")
@@ -184,12 +186,6 @@ class MedusaHead:
         return self.dot(r, self.lm_head)
 
 
-def full_vocab(row, ids, vocab_size):  # [n] logits of tokens `ids` -> [V] with -inf elsewhere
-    out = np.full(vocab_size, -np.inf, np.float32)
-    out[ids] = row
-    return out
-
-
 def draft_from(logits, ids, vocab_size, temperature, top_p, rng):  # -> (token, q [V] or None, display logits [V])
     full = full_vocab(logits, ids, vocab_size)
     if temperature == 0:
@@ -209,18 +205,13 @@ class EagleProposer(Proposer):
         self.real = 0            # entries made from the target's own features (kept after verification)
 
     def propose(self, tokens, params: DraftParams, rng):
-        head, runner, feats = self.head, self.runner, self.features
+        """A chain of γ tokens, each drawn from the head's q (the argmax when greedy); with eagle_topk > 1 an
+        EAGLE-2 dynamic tree of depth γ instead (engine/spec_decode/eagle_tree.py)."""
+        logits = yield from self.catch_up(tokens)
+        if params.eagle_topk > 1:
+            return (yield from draft_tree(self, logits, params, rng))
+        head, runner, vocab = self.head, self.runner, self.vocab
         k, temperature, top_p = params.num_speculative_tokens, params.temperature, params.top_p
-        if self.start is None:
-            self.start = feats.start
-        last = len(tokens) - 2                       # entry j = (f_j, x_{j+1}); the last one with a real f_j
-        first = self.start + self.real
-        new = tokens[first + 1:last + 2]
-        logits = (yield ForwardRequest(runner, new, last_only=True,
-                                       inputs_embeds=head.inputs(feats.rows[first:last + 1], new)))[-1]
-        self.real = last + 1 - self.start
-        vocab = self.vocab
-        vocab.update(tokens)
         drafts, qs, shown = [], [], []
         for i in range(k):
             logits = vocab.logits(logits, runner.hidden[-1] * head.sqrt_c)       # the LM head's input: rms-normed
@@ -235,6 +226,22 @@ class EagleProposer(Proposer):
             logits = (yield ForwardRequest(runner, [x], last_only=True, inputs_embeds=head.inputs(feat, [x])))[-1]
         q = np.array(qs) if qs else point_masses(drafts, head.vocab_size)
         return Draft.chain(drafts, q, np.array(shown), forward_calls=len(drafts))   # the catch-up, then one a draft
+
+    def catch_up(self, tokens):  # generator -> the head's logits over its subset after the root [Vs]
+        """The head's entries of the target's real features since the last round, j = (f_j, x_{j+1}) up to the
+        root's (the context's last token), in one forward; its hidden state there is the root's predicted
+        feature. The context's new tokens join the draft vocabulary."""
+        head, runner, feats = self.head, self.runner, self.features
+        if self.start is None:
+            self.start = feats.start
+        last = len(tokens) - 2                       # entry j = (f_j, x_{j+1}); the last one with a real f_j
+        first = self.start + self.real
+        new = tokens[first + 1:last + 2]
+        logits = (yield ForwardRequest(runner, new, last_only=True,
+                                       inputs_embeds=head.inputs(feats.rows[first:last + 1], new)))[-1]
+        self.real = last + 1 - self.start
+        self.vocab.update(tokens)
+        return logits
 
     def rollback(self, num_valid: int) -> None:
         """Drop the entries made from predicted features (the drafting ones); the next round catches up."""

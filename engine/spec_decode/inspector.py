@@ -31,6 +31,8 @@ class Inspector:
         sampling distributions (`verification.p`) and the draft's q, or its logits when greedy."""
         if verification.standard_num_accepted is not None:
             self._block_figures(events, verification)
+        if verification.tree is not None:       # a token tree: the rows of its path, in the verdicts' positions
+            logits, draft = logits[verification.tree.kept_rows], draft.along(verification.tree.shown_nodes)
         greedy = verification.p is None
         shows_logits = greedy and draft.display_logits is not None
         q_source = None if not draft else draft.display_logits if shows_logits else draft.q

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..kv.runner import ForwardRequest, PagedRunner, RecomputeRunner
 from .draft import Draft, DraftParams, Proposer
+from .ngram_tree import ngram_tree
 from .sampling import probs_from_logits, sample
 from .verify import ngram_propose
 
@@ -30,7 +31,14 @@ class NgramProposer(Proposer):
         self.vocab_size, self.min_n, self.max_n = vocab_size, prompt_lookup_min, prompt_lookup_max
 
     def propose(self, tokens, params: DraftParams, rng):
+        """The continuation of the earliest match (a chain); with eagle_topk > 1 a tree of several matches'
+        continuations (engine/spec_decode/ngram_tree.py)."""
         yield from ()                                   # no forward (still a generator: the Proposer contract)
+        if params.eagle_topk > 1:
+            drafts, parents = ngram_tree(tokens, params.num_speculative_tokens, params.eagle_topk,
+                                         params.num_draft_tokens or params.num_speculative_tokens, self.min_n,
+                                         self.max_n)
+            return Draft(drafts, parents, point_masses(drafts, self.vocab_size))
         drafts = ngram_propose(tokens, params.num_speculative_tokens, self.min_n, self.max_n)
         return Draft.chain(drafts.tolist(), point_masses(drafts, self.vocab_size))
 

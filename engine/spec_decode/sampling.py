@@ -50,6 +50,13 @@ def top_p_filter(p, top_p: float):  # [..., V] -> [..., V]
     return out / out.sum(axis=-1, keepdims=True)
 
 
+def full_vocab(row, ids, vocab_size):  # [n] logits of tokens `ids` -> [V] with -inf elsewhere
+    """A drafter's logits over part of the vocabulary (a head's subset) as a row of the whole vocabulary."""
+    out = np.full(vocab_size, -np.inf, np.float32)
+    out[ids] = row
+    return out
+
+
 def sample(p, rng: np.random.Generator) -> int:
     """One token from a normalised distribution by inverse CDF (the same draw numpy's choice makes)."""
     cdf = np.cumsum(p)

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .sampling import sample
-from .verify import TokenVerdict, acceptance_probability, residual_distribution
+from .sampling import probs_from_logits, sample
+from .verify import TokenVerdict, Verification, acceptance_probability, residual_distribution
 
 
 def tree_mask(parents) -> np.ndarray:  # [n] -> [n, n] bool: mask[i, j] = node i sees node j
@@ -120,6 +120,13 @@ class TreeVerification:
         then the accepted path's, node i being row i + 1."""
         return [0] + [i + 1 for i in self.path]
 
+    @property
+    def shown_nodes(self) -> list[int]:
+        """The nodes whose q the verdicts' positions show (a position's verdicts come from one row of p and of q):
+        the accepted path, then below it the first child tried, where every child was rejected."""
+        tried = self.tries.get(self.path[-1] if self.path else -1, [])
+        return self.path + ([tried[0].node] if self.last_status == "resampled" and tried else [])
+
 
 def verify_tree(tokens, parents, q, p, rng: np.random.Generator,
                 without_replacement: bool = False) -> TreeVerification:
@@ -191,3 +198,18 @@ def verify_tree_greedy(tokens, parents, target_ids) -> TreeVerification:
                                          len(path) + 1))
             return TreeVerification(status, tries, path, [tokens[i] for i in path] + [t], last, None, verdicts)
 
+
+
+def verify_tree_draft(draft, logits, temperature: float, top_p: float, rng: np.random.Generator) -> Verification:
+    """A round's token tree (engine/spec_decode/draft.py) verified from the target's logits [n + 1, V] over the
+    root and the nodes: greedy at temperature 0, else multi-draft speculative sampling with each node's own q row
+    (`without_replacement=False`: a sampled EAGLE-2 tree's first child is drawn from q, its siblings are point
+    masses fixed by what precedes them, engine/spec_decode/eagle_tree.py; an n-gram tree's nodes are all point
+    masses). Its `p`: the target's rows along the path."""
+    if temperature == 0:
+        tree = verify_tree_greedy(draft.tokens, draft.parents, logits.argmax(axis=-1).tolist())
+        return Verification(tree.verdicts, None, None, tree=tree)
+    p = probs_from_logits(logits, temperature, top_p)
+    tree = verify_tree(draft.tokens, draft.parents, draft.q, p, rng)
+    residual = tree.last_distribution if tree.last_status == "resampled" else None
+    return Verification(tree.verdicts, residual, p[tree.kept_rows], tree=tree)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from .ngram_tree import suffix_matches
 from .sampling import probs_from_logits, sample
 
 if TYPE_CHECKING:              # draft.py builds on tree_verify.py, which builds on this module
@@ -201,6 +202,8 @@ class Verification(NamedTuple):
     residual: np.ndarray | None
     p: np.ndarray | None
     standard_num_accepted: int | None = None
+    tree: object = None         # a token tree's TreeVerification (engine/spec_decode/tree_verify.py); its p is then
+    #                             the rows of the verdicts' positions: the root's, then the accepted path's
 
     @property
     def num_accepted(self) -> int:
@@ -221,7 +224,7 @@ def verify_draft(draft: Draft, logits, temperature: float, top_p: float, rng: np
     if rejection_sample_method not in ("standard", "block"):
         raise ValueError(f"rejection_sample_method: standard or block, got {rejection_sample_method!r}")
     if not draft.is_chain:
-        raise NotImplementedError("verifying a token tree: only chains are drafted")
+        raise ValueError("a token tree is verified by tree_verify.verify_tree_draft")
     if temperature == 0:    # point masses on the argmax: verification compares ids, no distributions are built
         p = None
         verdicts, residual = verify_greedy(draft.tokens, logits.argmax(axis=-1).tolist(), logits.shape[-1])
@@ -242,12 +245,7 @@ def ngram_propose(context, k: int, min_n: int, max_n: int) -> np.ndarray:
     occurrence (vLLM's `_find_longest_matched_ngram_and_propose_tokens`; tests/e2e/vllm_live check it live).
     Returns an empty array when nothing matches.
     """
-    # One character per token id (str holds any id below 0x110000), so that str.find, a C loop, finds the
-    # earliest earlier occurrence: several times faster than comparing numpy windows of the context.
-    ids = [int(t) for t in context]
-    text, L = "".join(map(chr, ids)), len(ids)
-    for n in range(min(max_n, L - 1), min_n - 1, -1):
-        start = text.find(text[L - n:], 0, L - 1)      # a match that ends before the last token
-        if start >= 0:
-            return np.array(ids[start + n:start + n + k], dtype=np.int64)
-    return np.zeros(0, dtype=np.int64)
+    starts = suffix_matches(context, min_n, max_n, limit=1)
+    if not starts:
+        return np.zeros(0, dtype=np.int64)
+    return np.array([int(t) for t in context[starts[0]:starts[0] + k]], dtype=np.int64)

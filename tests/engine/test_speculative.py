@@ -128,7 +128,7 @@ def test_a_draft_is_a_tree_and_a_chain_the_tree_with_one_child_a_node():
     with pytest.raises(ValueError, match="node 1: parent 1"):
         Draft([5, 6], [-1, 1], q[:2])
     logits = np.random.default_rng(0).standard_normal((5, 10))
-    with pytest.raises(NotImplementedError, match="tree"):
+    with pytest.raises(ValueError, match="verify_tree_draft"):       # a chain's rule refuses a tree
         verify_draft(tree, logits, 0.0, 1.0, np.random.default_rng(0))
 
 
