@@ -51,7 +51,7 @@ class GenerationSettings(BaseModel):
     seed: int = Field(0, ge=0, le=2 ** 32 - 1)
     method: Literal["none", "draft_model", "ngram", "eagle", "medusa", "suffix"] = "draft_model"
     num_speculative_tokens: int = Field(4, ge=1, le=16)
-    num_speculative_tokens_schedule: Literal["constant", "heuristic"] = "constant"
+    num_speculative_tokens_schedule: Literal["constant", "heuristic", "acceptance"] = "constant"
     draft_confidence_threshold: float = Field(0.0, ge=0.0, le=1.0)   # stop drafting below it (0: never)
     # how a chain is verified (vLLM's name): token by token, or as a block (engine/spec_decode/verify.py)
     rejection_sample_method: Literal["standard", "block"] = Field(
