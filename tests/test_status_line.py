@@ -111,3 +111,26 @@ def test_a_recording_without_the_last_chunks_report_still_shows_rounds(live_serv
     decoding = [s for s in shown if int(s["data-round"]) >= 1]
     assert decoding and not any("data-prefill" in s for s in decoding), decoding
     assert shown[-1]["data-state"] == "done" and "data-prefill" not in shown[-1]
+
+
+def test_the_status_line_says_why_the_acceptance_schedule_turned_speculation_off():
+    """The `acceptance` schedule's own report, in words: off, with its average, threshold and the next probe; then
+    the probe; no words for a schedule that reports nothing (the web layer translates, the engine decides)."""
+    from app.views.fragments import status_view
+    from engine.spec_decode.schedule import OFF_ROUNDS, WARMUP_ROUNDS, AcceptanceSchedule
+
+    schedule = AcceptanceSchedule(16)
+    for _ in range(WARMUP_ROUNDS):
+        schedule.observe(2, 0)
+
+    def detail(schedule_state):
+        return status_view({"state": "running", "round": 7, "tokens": 9, "gamma": schedule.k, "finish": None,
+                            "schedule": schedule_state})["detail"]
+    off = detail(schedule.report())
+    assert off.startswith("round 7 · 9 tokens · γ 0 · speculation off: 0.00 draft tokens accepted a round")
+    assert "at most 0.5" in off and f"a probe in {OFF_ROUNDS} rounds" in off
+    for _ in range(OFF_ROUNDS):
+        schedule.observe(0, 0)
+    assert detail(schedule.report()).endswith("γ 1 (probing whether speculation pays again: 0.00 draft tokens "
+                                              "accepted a round (moving average))")
+    assert detail(None).endswith("γ 1")

@@ -182,13 +182,29 @@ def status_view(s: dict) -> dict:
         detail.append(f"round {s['round']}")
         detail.append(f"{s['tokens']} tokens")
         if s["gamma"] is not None and s["state"] != "done":
-            detail.append(f"γ {s['gamma']}")
+            detail.append(f"γ {s['gamma']}" + schedule_text(s.get("schedule")))
         if s["finish"]:
             detail.append({"length": "max tokens reached", "stop": "end of text", "cancelled": "stopped",
                            "context": "context full"}.get(s["finish"], s["finish"]))
     return {"state": s["state"], "round": s["round"], "label": labels.get(s["state"], s["state"]),
             "detail": " · ".join(detail), "run": s.get("run"),
             "prefill": prefill and f"{prefill[0]}/{prefill[1]}", "prefill_model": prefill and prefill[2]}
+
+
+SCHEDULE_WHY = {"warmup": "warming up", "steady": "holding", "down": "lowered", "up": "raised",
+                "probe": "probing whether speculation pays again"}
+
+
+def schedule_text(state: dict | None) -> str:
+    """What the `acceptance` schedule's state (engine/spec_decode/schedule.py, `report`) says of γ, in words."""
+    if not state:
+        return ""
+    mean = state["mean_accepted"]
+    average = "" if mean is None else f"{mean:.2f} draft tokens accepted a round (moving average)"
+    if state["rounds_to_probe"] is not None:
+        return (f" · speculation off: {average}, at most {state['off_below']:g}, so a verification costs more "
+                f"than it saves; plain decode steps, a probe in {state['rounds_to_probe']} rounds")
+    return f" ({SCHEDULE_WHY.get(state['why'], state['why'])}" + (f": {average})" if average else ")")
 
 
 def summary_text(s: dict, external: bool) -> tuple[str, str]:

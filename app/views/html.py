@@ -304,6 +304,7 @@ class HtmlView:
         self.status["tokens"] = e.values.get("num_output_tokens", self.status["tokens"])
         if self.status["gamma"] is not None or e.values.get("num_drafts"):
             self.status["gamma"] = e.values.get("num_speculative_tokens")
+            self.status["schedule"] = e.values.get("schedule_state")
         if self.lane is not None and self.lane["round"] == 0 and self.lane["final"] is not None:
             frame.lane = self.lane
 

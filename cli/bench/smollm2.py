@@ -212,7 +212,8 @@ def run_smollm2(quick: bool = False, cache=None, max_threads: int = 2) -> dict:
     floor_how = min((k[1] for k in med if k[0] == "floor"), key=lambda h: med["floor", h])
     floor, one, nbytes = med["floor", floor_how], med[chosen.layout, 1], WeightStream(chosen).nbytes
     r = {"model": NAME, "load_s": load_s, "quick": quick, "layout": chosen.layout,
-         "layout_choice_ms": chosen.layout_ms, "padded_rows": PanelWeight.padded_rows, "weight_bytes": nbytes,
+         "layout_choice_ms": chosen.layout_ms, "padded_rows": PanelWeight.padded_rows,
+         "row_by_row": sorted(PanelWeight.row_by_row), "weight_bytes": nbytes,
          "times": {f"{a} {b}": v for (a, b), v in times.items()}, "floor_how": floor_how,
          "decode_tokens_per_s": 1e3 / one, "decode_over_floor": one / floor,
          "breakdown": step_breakdown(chosen, tokens, CONTEXT, 3 if quick else 9)}
@@ -242,7 +243,9 @@ def tables(r: dict) -> list[str]:
                   f"The floor beside the step: {mb:.0f} MB of float32 weights, loaded in {r['load_s']:.1f} s in the "
                   "layout measured faster at load (one row + six through the LM head: " + ", ".join(
                       f"{k} {v:.1f} ms" for k, v in r["layout_choice_ms"].items()) + "); few-row products padded: "
-                  + (", ".join(f"{n} as {p}" for n, p in sorted(r["padded_rows"].items())) or "none"))
+                  + (", ".join(f"{n} as {p}" for n, p in sorted(r["padded_rows"].items())) or "none")
+                  + "; row by row (a GEMV a row, a panel at a time): "
+                  + (", ".join(f"{n} rows" for n in r.get("row_by_row", [])) or "none"))
     names = list(dict.fromkeys(a for a, _ in med if a != "floor"))
     curve = table(["layout", *(f"n={n}" for n in ROWS), "prefill tok/s"],
                   [[LAYOUT_LABELS[a] + (" (used)" if a == r["layout"] else ""),

@@ -12,16 +12,20 @@ import asyncio
 from cli.bench.lib import add_bench, goals, shown, table
 from cli.bench.served import Server, client, wait_until_loaded
 from cli.bench.smollm2 import NAME, NGRAM
+from engine.spec_decode.schedule import SCHEDULES
 from engine.experiments.workshop import DRAFTING, METHODS, PHASES, QUESTIONS, prompt_of, run_order, workshop_figures
 
 MAX_CACHED_REQUESTS = 10_000          # vLLM's default; the trees of the questions and rounds count down from it
 
 
-def settings_of(method: str, max_tokens: int, tree: int) -> dict:
-    """Greedy, SmolLM2 with its chat template; every run computes its whole prompt (no prefix-cache hits)."""
+def settings_of(method: str, max_tokens: int, tree: int, schedule: str | None = None) -> dict:
+    """Greedy, SmolLM2 with its chat template; every run computes its whole prompt (no prefix-cache hits). Suffix
+    decoding with its γ schedule (None: the server's default for it)."""
     base = {"model": NAME, "chat": True, "temperature": 0, "max_tokens": max_tokens, "enable_prefix_caching": False}
-    return {"plain": {**base, "method": "none"}, "ngram": {**base, **NGRAM},
-            "suffix": {**base, "method": "suffix", "suffix_decoding_max_cached_requests": tree}}[method]
+    suffix = {**base, "method": "suffix", "suffix_decoding_max_cached_requests": tree}
+    if schedule is not None:
+        suffix["num_speculative_tokens_schedule"] = schedule
+    return {"plain": {**base, "method": "none"}, "ngram": {**base, **NGRAM}, "suffix": suffix}[method]
 
 
 def one_run(ws_base: str, prompt: str, settings: dict) -> dict:
@@ -40,12 +44,13 @@ def measure(args) -> dict:
     with Server("--no-llamacpp", "--suffix-cache", "shared", models_dir=args.models_dir) as srv:
         wait_until_loaded(srv.base, NAME)
         for method in METHODS:                       # warm, untimed, in a tree no timed run drafts from
-            one_run(srv.ws(""), "Say hello.", settings_of(method, 16, MAX_CACHED_REQUESTS))
+            one_run(srv.ws(""), "Say hello.", settings_of(method, 16, MAX_CACHED_REQUESTS, args.schedule))
         runs = {(r, q, ph, m): one_run(srv.ws(""), prompt_of(questions[q], ph),
-                                       settings_of(m, max_tokens, MAX_CACHED_REQUESTS - 1 - r * len(questions) - q))
+                                       settings_of(m, max_tokens, MAX_CACHED_REQUESTS - 1 - r * len(questions) - q,
+                                                   args.schedule))
                 for r, q, ph, m in run_order(len(questions), rounds)}
     phases = workshop_figures(runs)
-    return {"questions": len(questions), "rounds": rounds, "max_tokens": max_tokens,
+    return {"questions": len(questions), "rounds": rounds, "max_tokens": max_tokens, "schedule": args.schedule,
             "phases": phases, "ok": all(p["identical"] for p in phases.values())}
 
 
@@ -57,7 +62,8 @@ def tables(r: dict) -> list[str]:
                    "suffix mean acceptance length", "suffix / plain", "suffix / n-gram", "identical text"], rows,
                   f"{NAME}, chat, greedy, up to {r['max_tokens']} tokens, one session at a time, {r['questions']} "
                   f"questions x {r['rounds']} round(s) (pairs), decode tokens/s (1 / TPOT, the engine's clock), "
-                  f"n-gram k={NGRAM['num_speculative_tokens']}, suffix at vLLM's defaults"),
+                  f"n-gram k={NGRAM['num_speculative_tokens']}, suffix at vLLM's defaults"
+                  + (f", γ schedule {r['schedule']}" if r.get("schedule") else "")),
             goals([(f"suffix / {over.replace('ngram', 'n-gram')}, {PHASES[ph]}", p[ph][f"suffix_over_{over}"]["median"],
                     ">=", bound, shown(p[ph][f"suffix_over_{over}"]))
                    for ph, over, bound in (("again", "plain", 2), ("again", "ngram", 1.3),
@@ -72,3 +78,5 @@ def add_parser(bsub) -> None:
     b.add_argument("--rounds", type=int, choices=range(1, 21), default=3, metavar="1-20", help="default 3")
     b.add_argument("--max-tokens", type=int, choices=range(2, 513), default=128, metavar="2-512",
                    help="an answer's tokens at most (default 128)")
+    b.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help="suffix decoding's num_speculative_tokens_schedule (default: the server's for suffix)")

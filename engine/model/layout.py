@@ -11,8 +11,9 @@ depends on the CPU and on the kernels OpenBLAS picks for it, and it goes both wa
 - `PanelWeight`: W [in, out] as contiguous 64-column panels [P, C, 64], `x @ panel` panel by panel. With
   OpenBLAS's SkylakeX kernels one row runs as two (the row and a row of zeros), which its small-matrix GEMM
   streams close to the streaming read; with its Haswell kernels (AMD Zen 3) a two-row product packs every
-  panel and runs far slower than the read, and one row as a GEMV a panel runs at the read's speed. Which row
-  counts run padded is measured at load (`pad_rows`).
+  panel and runs far slower than the read, and one row as a GEMV a panel runs at the read's speed; there a few
+  rows cost less as a GEMV each, a panel at a time, the panel still in cache for the next row. Which row counts
+  run padded, and which row by row, is measured at load (`pad_rows`).
 
 `use_fastest_layout(model)` times one row and a verification's 6 rows through both layouts of the model's LM
 head (113 MB, larger than every cache) and stores all matrices in the faster one: one copy of the weights. A
@@ -26,7 +27,8 @@ number of rows n:
 
     layout     n = 1                 2 <= n <= 9                          n > 9 (prefill)
     panels     x @ panel, or as two  X @ panel, panel by panel (padded    the same
-               rows (`pad_rows`)     to more rows where that is faster)
+               rows (`pad_rows`)     to more rows, or x_j @ panel for
+                                     each row, where that is faster)
     out_in     W @ x (GEMV)          block @ x_j for each row, blocks     X @ block.T, a GEMM a block
                                      of 256 rows still in cache           of 256 rows
 """
@@ -52,6 +54,10 @@ class PanelWeight:
     # counts and not others, and one row may stream faster as a GEMV or as two rows. A property of this CPU's BLAS
     # kernels, so one for the process, measured when a model first takes this layout (`pad_rows`)
     padded_rows: dict[int, int] = {1: 2}
+    # row counts whose products run as one GEMV per row, panel by panel, each panel still in cache for the next row:
+    # where OpenBLAS's GEMM of a few rows costs far more than a GEMV (it packs every panel before multiplying), a
+    # few GEMVs cost less (each row's floats are its own GEMV's). Measured with `padded_rows` (`pad_rows`)
+    row_by_row: frozenset = frozenset()
 
     def __init__(self, w, columns: int = PANEL_COLUMNS):  # w [C, D]
         c, d = w.shape
@@ -76,6 +82,8 @@ class PanelWeight:
 
     def rows(self, x, pool=None):  # [n, C] -> [n, D], each panel's product written straight into its columns
         n, num_panels = x.shape[0], self.panels.shape[0]
+        if n in self.row_by_row:
+            return self.rows_one_by_one(x, pool)
         padded = self.padded_rows.get(n, n)
         if padded > n:                               # a row count that runs faster padded here (`pad_rows`)
             x = np.concatenate([x, np.zeros((padded - n, x.shape[1]), x.dtype)])
@@ -98,6 +106,23 @@ class PanelWeight:
         if pool is None:
             return whole()
         return assemble(pool.run(chunks()))
+
+    def rows_one_by_one(self, x, pool=None):  # [n, C] -> [n, D]: `row_by_row`'s pattern
+        """One numpy call a run of panels: x [1, n, 1, C] @ panels [P, 1, C, b] -> [P, n, 1, b] loops over the
+        panels outside and the rows inside, a GEMV each (a [1, C] row times a [C, b] panel)."""
+        n, num_panels = x.shape[0], self.panels.shape[0]
+        rows = x[None, :, None, :]
+
+        def chunk(a, b):                             # panels a..b -> [b - a, n, 1, cols]
+            return np.matmul(rows, self.panels[a:b, None])
+        if pool is None:
+            parts = [chunk(0, num_panels)]
+        else:                                        # threads only: the helper processes run padded GEMMs
+            edges = chunk_edges(num_panels, self.panels[0].nbytes, 1, pool.threads)
+            parts = pool.run([lambda a=a, b=b: chunk(a, b) for a, b in zip(edges, edges[1:])])
+        out = np.empty((n, self.shape[1]), np.result_type(x, self.panels))
+        np.concatenate(parts, out=out.reshape(n, num_panels, 1, -1).transpose(1, 0, 2, 3))
+        return out
 
     def to_array(self):  # -> [C, D]
         return self.panels.transpose(1, 0, 2).reshape(self.shape)
@@ -275,27 +300,32 @@ def pack_in_reading_order(model) -> None:
 
 def pad_rows(head: PanelWeight, repeats: int = 5) -> dict[int, int]:
     """Run panel products of n rows as m > n rows where m rows through `head` (an LM head: 113 MB, beyond every
-    cache) take at most PAD_GAIN of n rows' time here. OpenBLAS's small GEMM has kernels for some row counts and
-    not others (3 rows may cost more than 4), and one row streams at about the read's speed as a
-    GEMV on some hosts and as two rows on others (docs/benchmarks.md, `bench smollm2`). Sets and returns
-    `PanelWeight.padded_rows`."""
-    PanelWeight.padded_rows = {}
+    cache) take at most PAD_GAIN of n rows' time here, or as n GEMVs a panel (`PanelWeight.row_by_row`) where
+    that takes at most PAD_GAIN of the best of those. OpenBLAS's small GEMM has kernels for some row counts and
+    not others (3 rows may cost more than 4), packs every panel on some hosts (2 rows then cost far more than
+    one), and one row streams at about the read's speed as a GEMV on some hosts and as two rows on others
+    (docs/benchmarks.md, `bench smollm2`). Sets `PanelWeight.padded_rows` and `row_by_row`; returns the padding."""
+    PanelWeight.padded_rows, PanelWeight.row_by_row = {}, frozenset()
     rng = np.random.default_rng(0)
     counts = range(1, FEW_ROWS + 1)
     xs = {n: rng.standard_normal((n, head.shape[0])).astype(head.dtype) for n in counts}
-    times = {n: [] for n in counts}
+    times = {(n, how): [] for n in counts for how in ("gemm", "gemv")}
     for _ in range(repeats):
         for n, x in xs.items():
-            t = time.perf_counter()
-            head.rows(x)
-            times[n].append(time.perf_counter() - t)
-    best = {n: min(v) for n, v in times.items()}
-    plan = {}
+            for how, product in (("gemm", head.rows), ("gemv", head.rows_one_by_one)):
+                t = time.perf_counter()
+                product(x)
+                times[n, how].append(time.perf_counter() - t)
+    best = {key: min(v) for key, v in times.items()}
+    plan, one_by_one = {}, set()
     for n in counts:
-        m = min((m for m in counts if m >= n), key=best.get)
-        if best[m] < PAD_GAIN * best[n]:
+        m = min((m for m in counts if m >= n), key=lambda m: best[m, "gemm"])
+        fastest = best[m, "gemm"] if best[m, "gemm"] < PAD_GAIN * best[n, "gemm"] else best[n, "gemm"]
+        if n > 1 and best[n, "gemv"] < PAD_GAIN * fastest:
+            one_by_one.add(n)
+        elif fastest < best[n, "gemm"]:
             plan[n] = m
-    PanelWeight.padded_rows = plan
+    PanelWeight.padded_rows, PanelWeight.row_by_row = plan, frozenset(one_by_one)
     return plan
 
 

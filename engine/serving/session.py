@@ -38,7 +38,7 @@ from ..spec_decode.draft import NO_DRAFT, DraftParams, Proposer
 from ..spec_decode.faults import TEACHING_FAULTS
 from ..spec_decode.heads import EagleProposer, FeatureLog, MedusaProposer
 from ..spec_decode.proposers import DraftModelProposer, NgramProposer
-from ..spec_decode.schedule import next_num_speculative_tokens
+from ..spec_decode.schedule import make_schedule
 from ..spec_decode.suffix_caches import suffix_cache_scope
 from ..spec_decode.suffix_proposer import SuffixParams, SuffixProposer
 from ..spec_decode.verify import verify_draft
@@ -86,7 +86,8 @@ class GenerationSession:
         self.unknown_characters = self.tokenizer.unknown_characters(prompt)
         self.tokens: list[int] = list(self.prompt_ids)
         self.rng = np.random.default_rng(settings.seed)
-        self.k = settings.num_speculative_tokens
+        self.schedule = make_schedule(settings.num_speculative_tokens_schedule, settings.num_speculative_tokens)
+        self.k = self.schedule.k                      # γ of the next round (0: a plain decode step)
         self.clock = EngineClock(clock_for(self.target_lm.model))
         self.suffix_scope = suffix_cache_scope.get()   # whose earlier requests suffix decoding may draft from
         self.round = 0
@@ -226,7 +227,8 @@ class GenerationSession:
         self.target.commit()
         if self.proposer is not None:
             self.proposer.rollback(context + accepted)
-        self.k = next_num_speculative_tokens(s.num_speculative_tokens_schedule, self.k, len(draft), accepted)
+        self.schedule.observe(len(draft), accepted)
+        self.k = self.schedule.k
         method = self.proposer.method if self.proposer is not None else "none"
         return self.figures.round_events(self.round, method, draft, draft_ms, logits, target_ms, verification, texts)
 
@@ -337,8 +339,9 @@ class GenerationSession:
         if not changed:
             return []
         self.settings, notes, t = new, [], self.clock.now()
-        if "num_speculative_tokens" in changed:
-            self.k = new.num_speculative_tokens
+        if {"num_speculative_tokens", "num_speculative_tokens_schedule"} & changed.keys():
+            self.schedule = make_schedule(new.num_speculative_tokens_schedule, new.num_speculative_tokens)
+            self.k = self.schedule.k
         if "enable_prefix_caching" in changed:
             for r in (self.target, self.draft_runner):
                 if isinstance(r, PagedRunner):

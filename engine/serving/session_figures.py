@@ -94,7 +94,8 @@ class SessionFigures:
         kv = self.kv_figures()
         m.update(kv_cache_bytes=kv["bytes_used"], kv_bytes_per_token=kv["bytes_per_token"],
                  kv_blocks_used=kv["blocks_allocated"], draft_kv_cache_bytes=self.draft_kv_bytes(),
-                 num_output_tokens=s.num_output_tokens, num_speculative_tokens=s.k)
+                 num_output_tokens=s.num_output_tokens, num_speculative_tokens=s.k,
+                 schedule_state=s.schedule.report())
         return m
 
     def draft_tree(self) -> dict | None:

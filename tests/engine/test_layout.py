@@ -22,25 +22,33 @@ def test_each_layout_computes_the_same_products(layout):
             np.testing.assert_allclose(lw.rows(x[:n]), x[:n] @ w, rtol=1e-5, atol=1e-4)
 
 
-def test_panel_row_counts_run_padded_where_that_is_faster(monkeypatch):
-    """`pad_rows` times 1 .. FEW_ROWS rows through an LM head and sets the process's padding from it: each count
-    to a larger one only; padded or not, n rows give the product of n rows (one row too, as a GEMV a panel or
-    as two rows)."""
+def test_panel_row_counts_run_padded_or_row_by_row_where_that_is_faster(monkeypatch):
+    """`pad_rows` times 1 .. FEW_ROWS rows through an LM head and sets the process's padding and its row-by-row
+    counts from it: each count to a larger one only, or row by row (never one row, never both); padded, row by
+    row or neither, n rows give the product of n rows (one row too, as a GEMV a panel or as two rows), and row
+    by row each row's floats are those of its own one-row GEMV."""
     from engine.model.layout import PanelWeight, pad_rows
     monkeypatch.setattr(PanelWeight, "padded_rows", {})
+    monkeypatch.setattr(PanelWeight, "row_by_row", frozenset())
     head = PanelWeight(np.random.default_rng(1).standard_normal((96, 640)).astype(np.float32))
     plan = pad_rows(head)
     assert PanelWeight.padded_rows == plan and all(1 <= n < m <= FEW_ROWS for n, m in plan.items())
+    assert PanelWeight.row_by_row <= set(range(2, FEW_ROWS + 1)) - set(plan)
     rng = np.random.default_rng(0)
     w, x = rng.standard_normal((96, 640)).astype(np.float32), rng.standard_normal((FEW_ROWS, 96)).astype(np.float32)
-    for padded in ({}, {1: 2, 3: 4}, {n: FEW_ROWS for n in range(1, FEW_ROWS)}):
+    for padded, one_by_one in (({}, ()), ({1: 2, 3: 4}, ()), ({n: FEW_ROWS for n in range(1, FEW_ROWS)}, ()),
+                               ({}, range(2, FEW_ROWS + 1)), ({3: 4}, (2, 5))):
         monkeypatch.setattr(PanelWeight, "padded_rows", padded)
+        monkeypatch.setattr(PanelWeight, "row_by_row", frozenset(one_by_one))
         lw = PanelWeight(w)
         np.testing.assert_allclose(lw.vec(x[0]), x[0] @ w, rtol=1e-5, atol=1e-4)
         for n in range(1, FEW_ROWS + 1):
             out = lw.rows(x[:n])
             assert out.shape == (n, 640)
             np.testing.assert_allclose(out, x[:n] @ w, rtol=1e-5, atol=1e-4)
+            if n in one_by_one:
+                gemv = [np.concatenate(list(np.matmul(x[j:j + 1], lw.panels)), axis=1) for j in range(n)]
+                assert np.array_equal(out, np.concatenate(gemv))
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -67,7 +75,10 @@ def model_forward(model, tokens, p0, mgr, seq):
     return forward(model, tokens, p0, mgr.append_slots(seq, tokens))
 
 
-def test_the_faster_layout_is_chosen_and_the_floor_covers_every_weight_byte(make_model):
+def test_the_faster_layout_is_chosen_and_the_floor_covers_every_weight_byte(make_model, monkeypatch):
+    from engine.model.layout import PanelWeight
+    for name in ("padded_rows", "row_by_row"):        # what the choice measures here: this test's only
+        monkeypatch.setattr(PanelWeight, name, getattr(PanelWeight, name))
     model, _ = make_model("tiny", hidden_size=128, intermediate_size=320, vocab_size=704)
     use_fastest_layout(model)
     assert model.layout == min(model.layout_ms, key=model.layout_ms.get)

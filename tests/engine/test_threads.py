@@ -119,6 +119,7 @@ def test_products_are_the_same_floats_at_every_thread_count(layout, processes, p
     """Every row count's call pattern (one row, a few, many; panels' rows padded or not), shared on 1, 2 and 3
     threads: bit for bit."""
     monkeypatch.setattr(PanelWeight, "padded_rows", padded)
+    monkeypatch.setattr(PanelWeight, "row_by_row", frozenset())
     rng = np.random.default_rng(0)
     for c, d in ((576, 960), (128, 704)):
         lw = LAYOUTS[layout](rng.standard_normal((c, d)).astype(np.float32))
@@ -135,6 +136,23 @@ def test_products_are_the_same_floats_at_every_thread_count(layout, processes, p
                 assert far is None
             for a, b in zip(one, many):
                 assert np.array_equal(a, b)
+
+
+def test_row_by_row_products_are_the_same_floats_at_every_thread_count(restore_threads, monkeypatch):
+    """Panel products of a few rows run row by row (`PanelWeight.row_by_row`) on 1, 2 and 3 threads: bit for bit,
+    and on the thread pool even where helper processes run (they take padded GEMMs only)."""
+    monkeypatch.setattr(PanelWeight, "row_by_row", frozenset({2, 3, 5}))
+    rng = np.random.default_rng(0)
+    lw = PanelWeight(rng.standard_normal((576, 960)).astype(np.float32))
+    x = rng.standard_normal((5, 576)).astype(np.float32)
+    T.set_threads(1)
+    one = [T.rows_product(x[:n], lw) for n in (2, 3, 5)]
+    for threads in (2, 3):
+        far = sharing(threads).processes()
+        before = far.parts if far else 0
+        for a, n in zip(one, (2, 3, 5)):
+            assert np.array_equal(a, T.rows_product(x[:n], lw))
+        assert (far.parts if far else 0) == before
 
 
 @pytest.mark.parametrize("processes", [True, False], ids=["helper processes", "threads only"])
