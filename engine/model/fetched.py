@@ -111,8 +111,9 @@ class LazyModel:
     Attribute reads other than cfg and num_parameters load the weights (once, under a lock).
     """
 
-    def __init__(self, path: Path, cfg: ModelConfig):
+    def __init__(self, path: Path, cfg: ModelConfig, build=None):
         self.path, self.cfg = path, cfg
+        self.build = build or fetched_model       # path -> Model
         self.num_parameters = cfg.num_parameters()
         self._model: Model | None = None
         self._lock = threading.Lock()
@@ -124,7 +125,7 @@ class LazyModel:
     def load(self) -> Model:
         with self._lock:
             if self._model is None:
-                self._model = _shared_model(self.path)
+                self._model = _shared_model(self.path, self.build)
         return self._model
 
     def __getattr__(self, name):   # only for attributes not set in __init__
@@ -137,20 +138,25 @@ _models: dict[Path, Model] = {}
 _models_lock = threading.Lock()
 
 
-def _shared_model(path: Path) -> Model:
-    """A fetched model's weights, loaded once per process however many registries list it (a server loads
+def _shared_model(path: Path, build) -> Model:
+    """A lazily loaded model's weights, loaded once per process however many registries list it (a server loads
     them at start-up; a test session builds many servers). A Model is read-only once built."""
     with _models_lock:
         model = _models.get(path)
         if model is None:
-            cfg, weights, _ = load_checkpoint(path, with_tokenizer=False)
-            model = Model(cfg, weights)
-            del weights                                        # before the layouts' copies: a lower peak
-            model = use_fastest_layout(model)                  # memory-bound: see engine/model/layout.py
-            model.weights_stream_ms = stream_ms(model)        # the floor of a decode step, for the page
-            threads_for(model)                                 # --threads, else a rule (thread_choice.py)
-            _models[path] = model
+            model = _models[path] = build(path)
         return model
+
+
+def fetched_model(path: Path) -> Model:
+    """A fetched model as the engine runs it: float32, in the layout that streams its weights fastest."""
+    cfg, weights, _ = load_checkpoint(path, with_tokenizer=False)
+    model = Model(cfg, weights)
+    del weights                                        # before the layouts' copies: a lower peak
+    model = use_fastest_layout(model)                  # memory-bound: see engine/model/layout.py
+    model.weights_stream_ms = stream_ms(model)        # the floor of a decode step, for the page
+    threads_for(model)                                 # --threads, else a rule (thread_choice.py)
+    return model
 
 
 def fetched_models(cache: str | Path | None = None) -> list:

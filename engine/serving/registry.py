@@ -28,6 +28,7 @@ from ..model.checkpoint import load_checkpoint
 from ..model.fetched import LazyModel, fetched_models
 from ..model.llama import Model
 from ..model.loaded_model import LoadedModel
+from ..model.shipped_drafts import shipped_drafts
 from ..spec_decode.heads import HEADS_DIR, available_heads, load_heads
 from ..spec_decode.suffix_caches import DEFAULT_MAX_TREE_NODES, SuffixCaches
 from .pools import KVPools, PoolBudgetError
@@ -77,12 +78,13 @@ class ModelRegistry:
     @classmethod
     def from_dir(cls, models_dir: str | Path = MODELS_DIR, fetched: bool | str | Path = True) -> "ModelRegistry":
         """Our models from models_dir/index.json, and next to them the fetched ones (True: from the default
-        cache, a path: from that cache, False: none)."""
+        cache, a path: from that cache, False: none) with the draft models shipped for them (models_dir/drafts)."""
         models_dir = Path(models_dir)
         index = models_dir / "index.json"
         if not index.is_file():
             raise FileNotFoundError(f"{index}: no model index; train the models (decoding-playground train)")
         extra = [] if fetched is False else fetched_models(None if fetched is True else fetched)
+        extra += shipped_drafts(extra, models_dir / "drafts")
         entries = json.loads(index.read_text())
         entries = entries.get("models", entries) if isinstance(entries, dict) else entries
         loaded = []
@@ -135,8 +137,10 @@ class ModelRegistry:
         return self._heads.get(target.name, load)
 
     def draft_for(self, target: LoadedModel) -> LoadedModel | None:
+        """The draft model that drafts for `target`: one shipped for it (engine/model/shipped_drafts.py), else one of
+        our family that shares its vocabulary. Loads nothing: `get(draft.name)` loads a shipped draft's weights."""
         for d in self.drafts:
-            if d.cfg.vocab_size == target.cfg.vocab_size:
+            if d.meta.get("draft_for", target.name) == target.name and d.cfg.vocab_size == target.cfg.vocab_size:
                 return d
         return None
 

@@ -5,8 +5,8 @@ change over the years (SmolLM2 came, and with it a default no draft model can se
 (docs/protocol.md, "Settings left out, models chosen"):
 
 - A setting left out takes the chosen model's default (`model_defaults`), a value that model can run: the
-  method is its draft model, else its EAGLE head (with the head's measured best γ and confidence threshold),
-  else n-gram lookup. A method named brings its own defaults (`method_defaults`: suffix decoding's γ).
+  method is its EAGLE head where `bench heads` measured the head's best γ and confidence threshold (with
+  those), else its draft model, else its EAGLE head (with EAGLE_DEFAULTS), else n-gram lookup. A method named brings its own defaults (`method_defaults`: suffix decoding's γ).
 - A model named is the model run; a setting named that it cannot take is an error naming that setting.
 - No model named: the default model, if it can take every setting named; else the first target that can,
   and a one-line note says which and why. If none can, the default model's error.
@@ -41,13 +41,18 @@ class Fit:
 
 def model_defaults(registry, target: LoadedModel) -> dict:
     """The settings a request that leaves them out gets on `target` where GenerationSettings' own would not run
-    (or would run worse than the model's measured best): its method, and with an EAGLE head its drafting."""
+    (or would run worse than the model's measured best): its method, and with an EAGLE head its drafting. An
+    EAGLE head that `bench heads` measured comes before a draft model (SmolLM2 has both: its head drafts faster,
+    docs/benchmarks.md)."""
+    heads = target.meta.get("heads", [])
+    # the head's best drafting as `bench heads` measured it at this process's weight-product threads
+    best = demo_settings(target.name, threads(), registry.heads_dir) if "eagle" in heads else None
+    if best is not None:
+        return {"method": "eagle", **{k: best[k] for k in EAGLE_DEFAULTS}}
     if registry.draft_for(target) is not None:
         return {"method": "draft_model"}
-    if "eagle" in target.meta.get("heads", []):
-        # the head's best drafting as `bench heads` measured it at this process's weight-product threads
-        best = demo_settings(target.name, threads(), registry.heads_dir)
-        return {"method": "eagle", **({k: best[k] for k in EAGLE_DEFAULTS} if best else EAGLE_DEFAULTS)}
+    if "eagle" in heads:
+        return {"method": "eagle", **EAGLE_DEFAULTS}
     return {"method": "ngram"}
 
 

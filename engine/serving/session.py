@@ -39,6 +39,7 @@ from ..spec_decode.faults import TEACHING_FAULTS
 from ..spec_decode.heads import EagleProposer, FeatureLog, MedusaProposer
 from ..spec_decode.proposers import DraftModelProposer, NgramProposer
 from ..spec_decode.schedule import make_schedule
+from ..spec_decode.subset_draft import draft_model_proposer
 from ..spec_decode.suffix_caches import suffix_cache_scope
 from ..spec_decode.suffix_proposer import SuffixParams, SuffixProposer
 from ..spec_decode.verify import verify_draft
@@ -316,8 +317,8 @@ class GenerationSession:
     def _make_proposer(self) -> Proposer | None:
         """The proposer of the `method` setting (None: plain decoding)."""
         s = self.settings
-        if s.method == "draft_model":
-            return DraftModelProposer(self._make_runner(self.draft_lm))
+        if s.method == "draft_model":      # a shipped draft's weights load on first use (engine/model/shipped_drafts.py)
+            return draft_model_proposer(self._make_runner(self.engine.registry.get(self.draft_lm.name)))
         if s.method == "ngram":
             return NgramProposer(self.target_lm.cfg.vocab_size, s.prompt_lookup_min, s.prompt_lookup_max)
         if s.method == "suffix":

@@ -56,19 +56,33 @@ class DraftModelProposer(Proposer):
         catch_up = ForwardRequest(runner, tokens[runner.num_tokens:], last_only=True, role="draft")
         logits = (yield catch_up)[-1]
         drafts, qs, raw = [], [], []
+        self.context(tokens)
         for i in range(params.num_speculative_tokens):
-            if params.temperature == 0:    # greedy: the argmax; q is its point mass, built once below
-                x = int(np.argmax(logits))
-            else:
-                qs.append(probs_from_logits(logits, params.temperature, params.top_p))
-                x = sample(qs[-1], rng)
+            x, q, logits, shown = self.draft_token(logits, params, rng)
             drafts.append(x)
-            raw.append(logits)
-            if i == params.num_speculative_tokens - 1 or params.stops_at(logits, x, qs[-1] if qs else None):
+            raw.append(shown)
+            if q is not None:
+                qs.append(q)
+            if i == params.num_speculative_tokens - 1 or params.stops_at(logits, x, q):
                 break
             logits = (yield ForwardRequest(runner, [x], last_only=True))[-1]
-        q = np.array(qs) if qs else point_masses(drafts, len(logits))
+        q = np.array(qs) if qs else point_masses(drafts, self.vocab_size)
         return Draft.chain(drafts, q, np.array(raw), runner.forward_calls - calls)   # a chunked catch-up's chunks count
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.model.cfg.vocab_size
+
+    def context(self, tokens) -> None:
+        """The session's tokens before a round's drafting (a drafter whose vocabulary follows the context reads them)."""
+
+    def draft_token(self, logits, params: DraftParams, rng):  # logits [V] -> (token, q [V] or None, logits, shown [V])
+        """One draft token from the draft model's logits: the argmax when greedy (q is its point mass, built once
+        per round), else a sample from q; the logits its confidence is read from, and the logits shown as q."""
+        if params.temperature == 0:
+            return int(np.argmax(logits)), None, logits, logits
+        q = probs_from_logits(logits, params.temperature, params.top_p)
+        return sample(q, rng), q, logits, logits
 
     def rollback(self, num_valid: int) -> None:
         """Keep the first `num_valid` tokens held (context before the round + accepted drafts)."""

@@ -30,6 +30,15 @@ def card(target: str, info: dict, c_table: str | None, status: str) -> str:
         f"{tc['num_key_value_heads']} KV heads (head dim {tc['head_dim']}), MLP {tc['intermediate_size']}, tied "
         f"embedding and LM head; {info['parameters']:,} parameters (float16 safetensors).",
         "",
+        "## Files",
+        "",
+        "config.json and model.safetensors (the Hugging Face layout, float16), vocab_subset.json (the frequent-token "
+        "subset S below), training.json (what this card states). No tokenizer: the draft reads and writes "
+        f"{target}'s token ids, and the engine drafts with the target's tokenizer and chat template "
+        "(engine/model/shipped_drafts.py). A tool that loads a model folder on its own needs the target's "
+        f"tokenizer.json and tokenizer_config.json beside it: `decoding-playground train-draft {target} export "
+        "--tokenizer --out DIR` writes them.",
+        "",
         "## Shape: c, a draft step over a target step",
         "",
         "The LM head of a drafting engine can be the full vocabulary or, like the EAGLE head's, the "

@@ -9,7 +9,9 @@
              background: `nice -n 19 ... train --resume`); the data folder is re-read while it grows
     eval     held-out greedy acceptance per position, offline, of the training state or of a checkpoint (--checkpoint)
     export   the Hugging Face checkpoint into models/drafts/TARGET/ (or --out): config.json, model.safetensors
-             (float16), the target's tokenizer files, vocab_subset.json and training.json
+             (float16), vocab_subset.json, training.json and the model card README.md; --tokenizer: the target's
+             tokenizer files too (the engine drafts with the target's own; a tool that reads a folder on its own
+             needs them)
 
 Data and training state live outside the repository: $DECODING_PLAYGROUND_CACHE/drafts/TARGET/. Held-out answers:
 FOLDER/heldout, else the draft heads' (train-heads TARGET data --held-out), which hold the same prompts' answers.
@@ -85,6 +87,13 @@ def _measure(args, log) -> None:
     (folder / "c_table.md").write_text(table + "\n")          # for the model card (export)
 
 
+def default_status(info: dict) -> str:
+    steps, planned = info["steps"], info["config"]["steps"]
+    if steps >= planned:
+        return f"The finished draft: all {planned:,} steps of its training schedule."
+    return f"An unfinished run, exported at step {steps:,} of {planned:,}: the figures are that step's."
+
+
 def cpu_name() -> str:
     try:
         return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -133,10 +142,10 @@ def run(args: argparse.Namespace) -> int:
         from .draft_card import card
         trainer, path = _trainer(args, log, resume=True)
         out = Path(args.out or DRAFTS_DIR / args.target)
-        info = trainer.export(out, path, args.vocab_subset)
+        info = trainer.export(out, path if args.tokenizer else None, args.vocab_subset)
         table = folder / "c_table.md"
         (out / "README.md").write_text(card(args.target, info, table.read_text().strip() if table.is_file() else None,
-                                            args.status))
+                                            args.status or default_status(info)))
         log(f"wrote {out}: step {info['steps']}, held-out acceptance {json.dumps(info.get('held_out', {}).get('full'))}")
     return 0
 
@@ -159,8 +168,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gamma", type=int, default=4, help="eval: the longest chain to score")
     p.add_argument("--out", help="export: the checkpoint folder (default models/drafts/TARGET)")
     p.add_argument("--vocab-subset", type=int, help="export: the size of vocab_subset.json (default: the training's)")
-    p.add_argument("--status", default="Training in progress: the figures are those of the exported step.",
-                   help="export: the model card's first paragraph (what this checkpoint is)")
+    p.add_argument("--status", help="export: the model card's first paragraph (what this checkpoint is; default: "
+                                    "the finished draft, or the step of an unfinished run)")
+    p.add_argument("--tokenizer", action="store_true", help="export: copy the target's tokenizer files beside it")
     p.add_argument("--rounds", type=int, default=12, help="measure: interleaved rounds (default 12)")
     p.add_argument("--context", type=int, default=256, help="measure: the context length of the timed steps")
     p.add_argument("--c-max", type=float, default=0.1, help="measure: the largest c a chosen shape may have")

@@ -257,16 +257,16 @@ class DraftTrainer:
             if st.step % tc.ckpt_every == 0 or st.step == tc.steps or st.step == stop_at:
                 st.save(self.state_file, tc)
 
-    def export(self, out: Path, target_dir: Path, vocab_subset: int | None = None) -> dict:
-        """The Hugging Face checkpoint (config.json, model.safetensors in float16, the target's tokenizer files),
-        the frequent-token subset (vocab_subset.json, for an engine that restricts the draft's LM head to it plus
+    def export(self, out: Path, target_dir: Path | None, vocab_subset: int | None = None) -> dict:
+        """The Hugging Face checkpoint (config.json, model.safetensors in float16; the target's tokenizer files from
+        target_dir, None: without them, as the engine reads the draft beside its target), the frequent-token subset (vocab_subset.json, for an engine that restricts the draft's LM head to it plus
         the context's tokens), and training.json (what the model card states)."""
         import shutil
 
         from ..model.checkpoint import save_checkpoint
         save_checkpoint(out, self.cfg, self.st.params)
         for name in ("tokenizer.json", "tokenizer_config.json"):
-            if (target_dir / name).is_file():
+            if target_dir is not None and (target_dir / name).is_file():
                 shutil.copyfile(target_dir / name, out / name)
         subset = frequent_tokens(self.convs, self.cfg.vocab_size, vocab_subset or self.tc.vocab_subset)
         (out / "vocab_subset.json").write_text(json.dumps(subset.tolist()) + "\n")
