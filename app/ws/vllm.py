@@ -21,7 +21,7 @@ from engine.external.vllm_server import (KV_CACHE_GIB, NGRAM, VARIANTS, VllmServ
 from engine.model.chat import marked_prompt_tokens
 from engine.model.fetched import cache_dir, model_dir
 from engine.model.tokenizer import TextTokenizer
-from engine.spec_decode.verify import ngram_propose
+from engine.spec_decode.ngram import ngram_propose
 from engine.training.vllm_export import export_eagle_for_vllm
 
 logger = logging.getLogger(__name__)

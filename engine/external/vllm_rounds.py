@@ -12,7 +12,7 @@ rejected, a bonus where all were accepted). vLLM sends neither the rejected draf
     report = reconcile(steps.steps, metrics)    # the stream's lists against vLLM's, and where they differ
 
 How many it drafted: n-gram drafts are a function of the tokens so far, so the same rule (vLLM's: the
-longest suffix n-gram, its earliest earlier occurrence; our engine's `ngram_propose` in engine/spec_decode/verify.py,
+longest suffix n-gram, its earliest earlier occurrence; our engine's `ngram_propose` in engine/spec_decode/ngram.py,
 handed in by whoever configures the server, as this room does not reach our engine) gives the count at each
 step, 0 where nothing matched (such steps stream one token and are absent from vLLM's lists). EAGLE drafts γ
 at every step; without a rule, γ is assumed. A chunk with more tokens than a step can emit merges steps (vLLM's output

@@ -3,8 +3,8 @@
     draft = yield from proposer.propose(tokens, DraftParams(k, temperature, top_p), rng)
 
 A `Draft` is a token tree. Each node holds its token, its parent (-1: the root, the context's last token),
-its depth and q at its parent, the draft distribution its token was drawn from there. A chain, what every
-proposer drafts today, is the tree whose nodes each have one child. The target verifies a draft in one
+its depth and q at its parent, the draft distribution its token was drawn from there. A chain is the tree
+whose nodes each have one child. The target verifies a draft in one
 forward over the root and every node, each node seeing the context and its own ancestors only
 (`attention_mask`; trees' verification: engine/spec_decode/tree_verify.py).
 """
@@ -18,7 +18,45 @@ import numpy as np
 
 from ..kv.runner import ForwardRequest
 from .sampling import draft_confidence
-from .tree_verify import tree_depths, tree_mask, verification_positions
+
+
+def tree_mask(parents) -> np.ndarray:  # [n] -> [n, n] bool: mask[i, j] = node i sees node j
+    """Tree attention among the draft's nodes: a node sees itself and its ancestors (and, outside this mask,
+    the committed context and the root). A chain's mask is the causal (lower-triangular) one."""
+    n = len(parents)
+    mask = np.eye(n, dtype=bool)
+    for i, parent in enumerate(parents):        # topological order: a parent's row is complete before its child's
+        if parent >= 0:
+            mask[i] |= mask[parent]
+    return mask
+
+
+def tree_depths(parents) -> np.ndarray:  # [n] -> [n], 1 for a child of the root
+    depth = np.zeros(len(parents), np.int64)
+    for i, parent in enumerate(parents):
+        depth[i] = 1 if parent < 0 else depth[parent] + 1
+    return depth
+
+
+def tree_positions(parents, context_len: int) -> np.ndarray:  # [n] -> [n] positions for RoPE
+    """A node's position is that of its token along its own path: context_len + depth, where context_len is
+    the root's position (the tokens committed before it). Siblings share a position."""
+    return context_len + tree_depths(parents)
+
+
+def verification_positions(parents, root_position: int) -> np.ndarray:  # [n] -> [n + 1]
+    """The RoPE positions of a tree's verification forward (engine.model.llama.forward's `positions`): the root
+    at its own position, then each node at root_position + depth. A chain's are consecutive."""
+    return np.concatenate([[root_position], tree_positions(parents, root_position)]).astype(np.int64)
+
+
+def children_of(parents) -> dict[int, list[int]]:
+    """node (-1: the root) -> its children in node order, the order in which verification tries them."""
+    out: dict[int, list[int]] = {-1: []}
+    for i, parent in enumerate(parents):
+        out.setdefault(i, [])
+        out[parent].append(i)
+    return out
 
 
 @dataclass
@@ -72,7 +110,7 @@ class Draft:
         return np.where(sees, 0.0, -np.inf).astype(np.float32)
 
     def verification_positions(self, root_position: int):  # -> [n + 1] or None
-        """The verification forward's RoPE positions (tree_verify.verification_positions); None for a chain, whose
+        """The verification forward's RoPE positions (`verification_positions`); None for a chain, whose
         positions follow one another as in any forward."""
         return None if self.is_chain else verification_positions(self.parents, root_position)
 

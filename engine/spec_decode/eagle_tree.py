@@ -37,10 +37,9 @@ from collections.abc import Generator
 import numpy as np
 
 from ..kv.runner import ForwardRequest
-from .draft import Draft, DraftParams
+from .draft import Draft, DraftParams, tree_mask
 from .proposers import point_masses
 from .sampling import full_vocab, probs_from_logits, sample
-from .tree_verify import tree_mask
 
 
 def log_softmax(logits):  # [V] -> [V] float64

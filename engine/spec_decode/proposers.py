@@ -12,9 +12,8 @@ import numpy as np
 
 from ..kv.runner import ForwardRequest, PagedRunner, RecomputeRunner
 from .draft import Draft, DraftParams, Proposer
-from .ngram_tree import ngram_tree
+from .ngram import ngram_propose, ngram_tree
 from .sampling import probs_from_logits, sample
-from .verify import ngram_propose
 
 
 def point_masses(tokens, vocab_size: int):  # [k] -> [k, V]
@@ -32,7 +31,7 @@ class NgramProposer(Proposer):
 
     def propose(self, tokens, params: DraftParams, rng):
         """The continuation of the earliest match (a chain); with eagle_topk > 1 a tree of several matches'
-        continuations (engine/spec_decode/ngram_tree.py)."""
+        continuations (engine/spec_decode/ngram.py)."""
         yield from ()                                   # no forward (still a generator: the Proposer contract)
         if params.eagle_topk > 1:
             drafts, parents = ngram_tree(tokens, params.num_speculative_tokens, params.eagle_topk,

@@ -3,7 +3,7 @@
 A round's draft is a tree (engine/spec_decode/draft.py): node i holds a token, its parent (-1: the root, the
 context's last token) and q[i], the draft distribution its token was drawn from. The target scores the root
 and every node in one forward, each node seeing the committed context and its own ancestors only
-(`tree_mask`, `tree_positions`). p is then [n + 1, V]: row 0 the target's distribution after the root, row
+(engine/spec_decode/draft.py: `tree_mask`, `tree_positions`). p is then [n + 1, V]: row 0 the target's distribution after the root, row
 i + 1 after node i.
 
 Verification walks down from the root (SpecInfer, Miao et al. 2023, "multi-step speculative sampling"; EAGLE-2
@@ -33,47 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .draft import children_of
 from .sampling import probs_from_logits, sample
 from .verify import TokenVerdict, Verification, acceptance_probability, residual_distribution
-
-
-def tree_mask(parents) -> np.ndarray:  # [n] -> [n, n] bool: mask[i, j] = node i sees node j
-    """Tree attention among the draft's nodes: a node sees itself and its ancestors (and, outside this mask,
-    the committed context and the root). A chain's mask is the causal (lower-triangular) one."""
-    n = len(parents)
-    mask = np.eye(n, dtype=bool)
-    for i, parent in enumerate(parents):        # topological order: a parent's row is complete before its child's
-        if parent >= 0:
-            mask[i] |= mask[parent]
-    return mask
-
-
-def tree_depths(parents) -> np.ndarray:  # [n] -> [n], 1 for a child of the root
-    depth = np.zeros(len(parents), np.int64)
-    for i, parent in enumerate(parents):
-        depth[i] = 1 if parent < 0 else depth[parent] + 1
-    return depth
-
-
-def tree_positions(parents, context_len: int) -> np.ndarray:  # [n] -> [n] positions for RoPE
-    """A node's position is that of its token along its own path: context_len + depth, where context_len is
-    the root's position (the tokens committed before it). Siblings share a position."""
-    return context_len + tree_depths(parents)
-
-
-def verification_positions(parents, root_position: int) -> np.ndarray:  # [n] -> [n + 1]
-    """The RoPE positions of a tree's verification forward (engine.model.llama.forward's `positions`): the root
-    at its own position, then each node at root_position + depth. A chain's are consecutive."""
-    return np.concatenate([[root_position], tree_positions(parents, root_position)]).astype(np.int64)
-
-
-def children_of(parents) -> dict[int, list[int]]:
-    """node (-1: the root) -> its children in node order, the order in which verification tries them."""
-    out: dict[int, list[int]] = {-1: []}
-    for i, parent in enumerate(parents):
-        out.setdefault(i, [])
-        out[parent].append(i)
-    return out
 
 
 def without_drawn(q, drawn):  # [V], earlier siblings' tokens -> [V]

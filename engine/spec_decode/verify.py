@@ -27,15 +27,12 @@ draft token the two rules are the same, and at temperature 0 both are greedy mat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from .ngram_tree import suffix_matches
+from .draft import Draft
 from .sampling import probs_from_logits, sample
-
-if TYPE_CHECKING:              # draft.py builds on tree_verify.py, which builds on this module
-    from .draft import Draft
 
 
 def acceptance_probability(p_x: float, q_x: float) -> float:
@@ -238,14 +235,3 @@ def verify_draft(draft: Draft, logits, temperature: float, top_p: float, rng: np
         verdicts[0].status = "target"
     return Verification(verdicts, residual, p)
 
-
-def ngram_propose(context, k: int, min_n: int, max_n: int) -> np.ndarray:
-    """Prompt lookup, vLLM's `ngram` rule: find the longest suffix n-gram (max_n down to min_n) that also
-    occurs earlier in the context, and propose the (up to) k tokens that followed its earliest earlier
-    occurrence (vLLM's `_find_longest_matched_ngram_and_propose_tokens`; tests/e2e/vllm_live check it live).
-    Returns an empty array when nothing matches.
-    """
-    starts = suffix_matches(context, min_n, max_n, limit=1)
-    if not starts:
-        return np.zeros(0, dtype=np.int64)
-    return np.array([int(t) for t in context[starts[0]:starts[0] + k]], dtype=np.int64)

@@ -8,7 +8,8 @@ from engine.spec_decode.draft import NO_DRAFT, Draft
 from engine.spec_decode.faults import TEACHING_FAULTS
 from engine.spec_decode.proposers import point_masses
 from engine.spec_decode.sampling import probs_from_logits, top_k_rows, top_p_filter
-from engine.spec_decode.verify import first_token_distribution, ngram_propose, verify, verify_draft, verify_greedy
+from engine.spec_decode.ngram import ngram_propose
+from engine.spec_decode.verify import first_token_distribution, verify, verify_draft, verify_greedy
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 

@@ -20,8 +20,8 @@ from engine.model.checkpoint import load_checkpoint
 from engine.model.config import ModelConfig
 from engine.model.fetched import fetched_models
 from engine.model.llama import ContextLengthError, Model, forward
-from engine.spec_decode.draft import Draft
-from engine.spec_decode.tree_verify import tree_mask, verification_positions, verify_tree_greedy
+from engine.spec_decode.draft import Draft, tree_mask, verification_positions
+from engine.spec_decode.tree_verify import verify_tree_greedy
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 # Two children of the root, nodes with none, one and two children, depths 1 to 5: 10 nodes, 11 rows.

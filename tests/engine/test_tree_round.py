@@ -1,4 +1,4 @@
-"""Token trees through the whole round (engine/spec_decode/eagle_tree.py, ngram_tree.py, engine/serving/session.py):
+"""Token trees through the whole round (engine/spec_decode/eagle_tree.py, ngram.py, engine/serving/session.py):
 EAGLE-2 dynamic trees drafted by an EAGLE head and n-gram trees of several earlier matches, verified in one target
 forward with the tree mask, the accepted path's K/V kept.
 
@@ -17,10 +17,10 @@ from test_heads import PROMPTS, random_heads
 from engine.serving.registry import MODELS_DIR, InferenceEngine, ModelRegistry
 from engine.serving.session import GenerationSession
 from engine.serving.settings import GenerationSettings, SettingsError
-from engine.spec_decode.draft import DraftParams
+from engine.spec_decode.draft import DraftParams, children_of
 from engine.spec_decode.eagle_tree import DraftTree
 from engine.spec_decode.sampling import probs_from_logits
-from engine.spec_decode.tree_verify import children_of, verify_tree_draft
+from engine.spec_decode.tree_verify import verify_tree_draft
 from engine.spec_decode.verify import residual_distribution
 
 TREE = {"method": "eagle", "num_speculative_tokens": 3, "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 8}
@@ -299,7 +299,7 @@ def test_tree_sessions_under_the_scheduler_give_what_they_give_alone(shipped):
 def test_an_ngram_tree_branches_where_earlier_matches_went_on_differently_and_keeps_greedy_output(shipped):
     """A context whose last words occurred before with different continuations: the tree holds them as siblings,
     most frequent first; a repetitive prompt's greedy run with n-gram trees is plain decoding's."""
-    from engine.spec_decode.ngram_tree import ngram_tree
+    from engine.spec_decode.ngram import ngram_tree
     context = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 1, 2, 3, 4, 7, 1, 2, 3]    # 1 2 3 went on as 4 9, 5 6 and 4 7
     assert ngram_tree(context, 2, 2, 6, 1, 4) == ([4, 5, 9, 6, 7], [-1, -1, 0, 1, 0])
     assert ngram_tree(context, 2, 2, 2, 1, 4) == ([4, 5], [-1, -1])      # the budget: the most frequent nodes

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from engine.spec_decode.sampling import sample
-from engine.spec_decode.tree_verify import (children_of, tree_depths, tree_mask, tree_positions, verify_tree,
-                                            verify_tree_greedy, without_drawn)
+from engine.spec_decode.draft import children_of, tree_depths, tree_mask, tree_positions
+from engine.spec_decode.tree_verify import verify_tree, verify_tree_greedy, without_drawn
 from engine.spec_decode.verify import (acceptance_probability, block_residual, block_stop_probabilities,
                                        residual_distribution, verify, verify_block, verify_greedy)
 

@@ -1,8 +1,8 @@
-"""n-gram lookup trees: several earlier matches of the context's suffix become branches.
+"""n-gram lookup (prompt lookup): drafts taken from the context itself, a chain or a tree.
 
-vLLM's `ngram` rule (verify.ngram_propose) drafts what followed the earliest earlier occurrence of the context's
+vLLM's `ngram` rule (`ngram_propose`) drafts what followed the earliest earlier occurrence of the context's
 longest matching suffix n-gram. Where that n-gram occurred several times, the occurrences may have gone on
-differently; a tree drafts them all at once. The continuations of the suffix's earlier occurrences (the first
+differently; a tree (`ngram_tree`) drafts them all at once. The continuations of the suffix's earlier occurrences (the first
 MAX_MATCHES, up to the tree's depth each) are merged where they agree, a trie whose node counts the occurrences
 that pass through it. Each node keeps its `topk` children seen most often (ties: the one seen first), and the
 tree the `num_draft_tokens` nodes seen most often (a child is never seen more often than its parent, so they
@@ -12,6 +12,8 @@ Nothing here is random: each node's q is the point mass on its token, and the ve
 (engine/spec_decode/tree_verify.py) is exact with it, as for EAGLE-2's trees (engine/spec_decode/eagle_tree.py).
 """
 from __future__ import annotations
+
+import numpy as np
 
 MAX_MATCHES = 64          # earlier occurrences read: a repetitive context has hundreds, and the first few decide
 
@@ -32,6 +34,18 @@ def suffix_matches(context, min_n: int, max_n: int, limit: int = MAX_MATCHES) ->
         if starts:
             return starts
     return []
+
+
+def ngram_propose(context, k: int, min_n: int, max_n: int) -> np.ndarray:
+    """Prompt lookup, vLLM's `ngram` rule: find the longest suffix n-gram (max_n down to min_n) that also
+    occurs earlier in the context, and propose the (up to) k tokens that followed its earliest earlier
+    occurrence (vLLM's `_find_longest_matched_ngram_and_propose_tokens`; tests/e2e/vllm_live check it live).
+    Returns an empty array when nothing matches.
+    """
+    starts = suffix_matches(context, min_n, max_n, limit=1)
+    if not starts:
+        return np.zeros(0, dtype=np.int64)
+    return np.array([int(t) for t in context[starts[0]:starts[0] + k]], dtype=np.int64)
 
 
 def ngram_tree(context, depth: int, topk: int, budget: int, min_n: int, max_n: int) -> tuple[list[int], list[int]]:
