@@ -1,5 +1,5 @@
 """`decoding-playground export-page RECORDING.json`: a recorded run (the page's "⤓ Export this run") as one HTML
-file that plays it anywhere, with no server (app/views/standalone.py) — for decks built by script."""
+file that plays it anywhere, with no server (app/views/one_file_page.py) — for decks built by script."""
 from __future__ import annotations
 
 import sys
@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
 
 def cmd_export_page(args) -> int:
     from app.views.recording import Recording, RecordingError
-    from app.views.standalone import PageOptions, standalone_page
+    from app.views.one_file_page import PageOptions, standalone_page
 
     source = "stdin" if args.recording == "-" else args.recording
     try:

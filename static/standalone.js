@@ -1,4 +1,4 @@
-/* Decoding Playground — the player of a run saved as one page (app/views/standalone.py). The page holds the run's
+/* Decoding Playground — the player of a run saved as one page (app/views/one_file_page.py). The page holds the run's
    frames, the messages the live page received; this swaps them in, at the chosen speed, as htmx swapped them live
    (each top-level element by its id, or appended to its target), with no server. Space plays and pauses, → shows
    one round, R starts over, + and − change the speed, End goes back to the newest token; static/playground.js does

@@ -22,7 +22,7 @@
     if (token && link && link.href.indexOf('token=') < 0) link.href = withToken(link.getAttribute('href'))
   }
 
-  // "Download as a page" (app/views/standalone.py): the page saved looks as this one does now (its layout, type
+  // "Download as a page" (app/views/one_file_page.py): the page saved looks as this one does now (its layout, type
   // size, theme, hidden parts and speed); the link says so when it is pressed
   document.addEventListener('click', function (ev) {
     var link = ev.target.closest && ev.target.closest('a.page-link')

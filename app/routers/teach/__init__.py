@@ -5,7 +5,7 @@ JSON the views' scripts read (static/teach.js).
 |---|---|
 | `GET /teach/inspect` | the token inspector for one token of a recorded run (`recording`, `round`, `position`, `status`) |
 | `GET /teach/recordings/{key}.json` | export: a run's settings and event stream (app/views/recording.py) |
-| `GET /teach/recordings/{key}.html` | the run as one self-contained page that plays without a server (app/views/standalone.py) |
+| `GET /teach/recordings/{key}.html` | the run as one self-contained page that plays without a server (app/views/one_file_page.py) |
 | `POST /teach/replays` | a recording (the JSON file) in, the page's messages for each of its rounds out (JSON) |
 | `GET /teach/curve.json` | this machine's measured verify-cost curve t(n) of a model, and its draft's step |
 | `POST /teach/distribution`, `GET /teach/distribution/{job}` | the first seed's distribution check, in the background |

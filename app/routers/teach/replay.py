@@ -17,7 +17,7 @@ from app.routers.teach.common import UPLOADS, BusyError
 from app.views.json import dumps
 from app.views.recording import RECORDINGS, Recording, RecordingError
 from app.views.replay import frames_json, replay_frames
-from app.views.standalone import PageOptions, standalone_page
+from app.views.one_file_page import PageOptions, standalone_page
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -47,7 +47,7 @@ async def export_recording(key: str) -> Response:
 
 @router.get("/recordings/{key}.html")
 async def export_page(key: str, request: Request) -> Response:
-    """The run as one self-contained page (app/views/standalone.py), looking as `layout`, `presenter`, `theme`,
+    """The run as one self-contained page (app/views/one_file_page.py), looking as `layout`, `presenter`, `theme`,
     `hide`, `speed` and `autoplay` say (the page that asks passes its own)."""
     rec = RECORDINGS.get(key)
     if rec is None:
