@@ -108,7 +108,9 @@ class GenerationSession:
         self.live = LiveSettings(engine)
         self._pool_finalizer = weakref.finalize(self, self.live.claim.dropped)
         self.live.hold(pool_setting(settings), self.target_lm, settings)
-        self._ensure_pools(settings)
+        # its pools made before anything is timed (writing a pool's memory is part of no forward), here in the
+        # server's worker thread, so that a large model's first pool holds up no other session
+        self.engine.prepare_pools_for(self.target_lm, settings)
 
     # --- control, callable from any thread ---------------------------------------------------------
     def update_settings(self, changes: dict) -> GenerationSettings:
@@ -181,7 +183,7 @@ class GenerationSession:
         clock = self.clock
         try:
             yield self._started()
-            self._ensure_pools(self.settings)
+            self.engine.prepare_pools_for(self.target_lm, self.settings)
             t = clock.now()
             out = yield from self._prefill()
             self.stats.add_engine_time(clock.now() - t, first_token=True)
@@ -296,12 +298,6 @@ class GenerationSession:
         verification = verify_draft(NO_DRAFT, logits, s.temperature, s.top_p, self.rng)
         texts = self._append(verification.emitted)
         return [prefill] + self.figures.token_events(self.round, NO_DRAFT, logits, verification, texts)
-
-    def _ensure_pools(self, s: GenerationSettings) -> None:
-        """Make the KV pools these settings use before anything is timed: writing a pool's memory
-        (engine/kv/cache.py) is part of no forward and of no settings change. The constructor runs in a server's
-        worker thread, so a large model's first pool holds up no other session."""
-        self.engine.prepare_pools_for(self.target_lm, s)
 
     def _make_runner(self, lm: LoadedModel):
         s = self.settings
