@@ -151,7 +151,7 @@ class Playground:
         self._loop = asyncio.get_running_loop()
         if self.registry is not None:
             self._demo_target = home_target(self).name
-            self._loading = {m.name for m in self.registry.models.values()
+            self._loading = {m.name for m in self.registry.targets      # what _warm_up loads (a draft: its first use)
                              if isinstance(m.model, LazyModel) and not m.model.loaded}
             threading.Thread(target=self._warm_up, name="warm-up", daemon=True).start()
         if not self.external:
