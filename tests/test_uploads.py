@@ -137,6 +137,30 @@ def test_markup_in_an_uploaded_recordings_strings_is_shown_as_text(client, small
     assert "<img src=x" not in frames and "<script>alert" not in frames
 
 
+def test_while_a_worker_reads_an_upload_the_gil_changes_hands_often():
+    """The engine thread and the event loop each wait for the GIL up to the switch interval whenever they wake
+    beside a worker: the interval is short while a worker runs, and Python's own again once none does."""
+    import sys
+
+    from app.routers.teach.common import WORKER_SWITCH_INTERVAL_S, WorkerSlots
+
+    slots, before = WorkerSlots(size=2, wait_s=1.0), sys.getswitchinterval()
+    assert before > WORKER_SWITCH_INTERVAL_S
+    gate = threading.Barrier(2)
+
+    def inside():
+        gate.wait(10)                # both workers inside at once
+        seen = sys.getswitchinterval()
+        gate.wait(10)
+        return seen
+
+    async def two_workers():
+        return await asyncio.gather(slots.run(inside), slots.run(inside))
+
+    assert asyncio.run(two_workers()) == [WORKER_SWITCH_INTERVAL_S] * 2
+    assert sys.getswitchinterval() == before and slots.running == 0
+
+
 def test_beyond_its_turns_an_upload_waits_then_is_told_the_server_is_busy(client, small_recording, monkeypatch):
     from app.routers.teach.common import UPLOADS
 

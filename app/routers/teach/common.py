@@ -4,6 +4,7 @@ worker threads that read and render what clients upload, a few at a time."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import weakref
 from contextlib import asynccontextmanager, contextmanager
 from urllib.parse import parse_qsl
@@ -51,14 +52,19 @@ class OneAtATime:
 RUNS = OneAtATime()        # faults, race, shoot-out, the Theory view's plain run
 
 
+WORKER_SWITCH_INTERVAL_S = 0.0005     # the GIL's switch interval while a worker runs (Python's default: 5 ms)
+
+
 class WorkerSlots:
     """Work a client's request brings that reads no engine state (reading an uploaded recording, rendering a
     replay's frames, building a one-file page) runs in a worker thread, at most `size` at a time. Beyond that a
     request waits up to `wait_s` for a turn, then gets BusyError.
 
-    NOTE: a worker's Python shares the GIL with the event loop, which waits for it up to the switch interval
-    (5 ms) each time it wakes while a worker runs; with more workers at once its wait grows, and none finishes
-    sooner (they take turns on the one GIL). Hence a small `size`."""
+    NOTE: a worker's Python shares the GIL with the event loop and the engine thread. Each of those waits for it
+    up to the switch interval each time it wakes while a worker runs, and the engine thread wakes at every
+    weight product it hands to BLAS: at the default 5 ms a decode step took seconds beside one upload. So while a
+    worker runs, the interval is WORKER_SWITCH_INTERVAL_S. With more workers at once the waits grow, and none
+    finishes sooner (they take turns on the one GIL). Hence a small `size`."""
 
     def __init__(self, size: int, wait_s: float):
         self.size, self.wait_s = size, wait_s
@@ -73,11 +79,16 @@ class WorkerSlots:
                 await turns.acquire()
         except TimeoutError:
             raise BusyError() from None
+        if self.running == 0:
+            self._switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(WORKER_SWITCH_INTERVAL_S)
         self.running += 1
         try:
             yield
         finally:
             self.running -= 1
+            if self.running == 0:
+                sys.setswitchinterval(self._switch_interval)
             turns.release()
 
     async def run(self, fn, *args):
@@ -86,7 +97,7 @@ class WorkerSlots:
             return await anyio.to_thread.run_sync(fn, *args)
 
 
-UPLOADS = WorkerSlots(size=2, wait_s=3.0)
+UPLOADS = WorkerSlots(size=1, wait_s=3.0)
 
 
 async def teaching_run(request: Request, playground, max_tokens: int, run) -> HTMLResponse:
