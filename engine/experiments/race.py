@@ -15,6 +15,7 @@ from typing import Callable
 from ..external.engine_race import SETTING as ENGINE_RACE
 from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
+from ..serving.request_fit import model_defaults
 from ..serving.settings import METHODS, GenerationSettings, SettingsError
 from .compare import comparison_steps
 
@@ -80,10 +81,8 @@ def default_values(registry, target, setting: str) -> tuple:
     if setting == "num_kv_heads":
         heads = registry.variants(target)
         return max(heads), min(heads)           # the same when the model has no other variant: no race
-    if setting == "method":     # the drafter the model has: its draft model, else its EAGLE head, else n-gram
-        if registry.draft_for(target) is not None:
-            return "none", "draft_model"
-        return "none", "eagle" if "eagle" in target.meta.get("heads", []) else "ngram"
+    if setting == "method":     # the drafter a request that names none gets on this model
+        return "none", model_defaults(registry, target)["method"]
     return RACE_SETTINGS[setting]
 
 

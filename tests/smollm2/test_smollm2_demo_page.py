@@ -18,12 +18,13 @@ def test_the_page_opens_on_smollm2_with_eagle_and_offers_heads_where_they_exist(
         assert selected(html, "f-model") == "smollm2-135m" and selected(html, "f-method") == "eagle"
         assert re.search(r'id="f-chat"[^>]*checked', html)
         method = re.search(r'<select id="f-method".*?</select>', html, re.S).group(0)
-        assert '<option value="medusa"' in method and 'value="draft_model" disabled' in method   # no draft model
-        # the race: plain against the EAGLE head, and never the draft model this model cannot use
+        assert '<option value="medusa"' in method and 'value="draft_model" disabled' not in method   # its draft
+        assert '<option value="draft_model"' in method
+        # the race: plain against the EAGLE head, the draft model offered beside it
         assert (selected(html, "race-setting"), selected(html, "race-a"), selected(html, "race-b")) == \
             ("method", "none", "eagle")
         race_b = re.search(r'<select id="race-b".*?</select>', html, re.S).group(0)
-        assert 'value="eagle" data-setting="method"' in race_b and 'value="draft_model"' not in race_b
+        assert 'value="eagle" data-setting="method"' in race_b and 'value="draft_model"' in race_b
         html = client.get("/?model=target-gqa").text            # no heads trained for the GQA variant
         assert 'value="eagle" disabled' in html
     with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character")), base_url="http://localhost") as client:
