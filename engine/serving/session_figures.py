@@ -7,9 +7,18 @@ from ..kv.dtypes import kv_bytes_per_token
 from ..kv.runner import PagedRunner
 from ..spec_decode.draft import Draft
 from ..spec_decode.inspector import Inspector
+from ..spec_decode.tree_verify import TreeVerification
 from ..spec_decode.verify import Verification
 from .events import DraftProposed, Event, KVBlocks, RoundDone, TokenResult
 from .metrics import SpecDecodeStats
+
+
+def verdict_nodes(tree: TreeVerification) -> list[int | None]:
+    """The tree node of each of a tree verification's verdicts, in their order: the accepted path, the children of
+    its end tried there and rejected, then None for the resampled or bonus token (engine/spec_decode/tree_verify.py
+    keeps only those verdicts)."""
+    end = tree.path[-1] if tree.path else -1
+    return [*tree.path, *(t.node for t in tree.tries.get(end, []) if not t.accepted), None]
 
 
 class SessionFigures:
@@ -30,6 +39,9 @@ class SessionFigures:
         token_text = self.session.tokenizer.token_text
         events = [TokenResult(round_no, v.position, v.token_id, token_text(v.token_id), v.status, None, None,
                               v.accept_prob, v.r) for v in v.verdicts]
+        if v.tree is not None:
+            for event, node in zip(events, verdict_nodes(v.tree), strict=True):
+                event.node = node
         self.inspector.add(events, logits, v, draft)
         emitted = [e for e in events if e.status != "rejected"]
         for event, text in zip(emitted, texts):
@@ -47,10 +59,11 @@ class SessionFigures:
             token_text = self.session.tokenizer.token_text
             events.append(DraftProposed(round_no, method, [{"id": x, "text": token_text(x), "q": float(draft.q[i, x]),
                                                             "parent": draft.parents[i]}
-                                                           for i, x in enumerate(draft.tokens)], draft_ms, draft.origin))
+                                                           for i, x in enumerate(draft.tokens)], draft_ms, draft.origin,
+                                        None if v.tree is None else self.tree_shape(draft)))
         events += self.token_events(round_no, draft, logits, v, texts)
         events.append(RoundDone(round_no, len(draft), v.num_accepted, len(v.emitted), len(draft) + 1, target_ms,
-                                draft_ms, target_ms + draft_ms))
+                                draft_ms, target_ms + draft_ms, [] if v.tree is None else list(v.tree.status)))
         return events
 
     # --- the KV caches, metrics, summary ------------------------------------------------------------------
@@ -106,6 +119,13 @@ class SessionFigures:
             return None
         return {"topk": s.settings.speculative_eagle_topk, "depth": s.settings.num_speculative_tokens,
                 "num_draft_tokens": s.settings.num_draft_tokens}
+
+    def tree_shape(self, draft: Draft) -> dict:
+        """A drafted tree's shape, as the draft lane's caption gives it: the settings' top-k and budget, and the
+        depth this tree reached (a lookup's tree, or a budget spent wide, may stop short of γ)."""
+        settings = self.session.settings
+        return {"topk": settings.speculative_eagle_topk, "depth": int(draft.depths.max()),
+                "num_draft_tokens": settings.num_draft_tokens}
 
     def summary(self) -> dict:
         s = self.session

@@ -1,0 +1,129 @@
+"""The draft lane of a token tree (app/views/draft_lane.py, the `lane` macro), from real sessions on the shipped
+character model and its EAGLE head: each node's verdict as the round event gives it, the nodes nested under their
+parents, the accepted path ending in the resampled or bonus token, the caption's depth, top-k and budget; and the
+token events that name their node (engine/serving/session_figures.py)."""
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+import pytest
+
+from app.views.draft_lane import drafted, round_ended, token_verdict
+from app.views.templating import macros
+from engine.serving.registry import MODELS_DIR, InferenceEngine, ModelRegistry
+from engine.serving.session import GenerationSession
+
+TREE = {"model": "target-mha", "method": "eagle", "num_speculative_tokens": 3, "speculative_eagle_topk": 3,
+        "speculative_num_draft_tokens": 8, "max_tokens": 60}
+PROMPT = "class Stack:\n    def "
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return InferenceEngine(ModelRegistry.from_dir(MODELS_DIR, fetched=False), max_sessions=1)
+
+
+def lanes(engine, settings) -> list[tuple[dict, list]]:
+    """Each drafting round's lane as the page builds it, with the round's events."""
+    out, lane, events = [], None, []
+    for e in GenerationSession(engine, PROMPT, settings).events():
+        if e.type == "draft":
+            lane, events = drafted(e), [e]
+        elif e.type == "token":
+            lane = token_verdict(lane, e, False)
+            events.append(e)
+        elif e.type == "round" and lane is not None and lane["round"] == e.round and lane["drafts"]:
+            round_ended(lane, e, False, settings["method"])
+            out.append((lane, events + [e]))
+    return out
+
+
+class Chips(HTMLParser):
+    """The lane's chips: each one's attributes and the data-node of the chip its branch hangs from."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.chips: list[dict] = []
+        self.shape: dict = {}
+        self._stack: list[tuple[str, dict | None]] = []    # (tag, the branch's chip) per open element
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "lane-shape" in a.get("class", ""):
+            self.shape = a
+        classes = a.get("class", "").split()
+        if "chip" in classes:
+            parent = next((chip for t, chip in reversed(self._stack[:-1]) if chip is not None), None)
+            a["parent_chip"] = parent
+            self.chips.append(a)
+            if self._stack and self._stack[-1][1] is None and self._stack[-1][0] == "branch":
+                self._stack[-1] = ("branch", a)
+        self._stack.append(("branch" if "tree-branch" in classes else tag, None))
+
+    def handle_endtag(self, tag):
+        self._stack.pop()
+
+
+def test_a_tree_lane_draws_every_node_under_its_parent_with_its_verdict(shipped):
+    seen_rejected = False
+    rounds = lanes(shipped, {**TREE, "temperature": 1, "seed": 3})
+    assert rounds
+    for lane, events in rounds:
+        draft, done = events[0], events[-1]
+        assert draft.tree == {"topk": 3, "depth": max(depth(draft.tokens, i) for i in range(len(draft.tokens))),
+                              "num_draft_tokens": 8}
+        assert len(done.node_status) == len(draft.tokens)
+        chips = Chips(str(macros().lane(lane)))
+        assert chips.shape["data-topk"] == "3" and chips.shape["data-budget"] == "8"
+        assert chips.shape["data-tree-depth"] == str(draft.tree["depth"])
+        nodes = {int(c["data-node"]): c for c in chips.chips if "data-node" in c}
+        assert sorted(nodes) == list(range(len(draft.tokens)))
+        for i, (token, status) in enumerate(zip(draft.tokens, done.node_status)):
+            chip = nodes[i]
+            assert chip["data-token-status"] == {"unreached": "unverified"}.get(status, status)
+            parent = chip["parent_chip"]
+            assert (parent is None) == (token["parent"] == -1)
+            if parent is not None:
+                assert parent["data-node"] == str(token["parent"])
+            assert chip["data-depth"] == str(depth(draft.tokens, i))
+            assert f"q={token['q']:.3f}" in chip["title"]
+            seen_rejected |= status == "rejected"
+        # the accepted path: root to its end, one node a depth; the round's last token hangs from its end
+        path = [i for i, s in enumerate(done.node_status) if s == "accepted"]
+        assert [draft.tokens[i]["parent"] for i in path] == [-1, *path][:len(path)]
+        last = [c for c in chips.chips if "data-node" not in c]
+        assert len(last) == 1 and last[0]["data-token-status"] in ("resampled", "bonus")
+        assert (last[0]["parent_chip"] or {}).get("data-node") == (str(path[-1]) if path else None)
+        assert last[0]["data-pos"] == str(len(path) + 1)
+    assert seen_rejected, "no round rejected a node: the test saw no rejected branch"
+
+
+def depth(tokens, i) -> int:
+    return 1 if tokens[i]["parent"] == -1 else depth(tokens, tokens[i]["parent"]) + 1
+
+
+def test_a_tree_rounds_token_events_name_their_nodes(shipped):
+    """Each draft token's verdict names its node: the token there, with the verdict the round gives that node; the
+    rejected ones are the children of the path's end."""
+    for greedy in (True, False):
+        for lane, events in lanes(shipped, {**TREE, "temperature": 0 if greedy else 1, "seed": 5}):
+            draft, done = events[0], events[-1]
+            path = [i for i, s in enumerate(done.node_status) if s == "accepted"]
+            for e in events[1:-1]:
+                if e.status in ("accepted", "rejected"):
+                    assert draft.tokens[e.node]["id"] == e.id and done.node_status[e.node] == e.status
+                    if e.status == "rejected":
+                        assert draft.tokens[e.node]["parent"] == (path[-1] if path else -1)
+                else:
+                    assert e.node is None and e.status in ("resampled", "bonus")
+
+
+def test_a_chain_lane_stays_a_row_of_chips(shipped):
+    """topk 1 drafts a chain: its lane is today's row of chips, no tree in it."""
+    for lane, events in lanes(shipped, {**TREE, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": None,
+                                        "temperature": 1}):
+        assert events[0].tree is None and events[-1].node_status == []
+        html = str(macros().lane(lane))
+        assert "lane-tree" not in html and "tree-branch" not in html
+        assert html.count('class="chip') == len(lane["drafts"]) + 1
