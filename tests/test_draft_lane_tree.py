@@ -127,3 +127,38 @@ def test_a_chain_lane_stays_a_row_of_chips(shipped):
         html = str(macros().lane(lane))
         assert "lane-tree" not in html and "tree-branch" not in html
         assert html.count('class="chip') == len(lane["drafts"]) + 1
+
+
+def test_the_inspector_shows_a_tree_tokens_siblings_tries(models_dir):
+    """On a tree token the inspector lists the children tried at its parent, in order, each with p' (the residual
+    when it was tried), q, min(1, p'/q), r, its verdict and the residual its rejection left."""
+    from fastapi.testclient import TestClient
+
+    from app.config import AppConfig
+    from app.main import create_app
+    from app.protocol import Batch, RenderContext
+    from app.views.replay import rounds_of
+
+    with TestClient(create_app(AppConfig(models_dir=models_dir, demo="character")), base_url="http://localhost") as c:
+        engine = c.app.state.playground.engine
+        events = list(GenerationSession(engine, PROMPT, {**TREE, "temperature": 1, "seed": 3}).events())
+        view = c.app.state.playground.view("html")
+        view.form_prompt = PROMPT
+        for chunk in rounds_of(events):
+            view.render([Batch(1, chunk)], RenderContext(run_id=1, state="running"))
+        # a token accepted after a sibling was refused: its row of tries holds both
+        token = next(e for e in events if e.type == "token" and e.status == "accepted" and len(e.siblings) > 1)
+        html = c.get("/teach/inspect", params={"recording": view.recording.key, "round": token.round,
+                                               "position": token.position, "status": "accepted"}).text
+        rows = html.split("<tr data-node=")[1:]
+        assert len(rows) == len(token.siblings)
+        for row, tried in zip(rows, token.siblings):
+            assert row.startswith(f'"{tried["node"]}" data-accepted="{int(tried["accepted"])}"')
+            assert f"<td>{tried['p']:.3f}</td><td>{tried['q']:.3f}</td><td>{tried['accept_prob']:.3f}</td>" in row
+            assert f"<td>{tried['r']:.3f}</td>" in row
+            assert ("accepted" if tried["accepted"] else "rejected") in row
+            assert (tried["node"] == token.node) == ('class="inspected-try"' in row)
+        refused = [t for t in token.siblings if not t["accepted"]]
+        assert refused and all(t["residual_top"] and abs(sum(x[2] for x in t["residual_top"])) <= 1 + 1e-9
+                               for t in refused)
+        assert f"<code>{refused[0]['residual_top'][0][1]}</code>" in rows[token.siblings.index(refused[0])]

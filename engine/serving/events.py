@@ -82,6 +82,9 @@ class TokenResult(Event):
     standard_status: str | None = None
     node: int | None = None     # a token tree's draft token: its index in the draft event's tokens (None: a chain's
     #                             draft, whose node is position - 1, or the round's own token)
+    siblings: list = field(default_factory=list)   # a token tree's: the children tried at this position's parent,
+    #                             in order, [{node, id, text, p, q, accept_prob, r, accepted, residual_top}]: p the
+    #                             residual p' when tried, residual_top the top-5 of norm(max(0, p' - q)) after a rejection
 
 
 @dataclass

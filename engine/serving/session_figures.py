@@ -7,6 +7,7 @@ from ..kv.dtypes import kv_bytes_per_token
 from ..kv.runner import PagedRunner
 from ..spec_decode.draft import Draft
 from ..spec_decode.inspector import Inspector
+from ..spec_decode.sampling import top_k_rows
 from ..spec_decode.tree_verify import TreeVerification
 from ..spec_decode.verify import Verification
 from .events import DraftProposed, Event, KVBlocks, RoundDone, TokenResult
@@ -40,8 +41,9 @@ class SessionFigures:
         events = [TokenResult(round_no, v.position, v.token_id, token_text(v.token_id), v.status, None, None,
                               v.accept_prob, v.r) for v in v.verdicts]
         if v.tree is not None:
+            tried = self.sibling_tries(v.tree)
             for event, node in zip(events, verdict_nodes(v.tree), strict=True):
-                event.node = node
+                event.node, event.siblings = node, tried[event.position - 1]
         self.inspector.add(events, logits, v, draft)
         emitted = [e for e in events if e.status != "rejected"]
         for event, text in zip(emitted, texts):
@@ -119,6 +121,20 @@ class SessionFigures:
             return None
         return {"topk": s.settings.speculative_eagle_topk, "depth": s.settings.num_speculative_tokens,
                 "num_draft_tokens": s.settings.num_draft_tokens}
+
+    def sibling_tries(self, tree: TreeVerification) -> list[list[dict]]:
+        """Per position of a tree's round, the children tried at its parent node (the root, then the path's nodes),
+        in order, with the top-5 of the residual each rejection left (what the token inspector shows beside them)."""
+        text = self.session.tokenizer.token_text
+        out = []
+        for parent in [-1, *tree.path]:
+            row = []
+            for t in tree.tries.get(parent, []):
+                top = [] if t.residual is None else [[x, text(x), prob] for x, prob in top_k_rows(t.residual[None])[0]]
+                row.append({"node": t.node, "id": t.token, "text": text(t.token), "p": t.p, "q": t.q,
+                            "accept_prob": t.accept_prob, "r": t.r, "accepted": t.accepted, "residual_top": top})
+            out.append(row)
+        return out
 
     def tree_shape(self, draft: Draft) -> dict:
         """A drafted tree's shape, as the draft lane's caption gives it: the settings' top-k and budget, and the
