@@ -1,6 +1,7 @@
 """A token tree in the draft lane (real Chromium, real server): a link with EAGLE drafting trees on the shipped
 character model and its head, stepped round by round; each round's lane draws the tree, every node under its
-parent, the accepted path marked and ended by the resampled or bonus token, the caption giving its shape."""
+parent, the accepted path marked and ended by the resampled or bonus token, the caption giving its shape; a node
+clicked opens the inspector on the children tried at its parent."""
 from __future__ import annotations
 
 import pytest
@@ -53,4 +54,8 @@ def test_a_link_with_a_tree_draws_it_in_the_draft_lane_with_its_accepted_path(li
             break
     page.locator(".draft-panel").screenshot(path=str(artifacts_dir / "playground-tree-lane.png"))
     assert seen >= {"accepted", "rejected", "unverified"}, seen
+    # a node on the path, clicked: the inspector lists the children tried at its parent, this one marked
+    page.click("#draft-lane .lane-tree .chip[data-token-status='accepted'][data-pos]")
+    page.wait_for_selector("#inspector .insp-tries tr.inspected-try[data-accepted='1']")
+    page.locator("#inspector").screenshot(path=str(artifacts_dir / "playground-tree-inspector.png"))
     assert page.recorder.errors == []
