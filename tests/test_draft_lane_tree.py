@@ -162,3 +162,12 @@ def test_the_inspector_shows_a_tree_tokens_siblings_tries(models_dir):
         assert refused and all(t["residual_top"] and abs(sum(x[2] for x in t["residual_top"])) <= 1 + 1e-9
                                for t in refused)
         assert f"<code>{refused[0]['residual_top'][0][1]}</code>" in rows[token.siblings.index(refused[0])]
+        # children of the path's end all rejected at one position: each one's chip opens its own
+        both = next(e for e in events if e.type == "token" and e.status == "rejected"
+                    and sum(not t["accepted"] for t in e.siblings) > 1)
+        for tried in both.siblings:
+            html = c.get("/teach/inspect", params={"recording": view.recording.key, "round": both.round,
+                                                   "position": both.position, "status": "rejected",
+                                                   "node": tried["node"]}).text
+            assert f'<tr data-node="{tried["node"]}" data-accepted="0" class="inspected-try">' in html
+            assert f'data-figure="r">{tried["r"]:.3f}<' in html
