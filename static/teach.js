@@ -108,7 +108,8 @@
     if (!tok) return null
     var lane = tok.closest('#draft-lane')
     var round = tok.dataset.round || (lane ? lane.dataset.round : null)
-    return round ? { el: tok, round: round, pos: tok.dataset.pos, status: tok.dataset.tokenStatus } : null
+    return round ? { el: tok, round: round, pos: tok.dataset.pos, status: tok.dataset.tokenStatus,
+                     node: tok.dataset.node } : null
   }
 
   function inspect(t) {
@@ -116,7 +117,7 @@
     var target = $('inspector')
     if (!key || !target) return
     var query = 'recording=' + encodeURIComponent(key) + '&round=' + t.round + '&position=' + t.pos +
-      '&status=' + encodeURIComponent(t.status)
+      '&status=' + encodeURIComponent(t.status) + (t.node ? '&node=' + encodeURIComponent(t.node) : '')
     if (query === inspector.shown) return
     inspector.shown = query
     htmx.ajax('GET', '/teach/inspect?' + query, { target: '#inspector', swap: 'innerHTML' })

@@ -21,7 +21,7 @@ from engine.serving.settings import (MAX_PROMPT_CHARS, METHODS, SUFFIX_SETTINGS,
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
-                 "num_speculative_tokens_schedule", "rejection_sample_method", "draft_confidence_threshold",
+                 "speculative_eagle_topk", "speculative_num_draft_tokens", "num_speculative_tokens_schedule", "rejection_sample_method", "draft_confidence_threshold",
                  "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_SETTINGS, "kv_cache", "kv_cache_dtype", "num_kv_heads",
                  "block_size", "enable_prefix_caching"]
 BOOL_SETTINGS = {"kv_cache", "enable_prefix_caching", "chat"}
@@ -213,7 +213,7 @@ def _url_settings(query, playground, warnings: list[str]) -> dict:
             continue
         raw = query.get(name)
         try:
-            parsed = GenerationSettings.parse({name: raw})
+            parsed = GenerationSettings.parse({name: raw}, alone=True)   # the rules between them: below
         except SettingsError as e:
             warnings.append(f"ignored {name}={excerpt(raw)} from the URL: {e}")
             continue

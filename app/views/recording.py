@@ -49,6 +49,8 @@ class Recording:
         self.events.append(event)
         if event.type == "token":
             self._tokens[(event.round, event.position, event.status)] = event
+            if getattr(event, "node", None) is not None:      # a token tree's: several rejected at one position
+                self._tokens[(event.round, "node", event.node)] = event
         elif event.type == "draft":
             self._drafts[event.round] = event
         elif event.type in ("done", "error"):
@@ -68,8 +70,13 @@ class Recording:
         """Rounds after the prefill (each reported by a `round` event)."""
         return sum(e.type == "round" for e in self.events)
 
-    def token(self, round_: int, position: int, status: str) -> Event | None:
-        return self._tokens.get((round_, position, status))
+    def token(self, round_: int, position: int, status: str, node: int | None = None) -> Event | None:
+        """The token event at this round, position and status; in a token tree's round, `node` tells apart the
+        children of the path's end that were all rejected at one position."""
+        if node is None:
+            return self._tokens.get((round_, position, status))
+        e = self._tokens.get((round_, "node", node))
+        return e if e is not None and (e.position, e.status) == (position, status) else None
 
     def draft(self, round_: int) -> Event | None:
         return self._drafts.get(round_)

@@ -56,6 +56,8 @@ class DraftProposed(Event):
     tokens: list[dict]          # [{id, text, q, parent}]: a token tree's nodes (parent -1: the root; a chain's i - 1)
     ms: float
     origin: dict | None = None  # where the drafter found it (suffix: source, match_len, score, probs per token)
+    tree: dict | None = None    # a token tree's shape: topk (children per expanded node), depth (its deepest
+    #                             node's), num_draft_tokens (the budget, SGLang's settings); None: a chain
 
 
 @dataclass
@@ -78,6 +80,11 @@ class TokenResult(Event):
     # token-by-token verification would have done with the same draws (accepted | rejected | unreached)
     stop_prob: float | None = None
     standard_status: str | None = None
+    node: int | None = None     # a token tree's draft token: its index in the draft event's tokens (None: a chain's
+    #                             draft, whose node is position - 1, or the round's own token)
+    siblings: list = field(default_factory=list)   # a token tree's: the children tried at this position's parent,
+    #                             in order, [{node, id, text, p, q, accept_prob, r, accepted, residual_top}]: p the
+    #                             residual p' when tried, residual_top the top-5 of norm(max(0, p' - q)) after a rejection
 
 
 @dataclass
@@ -91,6 +98,8 @@ class RoundDone(Event):
     target_ms: float
     draft_ms: float
     ms: float                   # engine time of the whole round
+    node_status: list[str] = field(default_factory=list)   # a token tree's verdict per node, in the draft event's
+    #                             order: accepted (the path) | rejected (tried, refused) | unreached; [] for a chain
 
 
 @dataclass

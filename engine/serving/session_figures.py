@@ -7,9 +7,19 @@ from ..kv.dtypes import kv_bytes_per_token
 from ..kv.runner import PagedRunner
 from ..spec_decode.draft import Draft
 from ..spec_decode.inspector import Inspector
+from ..spec_decode.sampling import top_k_rows
+from ..spec_decode.tree_verify import TreeVerification
 from ..spec_decode.verify import Verification
 from .events import DraftProposed, Event, KVBlocks, RoundDone, TokenResult
 from .metrics import SpecDecodeStats
+
+
+def verdict_nodes(tree: TreeVerification) -> list[int | None]:
+    """The tree node of each of a tree verification's verdicts, in their order: the accepted path, the children of
+    its end tried there and rejected, then None for the resampled or bonus token (engine/spec_decode/tree_verify.py
+    keeps only those verdicts)."""
+    end = tree.path[-1] if tree.path else -1
+    return [*tree.path, *(t.node for t in tree.tries.get(end, []) if not t.accepted), None]
 
 
 class SessionFigures:
@@ -30,6 +40,10 @@ class SessionFigures:
         token_text = self.session.tokenizer.token_text
         events = [TokenResult(round_no, v.position, v.token_id, token_text(v.token_id), v.status, None, None,
                               v.accept_prob, v.r) for v in v.verdicts]
+        if v.tree is not None:
+            tried = self.sibling_tries(v.tree)
+            for event, node in zip(events, verdict_nodes(v.tree), strict=True):
+                event.node, event.siblings = node, tried[event.position - 1]
         self.inspector.add(events, logits, v, draft)
         emitted = [e for e in events if e.status != "rejected"]
         for event, text in zip(emitted, texts):
@@ -47,10 +61,11 @@ class SessionFigures:
             token_text = self.session.tokenizer.token_text
             events.append(DraftProposed(round_no, method, [{"id": x, "text": token_text(x), "q": float(draft.q[i, x]),
                                                             "parent": draft.parents[i]}
-                                                           for i, x in enumerate(draft.tokens)], draft_ms, draft.origin))
+                                                           for i, x in enumerate(draft.tokens)], draft_ms, draft.origin,
+                                        None if v.tree is None else self.tree_shape(draft)))
         events += self.token_events(round_no, draft, logits, v, texts)
         events.append(RoundDone(round_no, len(draft), v.num_accepted, len(v.emitted), len(draft) + 1, target_ms,
-                                draft_ms, target_ms + draft_ms))
+                                draft_ms, target_ms + draft_ms, [] if v.tree is None else list(v.tree.status)))
         return events
 
     # --- the KV caches, metrics, summary ------------------------------------------------------------------
@@ -106,6 +121,27 @@ class SessionFigures:
             return None
         return {"topk": s.settings.speculative_eagle_topk, "depth": s.settings.num_speculative_tokens,
                 "num_draft_tokens": s.settings.num_draft_tokens}
+
+    def sibling_tries(self, tree: TreeVerification) -> list[list[dict]]:
+        """Per position of a tree's round, the children tried at its parent node (the root, then the path's nodes),
+        in order, with the top-5 of the residual each rejection left (what the token inspector shows beside them)."""
+        text = self.session.tokenizer.token_text
+        out = []
+        for parent in [-1, *tree.path]:
+            row = []
+            for t in tree.tries.get(parent, []):
+                top = [] if t.residual is None else [[x, text(x), prob] for x, prob in top_k_rows(t.residual[None])[0]]
+                row.append({"node": t.node, "id": t.token, "text": text(t.token), "p": t.p, "q": t.q,
+                            "accept_prob": t.accept_prob, "r": t.r, "accepted": t.accepted, "residual_top": top})
+            out.append(row)
+        return out
+
+    def tree_shape(self, draft: Draft) -> dict:
+        """A drafted tree's shape, as the draft lane's caption gives it: the settings' top-k and budget, and the
+        depth this tree reached (a lookup's tree, or a budget spent wide, may stop short of γ)."""
+        settings = self.session.settings
+        return {"topk": settings.speculative_eagle_topk, "depth": int(draft.depths.max()),
+                "num_draft_tokens": settings.num_draft_tokens}
 
     def summary(self) -> dict:
         s = self.session

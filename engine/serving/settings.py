@@ -110,8 +110,10 @@ class GenerationSettings(BaseModel):
         return v
 
     @classmethod
-    def parse(cls, data: dict[str, Any] | None = None, base: "GenerationSettings | None" = None):
-        """Validate `data` (on top of `base`'s values); errors name the setting and the range."""
+    def parse(cls, data: dict[str, Any] | None = None, base: "GenerationSettings | None" = None,
+              alone: bool = False):
+        """Validate `data` (on top of `base`'s values); errors name the setting and the range. `alone`: each
+        value's own range only, not a token tree's rules between settings (a URL's values, read one by one)."""
         values = base.model_dump() if base is not None else {}
         values.update(data or {})
         try:
@@ -125,7 +127,7 @@ class GenerationSettings(BaseModel):
             if err["type"] in BOUND_ERRORS and setting in cls.model_fields:
                 message = f"must be in {value_range(cls.model_fields[setting])}"
             raise SettingsError(setting, f"{message} (got {excerpt(err.get('input'))})") from None
-        if (why := settings.tree_error()) is not None:
+        if not alone and (why := settings.tree_error()) is not None:
             raise why
         return settings
 

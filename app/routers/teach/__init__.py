@@ -3,7 +3,7 @@ JSON the views' scripts read (static/teach.js).
 
 | endpoint | what |
 |---|---|
-| `GET /teach/inspect` | the token inspector for one token of a recorded run (`recording`, `round`, `position`, `status`) |
+| `GET /teach/inspect` | the token inspector for one token of a recorded run (`recording`, `round`, `position`, `status`; `node` for a token tree's draft) |
 | `GET /teach/recordings/{key}.json` | export: a run's settings and event stream (app/views/recording.py) |
 | `GET /teach/recordings/{key}.html` | the run as one self-contained page that plays without a server (app/views/one_file_page.py) |
 | `POST /teach/replays` | a recording (the JSON file) in, the page's messages for each of its rounds out (JSON) |

@@ -11,7 +11,8 @@ router = APIRouter()
 
 
 @router.get("/inspect", response_class=HTMLResponse)
-def inspect(request: Request, recording: str, round: int, position: int, status: str) -> HTMLResponse:
+def inspect(request: Request, recording: str, round: int, position: int, status: str,
+            node: int | None = None) -> HTMLResponse:
     rec = RECORDINGS.get(recording)
     if rec is None:
         return error_fragment(request, "This run is no longer kept on the server (it keeps the most recent runs). "
@@ -26,7 +27,7 @@ def inspect(request: Request, recording: str, round: int, position: int, status:
             return error_fragment(request, f"no draft token at round {round}, position {position}")
         ctx["draft_token"] = draft.tokens[position - 1]
     else:
-        tok = rec.token(round, position, status)
+        tok = rec.token(round, position, status, node)      # node: a token tree's draft (its draft lane chip)
         if tok is None:
             return error_fragment(request, f"no {status} token at round {round}, position {position}")
         ctx["token"] = tok
