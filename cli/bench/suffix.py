@@ -12,8 +12,8 @@ import asyncio
 from cli.bench.lib import add_bench, goals, shown, table
 from cli.bench.served import Server, client, wait_until_loaded
 from cli.bench.smollm2 import NAME, NGRAM
-from engine.spec_decode.schedule import SCHEDULES
 from engine.experiments.workshop import DRAFTING, METHODS, PHASES, QUESTIONS, prompt_of, run_order, workshop_figures
+from engine.spec_decode.schedule import SCHEDULES
 
 MAX_CACHED_REQUESTS = 10_000          # vLLM's default; the trees of the questions and rounds count down from it
 
@@ -22,9 +22,8 @@ def settings_of(method: str, max_tokens: int, tree: int, schedule: str | None = 
     """Greedy, SmolLM2 with its chat template; every run computes its whole prompt (no prefix-cache hits). Suffix
     decoding with its γ schedule (None: the server's default for it)."""
     base = {"model": NAME, "chat": True, "temperature": 0, "max_tokens": max_tokens, "enable_prefix_caching": False}
-    suffix = {**base, "method": "suffix", "suffix_decoding_max_cached_requests": tree}
-    if schedule is not None:
-        suffix["num_speculative_tokens_schedule"] = schedule
+    suffix = {**base, "method": "suffix", "suffix_decoding_max_cached_requests": tree,
+              **({"num_speculative_tokens_schedule": schedule} if schedule else {})}
     return {"plain": {**base, "method": "none"}, "ngram": {**base, **NGRAM}, "suffix": suffix}[method]
 
 
