@@ -1,14 +1,15 @@
-"""SmolLM2 with its shipped EAGLE head drafting EAGLE-2 trees (engine/spec_decode/eagle_tree.py): greedy output is
-plain decoding's, the trees are verified whole, and no KV block is left behind."""
+"""SmolLM2 with its shipped EAGLE head drafting EAGLE-2 trees (engine/spec_decode/eagle_tree.py) and its Medusa heads
+drafting Medusa's trees (engine/spec_decode/medusa_tree.py): greedy output is plain decoding's, the trees are
+verified whole, and no KV block is left behind."""
 import pytest
 
 PROMPT = "Explain glaciers in simple terms."          # held out: a subject the head never saw
 
 
-@pytest.mark.parametrize("topk,budget", [(2, 6), (4, 8)])
-def test_a_greedy_tree_gives_plain_decodings_output(smollm2_engine, run_session, topk, budget):
+@pytest.mark.parametrize("method,topk,budget", [("eagle", 2, 6), ("eagle", 4, 8), ("medusa", 4, 8)])
+def test_a_greedy_tree_gives_plain_decodings_output(smollm2_engine, run_session, method, topk, budget):
     plain, _ = run_session(PROMPT, chat=True, method="none", max_tokens=24)
-    tree, _ = run_session(PROMPT, chat=True, method="eagle", num_speculative_tokens=3, speculative_eagle_topk=topk,
+    tree, _ = run_session(PROMPT, chat=True, method=method, num_speculative_tokens=3, speculative_eagle_topk=topk,
                           speculative_num_draft_tokens=budget, draft_confidence_threshold=0, max_tokens=24)
     assert tree["text"] == plain["text"] and tree["num_drafts"] > 0
     assert tree["draft_tree"] == {"topk": topk, "depth": 3, "num_draft_tokens": budget}
