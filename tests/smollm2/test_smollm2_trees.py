@@ -1,6 +1,6 @@
 """SmolLM2 with its shipped EAGLE head drafting EAGLE-2 trees (engine/spec_decode/eagle_tree.py) and its Medusa heads
 drafting Medusa's trees (engine/spec_decode/medusa_tree.py): greedy output is plain decoding's, the trees are
-verified whole, and no KV block is left behind."""
+verified whole, and no KV block is left behind; sampled, a tree's first token keeps p (check-distribution's tree mode)."""
 import pytest
 
 PROMPT = "Explain glaciers in simple terms."          # held out: a subject the head never saw
@@ -14,4 +14,17 @@ def test_a_greedy_tree_gives_plain_decodings_output(smollm2_engine, run_session,
     assert tree["text"] == plain["text"] and tree["num_drafts"] > 0
     assert tree["draft_tree"] == {"topk": topk, "depth": 3, "num_draft_tokens": budget}
     assert tree["num_draft_tokens"] > 3 * tree["num_drafts"]           # more nodes a round than a chain of 3
+    assert all(m.pool.num_used_blocks == 0 for m in smollm2_engine.managers.values())
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_a_sampled_trees_first_token_is_at_the_sampling_noise(smollm2_engine, method):
+    """check-distribution's tree mode on SmolLM2 (engine/experiments/distribution.py): trees of depth 3, top-4, 8
+    nodes, drawn 2,000 times with seed 0 by its shipped head; the first token's TVD against p is within 3x its
+    expected value at the sampling noise."""
+    from engine.experiments.distribution import check_tree_distribution
+    r = check_tree_distribution(smollm2_engine, PROMPT, 2_000, 1.0, 0, None,
+                                {"model": "smollm2-135m", "chat": True, "method": method})
+    assert r["tree"] and r["mean_tree_nodes"] == 8 and r["target"] == "smollm2-135m"
+    assert r["tvd_speculative"] <= 3 * r["tvd_noise"], r
     assert all(m.pool.num_used_blocks == 0 for m in smollm2_engine.managers.values())
