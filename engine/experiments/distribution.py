@@ -13,9 +13,9 @@ which is what makes the check a test of it.
 
 Tree mode (`tree_distribution_steps`): a round drafts a token tree instead (engine/spec_decode/eagle_tree.py,
 medusa_tree.py, ngram.py), verified by SpecInfer's recursive rejection sampling (tree_verify.py), and the first
-emitted token is counted the same way. The tree is drafted by the session's own proposer after the prefill (an
-EAGLE head's tree, Medusa's heads' or n-gram lookup's), anew for every sample: a drawn child whose presence in
-the tree depended on its token would bias the count, so the whole tree is drawn each time.
+emitted token is counted the same way. The tree is drafted after the prompt by the proposer of a session that has
+run its prefill (an EAGLE head's tree, Medusa's heads' or n-gram lookup's), anew for every sample: a drawn child
+whose presence in the tree depended on its token would bias the count, so the whole tree is drawn each time.
 
 The job yields between slices of samples, and times them on the engine thread's CPU clock.
 """
@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from ..kv.runner import ROUND_BOUNDARY, ForwardRequest
 from ..model.llama import forward_no_cache
 from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
@@ -158,9 +159,9 @@ def drive(steps):
 
 def tree_distribution_steps(engine: InferenceEngine, prompt: str, samples: int, temperature: float, seed: int,
                             progress=None, settings: dict | None = None) -> Job[dict]:
-    """`samples` token trees drafted after the prompt and its first token (a session's prefill) by the proposer of
-    `settings` (a model, a method that drafts trees, num_speculative_tokens as the depth, speculative_eagle_topk,
-    speculative_num_draft_tokens; errors name them), each verified against the target's p at the root, beside
+    """`samples` token trees drafted after the prompt (a session's prefill holds its K/V and features) by the
+    proposer of `settings` (a model, a method that drafts trees, num_speculative_tokens as the depth,
+    speculative_eagle_topk, speculative_num_draft_tokens; errors name them), each verified against p at the root, beside
     direct sampling from p. The first emitted token is decided at the root, before any node's own row of p is
     read: the root's row stands in for the others, which saves a target forward per tree."""
     if temperature <= 0:
@@ -170,11 +171,13 @@ def tree_distribution_steps(engine: InferenceEngine, prompt: str, samples: int, 
     session = GenerationSession(engine, prompt, asked)
     if not session.settings.drafts_tree:
         raise SettingsError("speculative_eagle_topk", "must be above 1 for the tree check (1 is a chain)")
-    events = session.events()
+    steps, item = session.steps(), None
     try:
-        next(e for e in events if e.type == "round")        # the prefill's first token: the session's context
-        tokens, proposer, s = list(session.tokens), session.proposer, session.settings
-        root = session.target.extend([tokens[-1]])[-1]      # the target's logits after the context [V]
+        while item is not ROUND_BOUNDARY:                   # the prefill: the prompt's K/V and features
+            item = steps.send(item.run() if isinstance(item, ForwardRequest) else None)
+        tokens, proposer, s = session.tokens[:len(session.prompt_ids)], session.proposer, session.settings
+        session.target.truncate(len(tokens) - 1)            # as at a round's start, drafting after the prompt
+        root = session.target.extend([tokens[-1]])[-1]      # the target's logits after the prompt [V]
         session.target.truncate(len(tokens) - 1)
         p = probs_from_logits(root, temperature)
         params = DraftParams.of(s, s.num_speculative_tokens, s.num_draft_tokens)
@@ -209,7 +212,7 @@ def tree_distribution_steps(engine: InferenceEngine, prompt: str, samples: int, 
             if (i + 1) % DISTRIBUTION_SLICE == 0 or i + 1 == samples:
                 seconds += time.thread_time() - t
     finally:
-        events.close()                                     # the session's blocks go back to the pool
+        steps.close()                                      # the session's blocks go back to the pool
     direct = np.bincount(rng.choice(V, size=samples, p=p), minlength=V).astype(float)
     top = np.argsort(-p)[:8]
     tok = session.tokenizer
