@@ -21,6 +21,7 @@ The job yields between slices of samples, and times them on the engine thread's 
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -45,10 +46,20 @@ def tvd(counts, p) -> float:
     return 0.5 * float(np.abs(counts / counts.sum() - p).sum())
 
 
+def binomial_mean_absolute_deviation(n: int, p: float) -> float:
+    """E|X - n p| for X ~ Binomial(n, p), exactly (de Moivre): 2 v C(n, v) p^v (1 - p)^(n - v + 1), v = floor(n p) + 1.
+    A large vocabulary's rare tokens are far from the normal approximation sqrt(2 n p (1 - p) / pi): about 2 n p."""
+    if not 0 < p < 1:
+        return 0.0
+    v = math.floor(n * p) + 1
+    log_term = (math.lgamma(n + 1) - math.lgamma(v + 1) - math.lgamma(n - v + 1) + v * math.log(p)
+                + (n - v + 1) * math.log1p(-p))
+    return 2 * v * math.exp(log_term)
+
+
 def tvd_noise(p, samples: int) -> float:
-    """The TVD's expected value at the sampling noise for `samples` draws from p: the normal approximation of each
-    count's mean absolute deviation, 0.5 sum_x sqrt(2 p(x) (1 - p(x)) / (pi N))."""
-    return 0.5 * float(np.sqrt(2 * p * (1 - p) / (np.pi * samples)).sum())
+    """The TVD's expected value at the sampling noise for `samples` draws from p: 0.5 sum_x E|count(x) / N - p(x)|."""
+    return 0.5 * sum(binomial_mean_absolute_deviation(samples, float(px)) for px in p[p > 0]) / samples
 
 
 class ChainLaws:

@@ -20,11 +20,12 @@ def test_a_greedy_tree_gives_plain_decodings_output(smollm2_engine, run_session,
 @pytest.mark.parametrize("method", ["eagle", "medusa"])
 def test_a_sampled_trees_first_token_is_at_the_sampling_noise(smollm2_engine, method):
     """check-distribution's tree mode on SmolLM2 (engine/experiments/distribution.py): trees of depth 3, top-4, 8
-    nodes, drawn 2,000 times with seed 0 by its shipped head; the first token's TVD against p is within 3x its
-    expected value at the sampling noise."""
+    nodes, drawn 2,000 times with seed 0 by its shipped heads; the first token's TVD against p is within 1.5x its
+    expected value at the sampling noise (a sum over thousands of tokens, it varies little about that value), and
+    the head's own q at the root is further than that."""
     from engine.experiments.distribution import check_tree_distribution
     r = check_tree_distribution(smollm2_engine, PROMPT, 2_000, 1.0, 0, None,
                                 {"model": "smollm2-135m", "chat": True, "method": method})
     assert r["tree"] and r["mean_tree_nodes"] == 8 and r["target"] == "smollm2-135m"
-    assert r["tvd_speculative"] <= 3 * r["tvd_noise"], r
+    assert r["tvd_speculative"] <= 1.5 * r["tvd_noise"] < r["tvd_draft_only"], r
     assert all(m.pool.num_used_blocks == 0 for m in smollm2_engine.managers.values())
