@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from engine.experiments.distribution import check_distribution
+from engine.experiments.distribution import check_distribution, check_tree_distribution
 from engine.model.thread_choice import current_choice, request_threads
 from engine.serving.registry import MODELS_DIR, InferenceEngine, ModelRegistry
 from engine.serving.request_fit import fit_request
@@ -68,19 +68,31 @@ def cmd_generate(args) -> int:
     return 0
 
 
+TREE_FLAGS = ("model", "method", "num_speculative_tokens", "speculative_eagle_topk", "speculative_num_draft_tokens")
+
+
 def cmd_check_distribution(args) -> int:
     engine = load_engine(args.models_dir)
+    progress = None if args.json else lambda i, n: print(f"  {i:,}/{n:,}", file=sys.stderr)
     try:
-        gamma = args.num_speculative_tokens or (2 if args.rejection_sample_method == "block" else 1)
-        r = check_distribution(engine, args.prompt, args.samples, args.temperature, args.seed,
-                               None if args.json else lambda i, n: print(f"  {i:,}/{n:,}", file=sys.stderr),
-                               args.rejection_sample_method, gamma)
+        if args.tree == "true":              # the tree's flags left out take the tree mode's defaults
+            asked = {name: getattr(args, name) for name in TREE_FLAGS if getattr(args, name) is not None}
+            r = check_tree_distribution(engine, args.prompt, args.samples, args.temperature, args.seed, progress, asked)
+        else:
+            gamma = args.num_speculative_tokens or (2 if args.rejection_sample_method == "block" else 1)
+            r = check_distribution(engine, args.prompt, args.samples, args.temperature, args.seed, progress,
+                                   args.rejection_sample_method, gamma)
     except SettingsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(r, indent=2))
-        return 0
+    else:
+        (print_tree_check if r.get("tree") else print_chain_check)(r)
+    return 0
+
+
+def print_chain_check(r: dict) -> None:
     print(f"{r['prompt']!r} T={r['temperature']} samples={r['samples']:,} ({r['target']} vs draft {r['draft']}, "
           f"{r['rejection_sample_method']} verification, γ = {r['num_speculative_tokens']})")
     standard = r["standard_mean_acceptance_length"]
@@ -91,7 +103,18 @@ def cmd_check_distribution(args) -> int:
           f"TVD(draft_only,p)={r['tvd_draft_only']:.4f}")
     for t in r["top_tokens"]:
         print(f"  {t['text']!r:>8}  p={t['p']:.4f}  q={t['q']:.4f}  speculative={t['speculative']:.4f}")
-    return 0
+
+
+def print_tree_check(r: dict) -> None:
+    print(f"{r['prompt']!r} T={r['temperature']} samples={r['samples']:,} ({r['target']}, {r['method']} tree: depth "
+          f"{r['num_speculative_tokens']}, top-k {r['speculative_eagle_topk']}, {r['speculative_num_draft_tokens']} "
+          f"nodes at most, {r['mean_tree_nodes']:.1f} drafted)")
+    draft_only = r["tvd_draft_only"]
+    print(f"accept_first={r['acceptance_rate']:.4f} TVD(spec,p)={r['tvd_speculative']:.4f} "
+          f"TVD(direct,p)={r['tvd_direct']:.4f} sampling noise={r['tvd_noise']:.4f}"
+          + (f" TVD(q at the root,p)={draft_only:.4f}" if draft_only is not None else ""))
+    for t in r["top_tokens"]:
+        print(f"  {t['text']!r:>8}  p={t['p']:.4f}  speculative={t['speculative']:.4f}  direct={t['direct']:.4f}")
 
 
 def cmd_models(args) -> int:
@@ -139,7 +162,17 @@ def add_parsers(sub) -> None:
     c.add_argument("--rejection-sample-method", default="standard", choices=["standard", "block"],
                    help="how a round's draft is verified: token by token (standard) or as a block")
     c.add_argument("--num-speculative-tokens", type=int, default=None, metavar="GAMMA",
-                   help="draft tokens per round (default 1; 2 with block: with one draft token the rules are the same)")
+                   help="draft tokens per round (default 1; 2 with block: with one draft token the rules are the "
+                        "same); with --tree true the tree's depth (default 3)")
+    c.add_argument("--tree", default="false", choices=["true", "false"],
+                   help="true: draft a token tree (its first token against p, tree verification)")
+    c.add_argument("--model", default=None, help="with --tree true: the target (default: the default model)")
+    c.add_argument("--method", default=None, choices=["eagle", "medusa", "ngram"],
+                   help="with --tree true: who drafts the tree (default eagle)")
+    c.add_argument("--speculative-eagle-topk", type=int, default=None, metavar="K",
+                   help="with --tree true: children per expanded node, 2-8 (default 4)")
+    c.add_argument("--speculative-num-draft-tokens", type=int, default=None, metavar="N",
+                   help="with --tree true: the tree's nodes at most (default 8)")
     c.add_argument("--json", action="store_true")
     c.add_argument("--models-dir", default=None)
     c.set_defaults(func=cmd_check_distribution)

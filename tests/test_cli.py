@@ -70,6 +70,22 @@ def test_check_distribution_takes_the_verification_rule(models_dir):
     assert code == 2 and "rejection-sample-method" in err and "'block'" in err
 
 
+def test_check_distribution_has_a_tree_mode():
+    """--tree true on the shipped character model and its Medusa heads (trees of depth 3, top-4, 8 nodes), 5,000
+    draws with seed 0: the first token's TVD is within 3x its expected value at the sampling noise, and a bad tree
+    setting is an error naming it."""
+    shipped = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
+    code, out, err = cli("check-distribution", "--prompt", "import ", "--samples", "5000", "--json", "--tree", "true",
+                         "--method", "medusa", "--models-dir", shipped)
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["tree"] and r["method"] == "medusa" and r["speculative_eagle_topk"] == 4 and r["mean_tree_nodes"] == 8
+    assert r["tvd_speculative"] <= 3 * r["tvd_noise"]
+    code, _, err = cli("check-distribution", "--prompt", "import ", "--tree", "true", "--speculative-eagle-topk", "9",
+                       "--models-dir", shipped)
+    assert code == 2 and "speculative_eagle_topk" in err and "8" in err
+
+
 def test_generate_json_reports_the_verification_rule(models_dir):
     code, out, err = cli("generate", "--prompt", "def f(x):", "--max-tokens", "40", "--json", "--temperature", "1",
                          "--rejection-sample-method", "block", "--models-dir", str(models_dir))

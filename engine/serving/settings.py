@@ -17,7 +17,7 @@ METHODS = ("none", "draft_model", "ngram", "eagle", "medusa", "suffix")   # vLLM
 SUFFIX_SETTINGS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
                    "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 FAULTS = ("none", "no_causal_mask", "no_truncate", "unnormalized_residual")
-TREE_METHODS = ("eagle", "ngram")           # the methods that can draft a token tree (speculative_eagle_topk > 1)
+TREE_METHODS = ("eagle", "ngram", "medusa")   # the methods that can draft a token tree (speculative_eagle_topk > 1)
 MAX_DRAFT_TOKENS = 64                # speculative_num_draft_tokens' top: the nodes one verification forward scores
 
 
@@ -152,7 +152,7 @@ class GenerationSettings(BaseModel):
         topk = self.speculative_eagle_topk
         if self.method not in TREE_METHODS + ("none",):
             return SettingsError("speculative_eagle_topk", f"must be 1 (a chain) with method {self.method}: only "
-                                                           f"{' and '.join(TREE_METHODS)} draft trees (got {topk})")
+                                                           f"{', '.join(TREE_METHODS)} draft trees (got {topk})")
         if self.rejection_sample_method != "standard":
             return SettingsError("rejection_sample_method", f"must be standard with a draft tree "
                                                             f"(speculative_eagle_topk {topk}): block verification "

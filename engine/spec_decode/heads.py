@@ -12,7 +12,8 @@ verification (engine/spec_decode/verify.py) stays exact, the residual covers the
   entries made from the target's real features, and the next round catches up with the new ones. With
   speculative_eagle_topk > 1 it drafts an EAGLE-2 dynamic tree instead (engine/spec_decode/eagle_tree.py).
 - Medusa-1 (Cai et al. 2024): K heads r_i = f_t + SiLU(f_t W_i); head i proposes token t+1+i from the
-  same f_t, all K in one pass.
+  same f_t, all K in one pass. With speculative_eagle_topk > 1 they draft Medusa's tree of their top-k
+  instead (engine/spec_decode/medusa_tree.py).
 
 Features: engine.model.llama.forward's with_hidden rows, x / |x| (trained as x / rms(x) = sqrt(C) x / |x|;
 the factor is folded into the first matrix of each head here). Weights: models/heads/<target>/*.safetensors
@@ -34,6 +35,7 @@ from ..model.layout import LAYOUTS, choose_split_rows, use_layout, weight_rows, 
 from ..model.llama import Model
 from .draft import Draft, DraftParams, Proposer
 from .eagle_tree import draft_tree
+from .medusa_tree import medusa_tree
 from .proposers import point_masses
 from .sampling import full_vocab, probs_from_logits, sample
 
@@ -259,6 +261,8 @@ class MedusaProposer(Proposer):
         yield from ()                      # the heads run on a feature the target computed: no forward of its own
         k = min(params.num_speculative_tokens, self.head.num_heads)
         rows = self.head.logits(self.features.rows[len(tokens) - 2])[:k]          # [k, Vs]
+        if params.eagle_topk > 1:                  # the Cartesian tree of the heads' top-k (medusa_tree.py)
+            return medusa_tree(rows, self.head.subset, self.head.vocab_size, params, rng)
         drafts, qs, shown = [], [], []
         for row in rows:
             x, q, full = draft_from(row, self.head.subset, self.head.vocab_size, params.temperature, params.top_p, rng)

@@ -88,27 +88,31 @@ def test_a_greedy_tree_gives_plain_decodings_output_on_the_shipped_character_mod
         assert no_blocks_used(shipped)
 
 
-def test_greedy_trees_accept_through_later_siblings_and_reject_on_a_random_head(shipped, random_head_engine):
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_greedy_trees_accept_through_later_siblings_and_reject_on_a_random_head(shipped, random_head_engine, method):
     """The shipped head's tree is accepted along a node that is not its parent's first child at least once (the
-    tree found what a chain would have missed); a random head's trees are mostly rejected: both give plain output."""
-    events, _ = rounds(shipped, CODE[0], {**TREE, "model": "target-mha", "max_tokens": 120})
+    tree found what a chain would have missed); a random head's trees are mostly rejected: both give plain output.
+    EAGLE-2's trees, and Medusa's (engine/spec_decode/medusa_tree.py)."""
+    events, _ = rounds(shipped, CODE[0], {**TREE, "method": method, "model": "target-mha", "max_tokens": 120})
     later = [path for nodes, path in accepted_nodes(events)
              if any(children_of([t["parent"] for t in nodes])[nodes[i]["parent"]][0] != i for i in path)]
     assert later
     for prompt in PROMPTS:
         _, plain = rounds(random_head_engine, prompt, {"model": "t-mha", "method": "none", "max_tokens": 50})
-        events, tree = rounds(random_head_engine, prompt, {**TREE, "model": "t-mha", "max_tokens": 50},
+        events, tree = rounds(random_head_engine, prompt, {**TREE, "method": method, "model": "t-mha",
+                                                           "max_tokens": 50},
                               lambda s: managers_check(random_head_engine))
         assert tree["text"] == plain["text"]
         assert {"rejected", "resampled"} <= {e.status for e in events if e.type == "token"}
     assert no_blocks_used(random_head_engine)
 
 
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_topk_1_is_todays_chain_bit_for_bit(shipped, temperature):
+def test_topk_1_is_todays_chain_bit_for_bit(shipped, temperature, method):
     """speculative_eagle_topk 1 with a budget above the depth drafts the same chain as the settings left out: the
-    same tokens, verdicts and uniform draws."""
-    base = {"model": "target-mha", "method": "eagle", "num_speculative_tokens": 4, "max_tokens": 80,
+    same tokens, verdicts and uniform draws (an EAGLE head's and Medusa's heads')."""
+    base = {"model": "target-mha", "method": method, "num_speculative_tokens": 4, "max_tokens": 80,
             "temperature": temperature, "seed": 7}
 
     def tokens(events):
@@ -256,7 +260,8 @@ def test_bad_tree_settings_name_the_setting_and_a_running_generation_keeps_its_v
            ({"speculative_num_draft_tokens": 65}, r"speculative_num_draft_tokens: must be in \[1, 64\]"),
            ({"num_speculative_tokens": 4, "speculative_num_draft_tokens": 3},
             r"speculative_num_draft_tokens: must be in \[num_speculative_tokens \(4\), 64\]"),
-           ({"method": "medusa", "speculative_eagle_topk": 2}, "speculative_eagle_topk: must be 1 .* method medusa"),
+           ({"method": "draft_model", "speculative_eagle_topk": 2},
+            "speculative_eagle_topk: must be 1 .* method draft_model"),
            ({"method": "eagle", "speculative_eagle_topk": 2, "rejection_sample_method": "block"},
             "rejection_sample_method: must be standard with a draft tree"),
            ({"method": "eagle", "speculative_eagle_topk": 2, "fault": "no_truncate"}, "fault: must be none")]
@@ -267,7 +272,7 @@ def test_bad_tree_settings_name_the_setting_and_a_running_generation_keeps_its_v
     events = s.events()
     next(e for e in events if e.type == "round")
     for change, setting in [({"num_speculative_tokens": 9}, "speculative_num_draft_tokens"),
-                            ({"method": "medusa"}, "speculative_eagle_topk"),
+                            ({"method": "draft_model"}, "speculative_eagle_topk"),
                             ({"speculative_eagle_topk": 9}, "speculative_eagle_topk")]:
         with pytest.raises(SettingsError, match=setting):
             s.update_settings(change)
