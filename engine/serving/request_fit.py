@@ -6,7 +6,8 @@ change over the years (SmolLM2 came, and with it a default no draft model can se
 
 - A setting left out takes the chosen model's default (`model_defaults`), a value that model can run: the
   method is its EAGLE head where `bench heads` measured the head's best γ and confidence threshold (with
-  those), else its draft model, else its EAGLE head (with EAGLE_DEFAULTS), else n-gram lookup. A method named brings its own defaults (`method_defaults`: suffix decoding's γ).
+  those), else its draft model, else its EAGLE head (with EAGLE_DEFAULTS), else n-gram lookup. A method named
+  brings its own defaults (`method_defaults`: suffix decoding's γ).
 - A model named is the model run; a setting named that it cannot take is an error naming that setting.
 - No model named: the default model, if it can take every setting named; else the first target that can,
   and a one-line note says which and why. If none can, the default model's error.
@@ -54,6 +55,21 @@ def model_defaults(registry, target: LoadedModel) -> dict:
     if "eagle" in heads:
         return {"method": "eagle", **EAGLE_DEFAULTS}
     return {"method": "ngram"}
+
+
+def target_of(registry, s: GenerationSettings) -> tuple[LoadedModel, dict]:
+    """The target that runs settings `s` (its KV-head variant where `num_kv_heads` is named) and the variants
+    it may switch to while running; a SettingsError naming the setting it cannot take."""
+    try:
+        target = registry.get(s.model)
+    except KeyError as e:
+        raise SettingsError("model", str(e.args[0])) from None
+    if target.role != "target":
+        raise SettingsError("model", f"{s.model!r} is a draft model; choose a target")
+    if (why := unmet(registry, target, s)) is not None:    # chat, KV heads, method
+        raise why
+    variants = registry.variants(target)
+    return (target if s.num_kv_heads is None else variants[s.num_kv_heads]), variants
 
 
 def unmet(registry, target: LoadedModel, s: GenerationSettings) -> SettingsError | None:

@@ -47,7 +47,7 @@ from .clock import EngineClock
 from .events import Done, Error, Event, Metrics, Prefill, SettingsApplied, Started
 from .live_settings import LiveSettings, pool_setting
 from .registry import InferenceEngine, LoadedModel
-from .request_fit import unmet
+from .request_fit import target_of
 from .session_figures import SessionFigures
 from .settings import MAX_PROMPT_CHARS, SUFFIX_SETTINGS, GenerationSettings, SettingsError
 
@@ -63,17 +63,7 @@ class GenerationSession:
             raise SettingsError("prompt", f"at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
         self.engine, self.settings = engine, settings
         self.id = session_id or uuid.uuid4().hex[:12]
-        try:
-            self.target_lm = engine.registry.get(settings.model)
-        except KeyError as e:
-            raise SettingsError("model", str(e.args[0])) from None
-        if self.target_lm.role != "target":
-            raise SettingsError("model", f"{settings.model!r} is a draft model; choose a target")
-        if (why := unmet(engine.registry, self.target_lm, settings)) is not None:    # chat, KV heads, method
-            raise why
-        self.variants = engine.registry.variants(self.target_lm)
-        if settings.num_kv_heads is not None:
-            self.target_lm = self.variants[settings.num_kv_heads]
+        self.target_lm, self.variants = target_of(engine.registry, settings)
         self.tokenizer = self.target_lm.tokenizer
         self.draft_lm = engine.registry.draft_for(self.target_lm)
         # chat: the prompt becomes the user's turn in the model's chat template (engine/model/chat.py)
