@@ -21,8 +21,8 @@ from engine.serving.settings import (MAX_PROMPT_CHARS, METHODS, SUFFIX_SETTINGS,
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
-                 "speculative_eagle_topk", "speculative_num_draft_tokens", "num_speculative_tokens_schedule", "rejection_sample_method", "draft_confidence_threshold",
-                 "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_SETTINGS, "kv_cache", "kv_cache_dtype", "num_kv_heads",
+                 "speculative_eagle_topk", "speculative_num_draft_tokens", "num_speculative_tokens_schedule",
+                 "rejection_sample_method", "draft_confidence_threshold", "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_SETTINGS, "kv_cache", "kv_cache_dtype", "num_kv_heads",
                  "block_size", "enable_prefix_caching"]
 BOOL_SETTINGS = {"kv_cache", "enable_prefix_caching", "chat"}
 SPEEDS = [("0.5", "½ round/s"), ("1", "1 round/s"), ("2", "2 rounds/s"), ("5", "5 rounds/s"),

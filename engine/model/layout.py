@@ -309,13 +309,13 @@ def pad_rows(head: PanelWeight, repeats: int = 5) -> dict[int, int]:
     rng = np.random.default_rng(0)
     counts = range(1, FEW_ROWS + 1)
     xs = {n: rng.standard_normal((n, head.shape[0])).astype(head.dtype) for n in counts}
-    times = {(n, how): [] for n in counts for how in ("gemm", "gemv")}
+    ways = {"gemm": head.rows, "gemv": head.rows_one_by_one}
+    times = {(n, how): [] for n in counts for how in (ways if n > 1 else ["gemm"])}   # one row: a GEMV either way
     for _ in range(repeats):
-        for n, x in xs.items():
-            for how, product in (("gemm", head.rows), ("gemv", head.rows_one_by_one)):
-                t = time.perf_counter()
-                product(x)
-                times[n, how].append(time.perf_counter() - t)
+        for n, how in times:
+            t = time.perf_counter()
+            ways[how](xs[n])
+            times[n, how].append(time.perf_counter() - t)
     best = {key: min(v) for key, v in times.items()}
     plan, one_by_one = {}, set()
     for n in counts:
