@@ -15,6 +15,8 @@ NOTE (invariants):
 """
 from __future__ import annotations
 
+import copy
+import pickle
 import secrets
 import threading
 import time
@@ -22,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from app.views.json import dumps, event_dict
-from app.views.recording_file import FORMAT, MAX_EVENTS, VERSION, RecordingError, read_recording
+from app.views.recording_file import FORMAT, MAX_EVENTS, VERSION, RecordingError, read_recording, rebuilt_recording
 from engine.serving.events import Event
 
 __all__ = ["FORMAT", "MAX_EVENTS", "RECORDINGS", "VERSION", "Recording", "RecordingError", "RecordingStore"]
@@ -110,6 +112,20 @@ class Recording:
     def read(cls, body: bytes | Iterable[bytes], name: str | None = None) -> "Recording":
         """A recording file's bytes, read and checked field by field (app/views/recording_file.py)."""
         return read_recording(cls, body, name)
+
+    # --- between processes (an upload is read in a process of its own) -------------------------------------
+    def to_parts(self, events_per_part: int = 256) -> list[bytes]:
+        """The recording pickled in parts: the recording without its events, then its events a few at a time, so
+        that the process that makes it again (`from_parts`) holds the GIL for one short part at a time."""
+        shell = copy.copy(self)
+        shell.events, shell._tokens, shell._drafts = [], {}, {}
+        return [pickle.dumps(shell)] + [pickle.dumps(self.events[i:i + events_per_part])
+                                        for i in range(0, len(self.events), events_per_part)]
+
+    @classmethod
+    def from_parts(cls, parts: Iterable[bytes]) -> "Recording":
+        """`to_parts`' recording made again (only from a process of ours: pickle runs what it is given)."""
+        return rebuilt_recording(parts)
 
     @classmethod
     def from_json(cls, data, name: str | None = None) -> "Recording":

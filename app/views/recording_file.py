@@ -1,18 +1,16 @@
 """Reading a recording file (app/views/recording.py's `to_json`, as the page exports it): a value at a time, and
 each event field by field as it is read.
 
-An upload is read in a worker thread, but a worker's Python holds the GIL the event loop needs, and one
-`json.loads` is one call: over a 16 MB file it holds the GIL for the whole parse, and every stream and watcher
-of the room stops meanwhile. So the file is decoded a value at a time (each event, each other field) with
-`json.JSONDecoder.raw_decode` over at most MAX_VALUE_CHARS characters: between two values the thread gives the
-GIL up as it does between any two lines of Python.
+An upload is read in a process of its own (app/routers/teach/replay.py), a value at a time (each event, each
+other field) with `json.JSONDecoder.raw_decode` over at most MAX_VALUE_CHARS characters: no value of a file may be
+longer, and one bad value is named where it is.
 
-The cycle collector is held off while a file is read: the reading's own objects (a 16 MB file makes about
-260,000 lists, dicts and events) would trigger its full collections, each of which walks every object of the
-process while it holds the GIL (a quarter to two thirds of a second here, several times over one file). Once
-the recording is read, its objects leave the collector's sight (`gc.freeze`, as start-up's objects do in
-app/state.py). They are still freed by reference counting when the store lets the recording go: an event is
-plain values, lists and dicts, with no cycle among them.
+The server then makes the recording again from that process's parts (`rebuilt_recording`) with the cycle
+collector held off: the recording's own objects (a 16 MB file makes about 260,000 lists, dicts and events) would
+trigger its full collections, each of which walks every object of the process while it holds the GIL that the
+event loop and the engine need. Once made, its objects leave the collector's sight (`gc.freeze`, as start-up's
+objects do in app/state.py). They are still freed by reference counting when the store lets the recording go: an
+event is plain values, lists and dicts, with no cycle among them.
 
 Each event is checked against its type in engine/serving/events.py before it is made: a field missing, unknown
 or of the wrong kind is an error naming the event's index, its type and the field (`event 17 (token): p must be
@@ -26,6 +24,7 @@ import dataclasses
 import gc
 import hashlib
 import json
+import pickle
 import re
 import threading
 import types
@@ -271,6 +270,20 @@ def read_recording(recording_class, body: bytes | Iterable[bytes], name: str | N
     with _collector_held_off():
         rec = _read(recording_class, body, name)
         gc.freeze()                     # (only a file read whole: a refused one's objects go by reference counting)
+    return rec
+
+
+def rebuilt_recording(parts: Iterable[bytes]):
+    """A recording as the process that read its file sent it (Recording.to_parts), made again a part at a time:
+    each part is one `pickle.loads` of a few events, between which the GIL changes hands. Like a file read, its
+    objects are made with the collector held off, then leave its sight."""
+    parts = iter(parts)
+    with _collector_held_off():
+        rec = pickle.loads(next(parts))
+        for part in parts:
+            for event in pickle.loads(part):
+                rec.add(event)
+        gc.freeze()
     return rec
 
 

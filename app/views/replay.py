@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 from app.protocol import Batch, Notice, RenderContext
 from app.views.html import HtmlView
-from app.views.recording import Recording
+from app.views.json import dumps
+from app.views.recording import Recording, RecordingError
 from app.views.templating import macros
+
+READ_BYTES = 1 << 20
+UPLOAD, ANSWER, PARTS = "upload.json", "answer.json", "recording.parts"     # read_replay's folder
 
 
 class ReplayView(HtmlView):
@@ -87,3 +92,35 @@ def frames_json(frames: list[str]) -> Iterator[str]:
     for i, frame in enumerate(frames):
         yield ("," if i else "") + json.dumps(frame, ensure_ascii=False)
     yield "]"
+
+
+def read_replay(folder: str, name: str | None) -> None:
+    """(In a process of its own: app/routers/teach/common.py's UPLOADS.) The recording file `folder`/UPLOAD read
+    and checked and its frames rendered. Written beside it: the answer as JSON (ANSWER: `{key, name, rounds,
+    complete, settings, model, frames}`) and the recording in parts (PARTS, Recording.to_parts) for the server to
+    keep. Files, not the answer of a call: a pipe's tens of MB would be read and copied with the server's GIL held."""
+    folder = Path(folder)
+    with open(folder / UPLOAD, "rb") as file:
+        rec = Recording.read(iter(lambda: file.read(READ_BYTES), b""), name)
+    try:
+        frames = replay_frames(rec)
+    except Exception as e:  # noqa: BLE001 - a file with events of the right kinds but wrong contents inside them
+        error = RecordingError(f"its events do not render ({type(e).__name__})")
+        error.detail = f"{type(e).__name__}: {e}"          # for the server's log, not for the client
+        raise error from None
+    started = rec.started
+    head = dumps({"key": rec.key, "name": rec.name, "rounds": rec.num_rounds, "complete": rec.complete,
+                  "settings": rec.settings, "model": started.model.get("name") if started else None})
+    with open(folder / ANSWER, "wb") as file:
+        for piece in [head[:-1], ',"frames":', *frames_json(frames), "}"]:
+            file.write(piece.encode("utf-8", "replace"))
+    with open(folder / PARTS, "wb") as file:
+        for part in rec.to_parts():
+            file.write(len(part).to_bytes(8, "little") + part)
+
+
+def recording_parts(folder: str) -> Iterator[bytes]:
+    """The parts `read_replay` wrote, one at a time."""
+    with open(Path(folder) / PARTS, "rb") as file:
+        while size := int.from_bytes(file.read(8), "little"):
+            yield file.read(size)

@@ -1,11 +1,14 @@
 """What every teaching view's endpoint shares: its fragments, the form as htmx sends it, numbers from a query,
 engine jobs at most one of a kind at a time (so a room of viewers cannot queue engine work here), and the
-worker threads that read and render what clients upload, a few at a time."""
+worker threads and processes that read and render what clients upload, a few at a time."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import sys
 import weakref
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager, contextmanager
 from urllib.parse import parse_qsl
 
@@ -56,19 +59,20 @@ WORKER_SWITCH_INTERVAL_S = 0.0005     # the GIL's switch interval while a worker
 
 
 class WorkerSlots:
-    """Work a client's request brings that reads no engine state (reading an uploaded recording, rendering a
-    replay's frames, building a one-file page) runs in a worker thread, at most `size` at a time. Beyond that a
-    request waits up to `wait_s` for a turn, then gets BusyError.
+    """Work a client's request brings that reads no engine state (reading an uploaded recording and rendering its
+    frames, in a process; building a one-file page or a file, in a thread) runs at most `size` at a time. Beyond
+    that a request waits up to `wait_s` for a turn, then gets BusyError.
 
-    NOTE: a worker's Python shares the GIL with the event loop and the engine thread. Each of those waits for it
+    NOTE: a worker thread's Python shares the GIL with the event loop and the engine thread. Each of those waits for it
     up to the switch interval each time it wakes while a worker runs, and the engine thread wakes at every
     weight product it hands to BLAS: at the default 5 ms a decode step took seconds beside one upload. So while a
     worker runs, the interval is WORKER_SWITCH_INTERVAL_S. With more workers at once the waits grow, and none
     finishes sooner (they take turns on the one GIL). Hence a small `size`."""
 
-    def __init__(self, size: int, wait_s: float):
-        self.size, self.wait_s = size, wait_s
+    def __init__(self, size: int, wait_s: float, preload: list[str] = ()):
+        self.size, self.wait_s, self.preload = size, wait_s, list(preload)
         self.running = 0
+        self._processes: ProcessPoolExecutor | None = None
         self._turns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()     # event loop -> its semaphore
 
     @asynccontextmanager
@@ -96,8 +100,22 @@ class WorkerSlots:
         async with self.turn():
             return await anyio.to_thread.run_sync(fn, *args)
 
+    async def in_process(self, fn, *args):
+        """`fn(*args)` in a process of its own, during a turn the caller holds (`turn()`): its Python takes no GIL
+        of ours. Each call gets a fresh process, forked from a server process that imported only what `preload`
+        names, so that nothing a file leaves behind outlives it. `fn`, its arguments and its answer are pickled."""
+        if self._processes is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(self.preload)
+            self._processes = ProcessPoolExecutor(self.size, mp_context=context, max_tasks_per_child=1)
+        try:                # (submitting may start a process and wait for it: not on the event loop)
+            return await asyncio.wrap_future(await anyio.to_thread.run_sync(self._processes.submit, fn, *args))
+        except BrokenProcessPool:
+            self._processes = None              # (a reader killed, e.g. out of memory: the next call starts over)
+            raise
 
-UPLOADS = WorkerSlots(size=1, wait_s=3.0)
+
+UPLOADS = WorkerSlots(size=1, wait_s=3.0, preload=["app.views.replay"])
 
 
 async def teaching_run(request: Request, playground, max_tokens: int, run) -> HTMLResponse:

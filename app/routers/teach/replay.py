@@ -1,29 +1,31 @@
 """`GET /teach/recordings/{key}.json` exports a run (settings and events); `POST /teach/replays` takes such a
 file and answers with the page's messages for each of its rounds (app/views/replay.py).
 
-A file is read, checked, rendered and its answer encoded in a worker thread, a few at a time (common.py's
-UPLOADS, beyond them: 503), so that no upload holds the event loop; the body itself is at most 32 MiB
-(app/body_limits.py)."""
+A file is read, checked, rendered and its answer encoded in a process of its own (common.py's UPLOADS, a few at a
+time, beyond them: 503), so that no upload holds the event loop or the GIL that the engine's thread needs; the
+server then only makes the recording again from that process's parts, a few events at a time. The body itself is
+at most 32 MiB (app/body_limits.py); it, and the answer, wait in a temporary folder."""
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import time
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
+import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.background import BackgroundTask
 
 from app.routers.teach.common import UPLOADS, BusyError
-from app.views.json import dumps
 from app.views.recording import RECORDINGS, Recording, RecordingError
-from app.views.replay import frames_json, replay_frames
+from app.views.replay import ANSWER, UPLOAD, read_replay, recording_parts
 from app.views.one_file_page import PageOptions, standalone_page
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
-# An upload is kept in memory up to this, the rest in a temporary file until it is read: a room of uploads in
-# flight (each up to 32 MiB, app/body_limits.py) costs the server's memory little.
-SPOOL_BYTES = 1 << 20
 
 
 def busy() -> JSONResponse:
@@ -69,30 +71,26 @@ async def export_page(key: str, request: Request) -> Response:
 async def load_replay(request: Request) -> Response:
     """The body is a recording file; the answer holds the page's messages for each of its rounds."""
     name = (request.headers.get("x-file-name") or "")[:120] or None
-    with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as spool:
-        async for chunk in request.stream():
-            spool.write(chunk)
-        try:
-            return Response(await UPLOADS.run(replay_answer, spool, name), media_type="application/json")
-        except RecordingError as e:
-            return JSONResponse({"error": f"cannot replay this file: {e}"}, status_code=400)
-        except BusyError:
-            return busy()
-
-
-def replay_answer(spool, name: str | None) -> bytes:
-    """(In a worker thread.) The file read and checked, its frames rendered, the recording kept, the answer as
-    JSON bytes: `{key, name, rounds, complete, settings, model, frames}`."""
-    spool.seek(0)
-    rec = Recording.read(iter(lambda: spool.read(SPOOL_BYTES), b""), name)
+    folder = Path(tempfile.mkdtemp(prefix="decoding-playground-upload-"))
+    answer: Response | None = None
     try:
-        frames = replay_frames(rec)
-    except Exception as e:  # noqa: BLE001 - a file with events of the right kinds but wrong contents inside them
-        logger.info("replay of %s failed: %s: %s", rec.key, type(e).__name__, e)
-        raise RecordingError(f"its events do not render ({type(e).__name__})") from None
-    rec = RECORDINGS.put(rec)
-    started = rec.started
-    head = dumps({"key": rec.key, "name": rec.name, "rounds": rec.num_rounds, "complete": rec.complete,
-                  "settings": rec.settings, "model": started.model.get("name") if started else None})
-    pieces = [head[:-1], ',"frames":', *frames_json(frames), "}"]
-    return b"".join(piece.encode("utf-8", "replace") for piece in pieces)
+        with open(folder / UPLOAD, "wb") as upload:
+            async for chunk in request.stream():
+                upload.write(chunk)
+        async with UPLOADS.turn():
+            await UPLOADS.in_process(read_replay, str(folder), name)
+            RECORDINGS.put(await anyio.to_thread.run_sync(Recording.from_parts, recording_parts(str(folder))))
+        answer = FileResponse(folder / ANSWER, media_type="application/json",
+                              background=BackgroundTask(shutil.rmtree, folder, ignore_errors=True))
+        return answer
+    except RecordingError as e:
+        if getattr(e, "detail", None):
+            logger.info("a replay failed: %s", e.detail)
+        return JSONResponse({"error": f"cannot replay this file: {e}"}, status_code=400)
+    except BusyError:
+        return busy()
+    except BrokenProcessPool:
+        return JSONResponse({"error": "the process reading this file stopped; try again"}, status_code=503)
+    finally:
+        if answer is None:                 # (else the folder goes once the answer is sent)
+            shutil.rmtree(folder, ignore_errors=True)
