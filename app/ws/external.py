@@ -20,7 +20,7 @@ import httpx
 from app.protocol import CommandError
 from app.ws.engine_thread import PARKED
 from app.ws.run import OUTBOX_MAX_BATCHES, Run, next_run_id
-from engine.external.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
+from engine.external.llamacpp_server import NGRAM, EmbeddedLlamaCpp, draft_gguf, gguf_path, unavailable_reason
 from engine.external.openai_stream import ExternalEngine, stream_chat, validated
 from engine.external.server_metrics import SharedScrapes, fetch_server_config
 from engine.serving.events import Done
@@ -34,17 +34,21 @@ CONFIG_READS, CONFIG_RETRY_S = 3, 1.0
 
 
 def start_embedded_llamacpp(threads: int) -> list[EmbeddedLlamaCpp]:
-    """llama.cpp on the fetched GGUF, plain and with its n-gram speculation (two servers, `threads` each);
-    none, with the reason logged, where the wheel or the file is missing or it fails to start."""
+    """llama.cpp on the fetched GGUF, plain, with its n-gram speculation and with SmolLM2's draft model (three
+    servers, `threads` each); none, with the reason logged, where the wheel or the file is missing or it fails to
+    start (the draft model's alone where its GGUF is missing)."""
     path = gguf_path()
     reason = unavailable_reason(path)
     if reason:
         logger.warning("llama.cpp not offered: %s", reason)
         return []
     servers = []
-    for ngram in (None, NGRAM):
+    for ngram, draft in ((None, None), (NGRAM, None), (None, draft_gguf())):
+        if draft is not None and not draft.is_file():
+            logger.warning("llama.cpp's draft model not offered: %s is missing (decoding-playground fetch-model)", draft)
+            continue
         try:
-            server = EmbeddedLlamaCpp.start(path, threads=threads, ngram=ngram)
+            server = EmbeddedLlamaCpp.start(path, threads=threads, ngram=ngram, draft=draft)
         except Exception as e:  # noqa: BLE001 - the rest of the playground serves without it
             logger.error("llama.cpp could not start on %s: %s: %s", path, type(e).__name__, e)
             continue
