@@ -56,4 +56,4 @@ def draft_model_acceptance(prompts: list[str], max_tokens: int, threads: int = 1
         server.close()
     if None in counts:
         return {"skipped": "llama.cpp's timings held no draft counts (draft_n, draft_n_accepted)"}
-    return {"gamma": DRAFT_GAMMA, **pooled_rate(counts), "per_prompt": counts, "log": str(server.log_path)}
+    return {"gamma": DRAFT_GAMMA, **pooled_rate(counts), "per_prompt": counts}

@@ -53,7 +53,17 @@ def write_gguf(path: Path, cfg: ModelConfig, weights: dict[str, np.ndarray], tok
     if len(tokens) != cfg.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokens)} tokens, the model's vocabulary {cfg.vocab_size}")
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    w = gguf.GGUFWriter(tmp, "llama")
+    try:
+        write_llama_gguf(tmp, cfg, weights, tokenizer_from, metadata)
+        tmp.rename(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_llama_gguf(path: Path, cfg: ModelConfig, weights: dict[str, np.ndarray], tokenizer_from: gguf.GGUFReader,
+                     metadata: dict[str, str]) -> None:
+    w = gguf.GGUFWriter(path, "llama")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     for key, value in metadata.items():
         w.add_string(key, value)
@@ -77,8 +87,6 @@ def write_gguf(path: Path, cfg: ModelConfig, weights: dict[str, np.ndarray], tok
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    tmp.rename(path)
-    return path
 
 
 def export_draft_gguf(folder: Path, target_gguf: Path, out: Path) -> Path:

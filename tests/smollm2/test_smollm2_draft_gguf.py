@@ -1,6 +1,8 @@
 """SmolLM2's shipped draft model as a GGUF for llama.cpp (engine/model/gguf_export.py, written by fetch-model): its
 full-vocabulary LM head, read back by our GGUF reader, and run by llama.cpp as the draft of SmolLM2's GGUF."""
 import asyncio
+import json
+import os
 
 import gguf
 import numpy as np
@@ -8,9 +10,12 @@ import pytest
 
 from engine.external.llamacpp_draft import draft_counts, greedy_answer
 from engine.external.llamacpp_server import EmbeddedLlamaCpp, draft_gguf, gguf_path, unavailable_reason
-from engine.model.fetched import cache_dir
+from engine.model.checkpoint import init_weights, save_checkpoint
+from engine.model.config import ModelConfig
+from engine.model.fetched import CATALOGUE, cache_dir
+from engine.model.fetched import gguf_path as target_gguf
 from engine.model.gguf import read_gguf
-from engine.model.gguf_export import draft_gguf_path
+from engine.model.gguf_export import draft_gguf_path, ensure_draft_gguf
 from engine.model.llama import Model, forward
 from engine.model.shipped_drafts import DRAFTS_DIR, full_vocabulary_head, load_draft
 
@@ -40,6 +45,31 @@ def test_a_subset_whose_rows_do_not_span_the_hidden_space_is_refused():
     head = np.random.default_rng(1).standard_normal((50, 8)).astype(np.float16)
     with pytest.raises(ValueError, match="do not span"):
         full_vocabulary_head(head, [0, 1, 2, 3, 4])
+
+
+def test_a_draft_gguf_is_written_once_and_again_when_the_draft_is_newer(smollm2_dir, tmp_path):
+    """A small draft of SmolLM2's vocabulary in a folder of drafts: its GGUF read back has its weights (Q and K rows
+    through llama.cpp's order and back), its head over the whole vocabulary; an up-to-date GGUF is kept."""
+    cfg = ModelConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      intermediate_size=32, vocab_size=49152, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    weights = {k: v.astype(np.float16) for k, v in init_weights(cfg, seed=3).items()}
+    folder, subset = tmp_path / "drafts" / "tiny", np.arange(2, 202)
+    save_checkpoint(folder, cfg, weights)
+    (folder / "vocab_subset.json").write_text(json.dumps(subset.tolist()))
+    target, said = target_gguf(CATALOGUE[NAME]), []
+    assert ensure_draft_gguf("other", target, tmp_path, tmp_path / "drafts") is None             # none shipped
+    out = ensure_draft_gguf("tiny", target, tmp_path, tmp_path / "drafts", log=said.append)
+    back_cfg, back, _ = read_gguf(out)
+    assert back_cfg == cfg.replace(tie_word_embeddings=False)
+    for name, w in weights.items():
+        assert np.array_equal(back[name], w), name
+    assert np.array_equal(back["lm_head.weight"][subset], weights["model.embed_tokens.weight"][subset])
+    made = out.stat().st_mtime_ns
+    assert ensure_draft_gguf("tiny", target, tmp_path, tmp_path / "drafts", log=said.append) == out
+    assert out.stat().st_mtime_ns == made and len(said) == 1
+    os.utime(folder / "model.safetensors", ns=(made + 10**9,) * 2)
+    ensure_draft_gguf("tiny", target, tmp_path, tmp_path / "drafts", log=said.append)
+    assert out.stat().st_mtime_ns > made and len(said) == 2 and not list(out.parent.glob("*.tmp-*"))
 
 
 @pytest.fixture(scope="module")
