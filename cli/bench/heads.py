@@ -1,5 +1,5 @@
-"""`decoding-playground bench heads`: EAGLE and Medusa heads against plain decoding on SmolLM2, and vLLM's
-acceptance with our EAGLE head; a full run writes the heads' card and the demo's EAGLE setting.
+"""`decoding-playground bench heads`: EAGLE and Medusa heads against plain decoding on SmolLM2, vLLM's acceptance
+with our EAGLE head and llama.cpp's with our draft model; a full run writes the heads' card and the demo's EAGLE setting.
 """
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from cli.bench.engines import chat
 from cli.bench.lib import add_bench, generation, goals, machine, machine_line, shown, table, write_section
 from cli.bench.smollm2 import NAME, against_plain, config, generate
 from engine.experiments.shootout import SPEC_BENCH, h100_speedup
+from engine.external.llamacpp_draft import DRAFT_GAMMA, draft_model_acceptance, pooled_rate
 from engine.external.vllm_rounds import acceptance_figures, own_counts
 from engine.external.vllm_server import EAGLE_GAMMA, VARIANTS, VllmServer, default_venv, unavailable_reason
-from engine.model.fetched import cache_dir, fetched_models, model_dir
+from engine.model.fetched import cache_dir, model_dir
 from engine.model.thread_choice import request_threads
 from engine.model.threads import threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
@@ -41,7 +42,7 @@ TIE = 0.01          # speed-ups this close are one run's noise apart
 def run(args) -> dict:
     started = machine()
     request_threads(args.threads)                 # the weight products' threads (the default: measured at load)
-    reg = ModelRegistry(fetched_models())
+    reg = ModelRegistry.from_dir()                # SmolLM2 with the draft shipped for it (and our small models)
     if NAME not in reg.models:
         raise SystemExit(f"{NAME} is not fetched: run `decoding-playground fetch-model {NAME}` (make fetch)")
     engine = InferenceEngine(reg, max_sessions=2)
@@ -70,6 +71,10 @@ def run(args) -> dict:
                         "coverage_held_out": float(np.isin(held_out, h.subset).mean())} for m, h in heads.items()}
     if "eagle" in heads and not args.no_vllm:                 # vLLM's acceptance with our head, beside ours
         out["vllm"] = vllm_compare(engine, reg, lm, sets["open questions"], args.max_tokens)
+    if reg.draft_for(lm) is not None:                         # llama.cpp's acceptance with our draft model, beside ours
+        q, n = sets["open questions"], args.max_tokens
+        out["draft_model"] = {"gamma": DRAFT_GAMMA, "ours": our_acceptance(engine, NAME, q, n, DRAFT_GAMMA, "draft_model"),
+                              "llama.cpp": draft_model_acceptance(q, n)}
     if not args.quick and not args.no_write:
         (HEADS_DIR / NAME / "bench.json").write_text(json.dumps(out, indent=1))
         sets = [set_table(label, r) for label, r in out["sets"].items()]      # the heads' card shows them too
@@ -81,22 +86,20 @@ def run(args) -> dict:
     return out
 
 
-def our_acceptance(engine, name: str, prompts, max_tokens: int, gamma: int) -> dict:
-    runs = [generation(engine, prompt, {"model": name, "chat": True, "temperature": 0, "max_tokens": max_tokens,
-                                        "method": "eagle", "num_speculative_tokens": gamma,
-                                        "enable_prefix_caching": False})[1] for prompt in prompts]
-    return acceptance_figures(sum(s["num_drafts"] for s in runs),
-                              [sum((s["accepted_per_position"] + [0] * gamma)[i] for s in runs) for i in range(gamma)])
+def our_acceptance(engine, name: str, prompts, max_tokens: int, gamma: int, method: str = "eagle") -> dict:
+    runs = [generation(engine, prompt, {"model": name, "chat": True, "temperature": 0, "max_tokens": max_tokens, "method": method,
+                                        "num_speculative_tokens": gamma, "enable_prefix_caching": False})[1] for prompt in prompts]
+    return {**acceptance_figures(sum(s["num_drafts"] for s in runs), [sum((s["accepted_per_position"] + [0] * gamma)[i]
+                                 for s in runs) for i in range(gamma)]),
+            **pooled_rate([(s["num_draft_tokens"], s["num_accepted_tokens"]) for s in runs])}
 
 
 def vllm_acceptance(prompts, max_tokens: int, name: str) -> dict:
     cache = cache_dir()
-    reason = unavailable_reason(default_venv(cache), model_dir(name, cache))
-    if reason:
+    if reason := unavailable_reason(default_venv(cache), model_dir(name, cache)):
         return {"skipped": reason}
     draft = export_eagle_for_vllm(name, cache / "vllm" / "heads" / name)
-    server = VllmServer(VARIANTS["eagle"], default_venv(cache), model_dir(name, cache), cache / "vllm",
-                        draft_dir=draft)
+    server = VllmServer(VARIANTS["eagle"], default_venv(cache), model_dir(name, cache), cache / "vllm", draft_dir=draft)
     server.start()
     try:
         if not asyncio.run(server.wait_ready()):
@@ -104,8 +107,7 @@ def vllm_acceptance(prompts, max_tokens: int, name: str) -> dict:
         counts = [own_counts(chat(server, p, max_tokens)["engine_metrics"], EAGLE_GAMMA) for p in prompts]
         if None in counts:
             return {"skipped": "vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)"}
-        return acceptance_figures(sum(c[0] for c in counts),
-                                  [sum(c[1][i] for c in counts) for i in range(EAGLE_GAMMA)])
+        return acceptance_figures(sum(c[0] for c in counts), [sum(c[1][i] for c in counts) for i in range(EAGLE_GAMMA)])
     except RuntimeError as e:                      # a request that failed: the row says why
         return {"skipped": str(e)}
     finally:
@@ -130,12 +132,12 @@ def vllm_compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
     return out
 
 
-def vllm_tables(r: dict) -> list[str]:
-    rows = [[label, f"not measured: {x['skipped']}", None] if "skipped" in x else
-            [label, x["mean_acceptance_length"], " / ".join(f"{a:.2f}" for a in x["acceptance_per_position"])]
-            for label, x in ((k, r[k]) for k in ("ours", "ours, full vocabulary", "vLLM"))]
-    return [table(["drafting", "mean acceptance length", "acceptance per position"], rows,
-                  f"Our EAGLE head in vLLM (its EAGLE layout), γ = {r['gamma']}, greedy, the same held-out questions")]
+def acceptance_table(r: dict, title: str) -> str:  # engines' acceptance with one drafter (llama.cpp's: accepted / drafted)
+    rows = [[k, f"not measured: {x['skipped']}"] if "skipped" in x else [k, x.get("mean_acceptance_length"), " / ".join(
+        f"{a:.2f}" for a in x.get("acceptance_per_position", [])) or None, x.get("draft_n") and
+        f"{x['draft_n_accepted']} / {x['draft_n']} = {x['acceptance_rate']:.3f}"] for k, x in r.items() if k != "gamma"]
+    return table(["drafting", "mean acceptance length", "acceptance per position", "accepted / drafted"], rows,
+                 f"{title}, γ = {r['gamma']}, greedy, the same held-out questions")
 
 
 def set_table(label: str, r: dict) -> str:
@@ -156,8 +158,7 @@ def threads_tables(r: dict) -> list[str]:
                               f"{shown(x['decode_speedup'])}{'' if x['identical'] else ' (output differs)'}"
                               for x in (r[t]["rows"][i] for t in counts))]
             for i, row in enumerate(r[counts[0]]["rows"])]
-    best = [[t, (b := best_row(r[t]["rows"])) and b["config"], b and f"{b['measured']:.2f}x", r[t]["t1_ms"]]
-            for t in counts]
+    best = [[t, (b := best_row(r[t]["rows"])) and b["config"], b and f"{b['measured']:.2f}x", r[t]["t1_ms"]] for t in counts]
     return [table(["config", *(f"{t} thr.: L / c / v / speed-up" for t in counts)], rows,
                   "EAGLE per thread count (open questions, the counts taking turns)"),
             table(["threads", "best setting", "its speed-up", "one-token forward ms"], best)]
@@ -190,8 +191,8 @@ def tables(out: dict) -> list[str]:
     lines = [heads, *(set_table(label, r) for label, r in sets.items()), goals(rows + (
         [("measured (decode) against predicted, every row, % off", 100 * error, "<=", 10, f"{error:.1%}")]
         if error is not None else []))]
-    if "vllm" in out:
-        lines += vllm_tables(out["vllm"])
+    lines += [acceptance_table(out[k], title) for k, title in (("vllm", "Our EAGLE head in vLLM (its EAGLE layout)"), (
+        "draft_model", "Our draft model in llama.cpp (its GGUF; target SmolLM2 Q4_1 there, its float32 here)")) if k in out]
     if "by_threads" in out:
         lines += threads_tables(out["by_threads"])
     return lines + [table(["Spec-Bench (Vicuna-7B, A100)", *SPEC_BENCH],
@@ -223,8 +224,7 @@ def record_defaults(folder: Path, date: str, best_by_threads: dict[int, dict]) -
         if row is None:
             continue
         data["by_threads"][str(t)] = {
-            "num_speculative_tokens": row["gamma"],
-            "draft_confidence_threshold": row.get("confidence", 0.0),
+            "num_speculative_tokens": row["gamma"], "draft_confidence_threshold": row.get("confidence", 0.0),
             "decode_speedup": round(row["measured"], 3), "measured": f"bench heads, {date}, {row['config']}"}
     f.write_text(json.dumps(data, indent=1) + "\n")
     return data

@@ -21,7 +21,8 @@ PARENT_CHECK_S = 1.0          # how often it looks whether the process that star
 def params(xl, c: dict):
     """llama.cpp's parameters: `c` holds the GGUF's path, the threads, the context, the requests served at once,
     the name /v1/models gives it and, for its n-gram speculation (ngram_simple), (n, k): the last n tokens are
-    looked up earlier in the sequence and up to k following tokens drafted."""
+    looked up earlier in the sequence and up to k following tokens drafted; for its draft-model speculation
+    (draft_simple), the draft's GGUF and γ: every step drafts γ tokens, greedily (p_min 0: no early stop)."""
     p = xl.CommonParams()
     p.model.path = c["path"]
     p.cpuparams.n_threads = c["threads"]
@@ -37,6 +38,12 @@ def params(xl, c: dict):
     if c.get("ngram"):
         p.speculative.types = [xl.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
         p.speculative.ngram_simple.size_n, p.speculative.ngram_simple.size_m = c["ngram"]
+    if c.get("draft"):
+        p.speculative.types = [xl.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
+        d = p.speculative.draft
+        d.mparams.path = c["draft"]["path"]
+        d.n_max, d.n_min, d.p_min = c["draft"]["gamma"], 0, 0.0
+        d.cpuparams.n_threads = d.cpuparams_batch.n_threads = c["threads"]
     return p
 
 

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 LABEL = "llama.cpp · SmolLM2-135M Q4_1"
 NGRAM = (3, 4)          # llama.cpp's n-gram speculation: match the last 3 tokens, draft up to 4
 NGRAM_LABEL = f"{LABEL} · n-gram speculation ({NGRAM[0]}-gram, {NGRAM[1]} draft tokens)"
+DRAFT_GAMMA = 4         # llama.cpp's draft-model speculation: the shipped draft drafts 4 tokens a step
+DRAFT_LABEL = f"{LABEL} · draft model ({DRAFT_GAMMA} draft tokens)"
 CHILD = Path(__file__).with_name("llamacpp_process.py")
 START_TIMEOUT_S = 120.0     # SmolLM2's GGUF loads in about a second; a loaded machine may take many times that
 STOP_GRACE_S = 5.0
@@ -61,9 +63,16 @@ def unavailable_reason(path: Path) -> str | None:
     return None
 
 
-def log_name(threads: int, ngram: tuple[int, int] | None) -> str:
-    """'llamacpp-plain-1t', 'llamacpp-ngram-2t': one log per kind of server (its latest start's)."""
-    return f"llamacpp-{'ngram' if ngram else 'plain'}-{threads}t"
+def draft_gguf(cache_dir: str | Path | None = None) -> Path:
+    """Where `fetch-model` writes the GGUF of SmolLM2's shipped draft model (engine/model/gguf_export.py's
+    draft_gguf_path, not imported: this room never reaches the numpy model)."""
+    return Path(cache_dir or cache_folder()) / "gguf" / f"{OUR_MODEL}-draft.F16.gguf"
+
+
+def log_name(threads: int, ngram: tuple[int, int] | None, draft: Path | None = None) -> str:
+    """'llamacpp-plain-1t', 'llamacpp-ngram-2t', 'llamacpp-draft-1t': one log per kind of server (its latest
+    start's)."""
+    return f"llamacpp-{'draft' if draft else 'ngram' if ngram else 'plain'}-{threads}t"
 
 
 @dataclass
@@ -76,14 +85,16 @@ class EmbeddedLlamaCpp:
     @classmethod
     def start(cls, path: Path, threads: int = 1, ctx_size: int = 4096, parallel: int = 2,
               ngram: tuple[int, int] | None = None, cache: Path | None = None,
-              timeout_s: float = START_TIMEOUT_S) -> "EmbeddedLlamaCpp":
+              timeout_s: float = START_TIMEOUT_S, draft: Path | None = None) -> "EmbeddedLlamaCpp":
         """llama.cpp on `path`; with `ngram` = (n, k) it speculates with its own n-gram lookup (ngram_simple):
-        the last n tokens are looked up earlier in the sequence and up to k following tokens drafted. Returns once
-        it listens; raises RuntimeError with the excerpt of its log when it exits first or is not up in time."""
-        log_path = server_log(Path(cache or cache_folder()), log_name(threads, ngram))
+        the last n tokens are looked up earlier in the sequence and up to k following tokens drafted; with `draft`
+        (a GGUF of the same vocabulary) it speculates with that draft model, DRAFT_GAMMA tokens a step. Returns
+        once it listens; raises RuntimeError with the excerpt of its log when it exits first or is not up in time."""
+        log_path = server_log(Path(cache or cache_folder()), log_name(threads, ngram, draft))
         key = secrets.token_urlsafe(24)
         settings = {"path": str(path), "threads": threads, "parallel": parallel, "ctx_size": ctx_size,
-                    "alias": path.stem, "ngram": list(ngram) if ngram else None}
+                    "alias": path.stem, "ngram": list(ngram) if ngram else None,
+                    "draft": {"path": str(draft), "gamma": DRAFT_GAMMA} if draft else None}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"),
                "LANG": os.environ.get("LANG", "C.UTF-8"), "LLAMACPP_API_KEY": key}
         with open(log_path, "wb") as log:
@@ -91,13 +102,15 @@ class EmbeddedLlamaCpp:
                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
         address = wait_listening(process, log_path, timeout_s)
-        speculation = {"speculation": f"n-gram lookup: {ngram[0]}-gram, up to {ngram[1]} draft tokens"} if ngram else {}
+        method, label, speculation = ("draft_model", DRAFT_LABEL, {"speculation": f"draft model {draft.name} (float16), "
+                                      f"{DRAFT_GAMMA} draft tokens a step"}) if draft else \
+            ("ngram", NGRAM_LABEL, {"speculation": f"n-gram lookup: {ngram[0]}-gram, up to {ngram[1]} draft tokens"}) \
+            if ngram else ("none", LABEL, {})
         ours = OUR_MODEL if path.name == gguf_path().name else None      # the weights of which model of ours
-        engine = ExternalEngine(LABEL if ngram is None else NGRAM_LABEL, address + "/v1", None, address + "/metrics", key,
+        engine = ExternalEngine(label, address + "/v1", None, address + "/metrics", key,
                                 "llamacpp", {"threads": threads, "file": path.name, "quantization": "Q4_1",
                                              "bytes": path.stat().st_size, "parallel": parallel, "n_ctx": ctx_size,
-                                             "our_model": ours, "speculative_method": "ngram" if ngram else "none",
-                                             **speculation})
+                                             "our_model": ours, "speculative_method": method, **speculation})
         server = cls(process, engine, log_path)
         threading.Thread(target=server.on_exit, args=(logger.error,), name="llamacpp-exit", daemon=True).start()
         return server

@@ -112,6 +112,12 @@ def unpermute_rope_rows(w, n_heads: int):  # [n_heads hd, in] -> [n_heads hd, in
     return w.reshape(n_heads, rows // n_heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
+def permute_rope_rows(w, n_heads: int):  # [n_heads hd, in] -> [n_heads hd, in]
+    """llama.cpp's converter's permutation (the inverse of `unpermute_rope_rows`): rotate-half rows to pairs."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, 2, rows // n_heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
 def weights_from_gguf(reader: gguf.GGUFReader, cfg: ModelConfig, unpermute: bool = True) -> dict[str, np.ndarray]:
     """Every tensor dequantized to float32 under its Hugging Face name; Q and K rows back in HF order.
 

@@ -47,6 +47,32 @@ def restrict_lm_head(model: Model, ids, norm_weight, head_embed) -> Model:
     return model
 
 
+def full_vocabulary_head(head, ids, dtype=np.float16):  # head [V, C], ids [Vs] -> [V, C] in dtype
+    """A full-vocabulary LM head that chooses greedily as the head restricted to `ids` (S) does, for engines whose
+    LM head is one [V, C] matrix (llama.cpp, vLLM): S's rows kept, every other row the mean of S's rows.
+
+    A token outside S then gets the mean of S's logits, which is below their maximum for every hidden state h != 0
+    (the logits are linear in h, the LM head having no bias): the mean is a combination of S's rows with weights
+    all > 0, so it equals the maximum only where all of S's logits are equal, that is where h is orthogonal to every
+    difference of two rows of S, and those differences span the hidden space (checked). Rounded to `dtype` the
+    mean moves; the rounded row is checked to be such a combination still (its weights solved in float64), so the
+    property holds for the stored values. A context's tokens outside S (engine/spec_decode/subset_draft.py) are
+    not in it: a fixed matrix cannot depend on the context."""
+    head, ids = np.asarray(head), np.asarray(ids, np.int64)
+    rows = head[ids].astype(np.float64)                                             # [Vs, C]
+    mean = rows.mean(axis=0)                                                        # [C]
+    stored = mean.astype(dtype)
+    a = np.vstack([rows.T, np.ones(len(ids))])                                      # [C + 1, Vs]: sum w_s x_s, sum w_s
+    if np.linalg.matrix_rank(a) < a.shape[0]:
+        raise ValueError("the subset's LM head rows do not span the hidden space: a row outside it could tie")
+    shift = np.linalg.lstsq(a, np.append(stored.astype(np.float64) - mean, 0.0), rcond=None)[0]    # [Vs]
+    if (1.0 / len(ids) + shift).min() <= 0:
+        raise ValueError(f"the mean of the subset's rows rounded to {np.dtype(dtype).name} is no longer inside them")
+    out = np.broadcast_to(stored, head.shape).astype(dtype)                         # [V, C]
+    out[ids] = head[ids]
+    return out
+
+
 def load_draft(path: Path, subset: bool = True) -> Model:
     """A shipped draft's Model (float32); subset: its LM head restricted to vocab_subset.json if the folder has one."""
     cfg, weights, _ = load_checkpoint(path, with_tokenizer=False)      # the same code as every checkpoint's

@@ -39,6 +39,12 @@ def card(target: str, info: dict, c_table: str | None, status: str) -> str:
         f"tokenizer.json and tokenizer_config.json beside it: `decoding-playground train-draft {target} export "
         "--tokenizer --out DIR` writes them.",
         "",
+        f"For llama.cpp, `decoding-playground fetch-model {target}` (`make fetch`, which `make run` and `make test` "
+        f"run first) writes this draft as a GGUF into the cache, gguf/{target}-draft.F16.gguf "
+        "(engine/model/gguf_export.py; not in the repository): float16, the target GGUF's tokenizer fields, and an "
+        "LM head over the whole vocabulary whose rows outside S are the mean of S's rows, so that its greedy drafts "
+        "are S's (docs/external-engines.md).",
+        "",
         "## Shape: c, a draft step over a target step",
         "",
         "The LM head of a drafting engine can be the full vocabulary or, like the EAGLE head's, the "

@@ -3,14 +3,9 @@ import numpy as np
 import pytest
 
 from engine.model.checkpoint import load_checkpoint
-from engine.model.gguf import config_from_gguf, dequantized, hf_name, unpermute_rope_rows
+from engine.model.gguf import config_from_gguf, dequantized, hf_name, permute_rope_rows, unpermute_rope_rows
 from engine.model.llama import Model, forward_no_cache
 from engine.spec_decode.sampling import softmax
-
-
-def llamacpp_permute(w, n_heads):  # [n_heads hd, in]: llama.cpp's converter, HF rotate-half -> interleaved pairs
-    rows, cols = w.shape
-    return w.reshape(n_heads, 2, rows // n_heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
 def rope_rotate_half(x, pos, theta=10000.0):  # [hd]: pairs (i, i + hd/2), Hugging Face
@@ -35,7 +30,7 @@ def test_unpermute_undoes_llamacpp_and_keeps_attention_scores():
     n_heads, hd, c = 3, 8, 5
     wq, wk = rng.standard_normal((2, n_heads * hd, c))
     x1, x2 = rng.standard_normal((2, c))
-    gq, gk = llamacpp_permute(wq, n_heads), llamacpp_permute(wk, n_heads)
+    gq, gk = permute_rope_rows(wq, n_heads), permute_rope_rows(wk, n_heads)
     assert np.array_equal(unpermute_rope_rows(gq, n_heads), wq)
     for h in range(n_heads):
         rows = slice(h * hd, (h + 1) * hd)
@@ -92,7 +87,7 @@ def test_logits_tell_the_right_rotary_layout_from_the_wrong_one(smollm2_dir, tok
     for i in range(cfg.num_hidden_layers):
         for proj, heads in (("q_proj", 9), ("k_proj", 3)):
             name = f"model.layers.{i}.self_attn.{proj}.weight"
-            wrong[name] = llamacpp_permute(weights[name], heads)
+            wrong[name] = permute_rope_rows(weights[name], heads)
     nll, first = {}, {}
     for layout, w in (("right", weights), ("wrong", wrong)):
         logits = forward_no_cache(Model(cfg, w), prompt + answer)[len(prompt) - 1:-1]
