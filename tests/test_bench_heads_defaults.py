@@ -83,8 +83,8 @@ def test_a_tree_that_wins_becomes_the_demos_drafting_and_a_request_gets_its_whol
     record_defaults(folder, "today", {1: chain, 2: tree})
     assert "speculative_eagle_topk" not in current_defaults(folder)[1]
     assert best_row([chain, close], current_defaults(folder)[2]) is close          # the tree in use stays
-    assert demo_settings("smollm2-135m", 1, tmp_path) == {"num_speculative_tokens": 3, "draft_confidence_threshold": 0.0,
-                                                          "threads": 1}
+    assert demo_settings("smollm2-135m", 1, tmp_path) == {
+        "num_speculative_tokens": 3, "draft_confidence_threshold": 0.0, "threads": 1}
     assert demo_settings("smollm2-135m", 2, tmp_path) == {
         "num_speculative_tokens": 5, "draft_confidence_threshold": 0.0, "speculative_eagle_topk": 4,
         "speculative_num_draft_tokens": 8, "threads": 2}

@@ -127,7 +127,8 @@ def best_row(rows: list[dict], current: dict | None = None) -> dict | None:
 
 def demo_entry(row: dict, date: str) -> dict:
     """A demo.json entry for a row: its drafting (a tree's top-k and budget too) and what measured it."""
-    tree = {"speculative_eagle_topk": row["topk"], "speculative_num_draft_tokens": row["budget"]} if is_tree(row) else {}
+    tree = {"speculative_eagle_topk": row["topk"], "speculative_num_draft_tokens": row["budget"]} if is_tree(row) \
+        else {}
     return {"num_speculative_tokens": row["gamma"], "draft_confidence_threshold": row.get("confidence", 0.0), **tree,
             "decode_speedup": round(row["measured"], 3), "measured": f"bench heads, {date}, {row['config']}"}
 

@@ -88,8 +88,8 @@ def test_a_demo_tree_is_filled_whole_for_eagle_and_only_where_no_part_of_its_sha
             **tree}
         assert fit_request(registry, {"model": "pretrained", "method": "eagle", "max_tokens": 9}).settings.items() \
             >= tree.items()
-        for asked in ({"num_speculative_tokens": 2}, {"method": "eagle", "speculative_eagle_topk": 2}, {"method": "ngram"},
-                      {"method": "none"}):
+        for asked in ({"num_speculative_tokens": 2}, {"method": "eagle", "speculative_eagle_topk": 2},
+                      {"method": "ngram"}, {"method": "none"}):
             settings = fit_request(registry, {"model": "pretrained", **asked}).settings
             assert settings.items() >= asked.items(), settings
             assert not tree.items() <= settings.items(), settings
