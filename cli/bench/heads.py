@@ -211,8 +211,9 @@ def tables(out: dict) -> list[str]:
 
 
 def add_parser(bsub) -> None:
-    b = add_bench(bsub, "heads", "SmolLM2: EAGLE and Medusa heads against plain decoding (fresh generations)", run,
-                  tables, quick="one prompt per set, eagle and medusa at γ = 3 only")
+    b = add_bench(bsub, "heads", "SmolLM2: EAGLE and Medusa heads, chains and token trees, against plain decoding "
+                  "(fresh generations)", run, tables,
+                  quick="one prompt per set, eagle and medusa at γ = 3 and one tree each")
     b.add_argument("--max-tokens", type=int, default=96)
     b.add_argument("--repeats", type=int, default=2)
     b.add_argument("--no-vllm", action="store_true",
