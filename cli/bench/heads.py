@@ -1,5 +1,7 @@
-"""`decoding-playground bench heads`: EAGLE and Medusa heads against plain decoding on SmolLM2, vLLM's acceptance
-with our EAGLE head and llama.cpp's with our draft model; a full run writes the heads' card and the demo's EAGLE setting.
+"""`decoding-playground bench heads`: EAGLE and Medusa heads, chains and token trees, against plain decoding on
+SmolLM2 in one interleaved run (the trees beside the best chain: engine/experiments/tree_shapes.py), vLLM's
+acceptance with our EAGLE head and llama.cpp's with our draft model; a full run writes the heads' card and the
+demo's EAGLE setting, chain or tree.
 """
 from __future__ import annotations
 
@@ -13,9 +15,13 @@ from safetensors.numpy import load_file, save_file
 
 from cli.bench.engines import chat
 from cli.bench.lib import add_bench, generation, goals, machine, machine_line, shown, table, write_section
-from cli.bench.smollm2 import NAME, against_plain, config, generate
+from cli.bench.smollm2 import CONTEXT, NAME, against_plain, config, generate
+from engine.experiments.measure import verify_curve
 from engine.experiments.shootout import SPEC_BENCH, h100_speedup
 from engine.external.llamacpp_draft import DRAFT_GAMMA, draft_model_acceptance, pooled_rate
+from engine.experiments.tree_shapes import (TREE_SHAPES, best_row, current_defaults, is_tree,
+                                            record_defaults, tree_config, tree_configs, tree_goals, tree_rows,
+                                            verified_nodes)
 from engine.external.vllm_rounds import acceptance_figures, own_counts
 from engine.external.vllm_server import EAGLE_GAMMA, VARIANTS, VllmServer, default_venv, unavailable_reason
 from engine.model.fetched import cache_dir, model_dir
@@ -30,13 +36,11 @@ HELD_OUT = held_out_prompts()
 OPEN = [HELD_OUT[i] for i in np.random.default_rng(0).permutation(len(HELD_OUT))[:8]]   # head_data's held-out order
 SUMMARIES = [summary_prompt(p) for p in HELD_OUT_PARAGRAPHS]
 CONFIDENCE = 0.5      # draft_confidence_threshold of the rows that stop early (a held-out sweep chose it: docs)
-CONFIGS = [("ngram", 3), *(("eagle", k) for k in (1, 2, 3, 4)), ("eagle", 3, CONFIDENCE), ("eagle", 5, CONFIDENCE),
-           *(("medusa", k) for k in (1, 2, 3)), ("medusa", 3, CONFIDENCE)]        # (method, γ[, threshold])
-QUICK_CONFIGS = [("eagle", 3), ("medusa", 3)]
-EAGLE_SWEEP = [(3, 0.0), (3, 0.5), (5, 0.5), (7, 0.5), (5, 0.3)]   # --compare-threads: (γ or its cap, threshold)
-QUICK_SWEEP = [(3, 0.0), (5, 0.5)]
-DEMO_FILE = "demo.json"
-TIE = 0.01          # speed-ups this close are one run's noise apart
+CONFIGS = [("ngram", 3), *(("eagle", k) for k in (2, 3, 4)), ("eagle", 5, CONFIDENCE), ("medusa", 2), ("medusa", 3)]
+QUICK_CONFIGS = [("eagle", 3), ("medusa", 3)]                            # chains: (method, γ[, threshold])
+EAGLE_SWEEP = [config("eagle", 3), config("eagle", 3, CONFIDENCE), config("eagle", 5, CONFIDENCE),
+               *(tree_config("eagle", *shape) for shape in TREE_SHAPES["eagle"][::2])]   # --compare-threads
+QUICK_SWEEP = [config("eagle", 3), tree_config("eagle", *TREE_SHAPES["eagle"][0])]
 
 
 def run(args) -> dict:
@@ -49,21 +53,24 @@ def run(args) -> dict:
     lm = reg.get(NAME)
     heads = reg.heads_for(lm)
     cfgs = [config(*c) for c in (QUICK_CONFIGS if args.quick else CONFIGS) if c[0] == "ngram" or c[0] in heads]
+    cfgs += tree_configs([m for m in ("eagle", "medusa") if m in heads], args.quick)
     generate(engine, OPEN[0], 8, method="none")                                           # warm up
+    curve = verify_curve(lm, CONTEXT, sorted({1, *(verified_nodes(s) + 1 for _, s in cfgs)}), 3 if args.quick else 9)
     sets = {"open questions": OPEN[:1] if args.quick else OPEN, "summaries": SUMMARIES[:1] if args.quick else SUMMARIES}
-    out = {"machine": started, "model": NAME, "max_tokens": args.max_tokens, "repeats": args.repeats, "threads": threads(),
-           "sets": {}}
+    out = {"machine": started, "model": NAME, "max_tokens": args.max_tokens, "repeats": args.repeats,
+           "threads": threads(), "sets": {}, "verify_curve": {n: ms / curve[1] for n, ms in curve.items()}}
     for label, prompts in sets.items():
         cs = cfgs if label == "open questions" else [c for c in cfgs if c[1]["method"] == "eagle"]
         r = against_plain(engine, prompts, args.max_tokens, args.repeats, cs)[None]
         for row in r["rows"]:
             row["h100_projected"] = h100_speedup(engine, lm, row["method"], row["mean_acceptance_length"],
-                                                  row["draft_calls_per_round"], context=256)
+                                                  row["draft_calls_per_round"], CONTEXT, row["nodes_per_round"])
+            row["curve_ratio"] = out["verify_curve"][row["budget"] + 1]
         out["sets"][label] = r
     if args.compare_threads and "eagle" in heads:
         counts = sorted({1, max(2, threads())})
-        out["by_threads"] = against_plain(engine, sets["open questions"], args.max_tokens, args.repeats, [
-            config("eagle", k, q) for k, q in (QUICK_SWEEP if args.quick else EAGLE_SWEEP)], counts)
+        out["by_threads"] = against_plain(engine, sets["open questions"], args.max_tokens, args.repeats,
+                                          QUICK_SWEEP if args.quick else EAGLE_SWEEP, counts)
     held_out = np.array([i for r in out["sets"].values() for i in r.pop("plain_ids")])
     for r in out.get("by_threads", {}).values():
         r.pop("plain_ids")
@@ -73,8 +80,8 @@ def run(args) -> dict:
         out["vllm"] = vllm_compare(engine, reg, lm, sets["open questions"], args.max_tokens)
     if reg.draft_for(lm) is not None:                         # llama.cpp's acceptance with our draft model, beside ours
         q, n = sets["open questions"], args.max_tokens
-        out["draft_model"] = {"gamma": DRAFT_GAMMA, "ours": our_acceptance(engine, NAME, q, n, DRAFT_GAMMA, "draft_model"),
-                              "llama.cpp": draft_model_acceptance(q, n)}
+        ours = our_acceptance(engine, NAME, q, n, DRAFT_GAMMA, "draft_model")
+        out["draft_model"] = {"gamma": DRAFT_GAMMA, "ours": ours, "llama.cpp": draft_model_acceptance(q, n)}
     if not args.quick and not args.no_write:
         (HEADS_DIR / NAME / "bench.json").write_text(json.dumps(out, indent=1))
         sets = [set_table(label, r) for label, r in out["sets"].items()]      # the heads' card shows them too
@@ -87,10 +94,11 @@ def run(args) -> dict:
 
 
 def our_acceptance(engine, name: str, prompts, max_tokens: int, gamma: int, method: str = "eagle") -> dict:
-    runs = [generation(engine, prompt, {"model": name, "chat": True, "temperature": 0, "max_tokens": max_tokens, "method": method,
-                                        "num_speculative_tokens": gamma, "enable_prefix_caching": False})[1] for prompt in prompts]
-    return {**acceptance_figures(sum(s["num_drafts"] for s in runs), [sum((s["accepted_per_position"] + [0] * gamma)[i]
-                                 for s in runs) for i in range(gamma)]),
+    settings = {"model": name, "chat": True, "temperature": 0, "max_tokens": max_tokens, "method": method,
+                "num_speculative_tokens": gamma, "enable_prefix_caching": False}
+    runs = [generation(engine, prompt, settings)[1] for prompt in prompts]
+    per_position = [sum((s["accepted_per_position"] + [0] * gamma)[i] for s in runs) for i in range(gamma)]
+    return {**acceptance_figures(sum(s["num_drafts"] for s in runs), per_position),
             **pooled_rate([(s["num_draft_tokens"], s["num_accepted_tokens"]) for s in runs])}
 
 
@@ -132,7 +140,7 @@ def vllm_compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
     return out
 
 
-def acceptance_table(r: dict, title: str) -> str:  # engines' acceptance with one drafter (llama.cpp's: accepted / drafted)
+def acceptance_table(r: dict, title: str) -> str:      # engines' acceptance with one drafter (llama.cpp's: drafted)
     rows = [[k, f"not measured: {x['skipped']}"] if "skipped" in x else [k, x.get("mean_acceptance_length"), " / ".join(
         f"{a:.2f}" for a in x.get("acceptance_per_position", [])) or None, x.get("draft_n") and
         f"{x['draft_n_accepted']} / {x['draft_n']} = {x['acceptance_rate']:.3f}"] for k, x in r.items() if k != "gamma"]
@@ -141,12 +149,16 @@ def acceptance_table(r: dict, title: str) -> str:  # engines' acceptance with on
 
 
 def set_table(label: str, r: dict) -> str:
+    trees = {t["config"]: t for t in tree_rows(r["rows"]) if t["chain"]}
     return table(["config", "mean acceptance length", "acceptance per position", "α", "draft forwards per round", "c",
-                  "t(verify)/t(1)", "predicted", "measured, decode", "measured, whole generation", "H100 projection",
-                  "identical output"],
-                 [[x["config"], x["mean_acceptance_length"], " / ".join(f"{a:.2f}" for a in x["acceptance_per_position"]),
-                   x["alpha"], x["draft_calls_per_round"], f"{x['c']:.3f}", x["v"], f"{x['predicted']:.2f}x",
-                   shown(x["decode_speedup"]), f"{x['measured_wall']:.2f}x",
+                  "t(verify)/t(1)", "rows: t(n)/t(1), curve", "predicted", "measured, decode",
+                  "measured, whole generation", "tree / best chain: speed, L", "H100 projection", "identical output"],
+                 [[x["config"], x["mean_acceptance_length"],
+                   " / ".join(f"{a:.2f}" for a in x["acceptance_per_position"]), x["alpha"],
+                   x["draft_calls_per_round"], f"{x['c']:.3f}", x["v"],
+                   x.get("curve_ratio") and f"{x['budget'] + 1}: {x['curve_ratio']:.2f}", f"{x['predicted']:.2f}x",
+                   shown(x["decode_speedup"]), f"{x['measured_wall']:.2f}x", (t := trees.get(x["config"])) and
+                   f"{t['vs_chain']:.2f}x, L {t['acceptance_vs_chain']:.2f}x ({t['chain']})",
                    f"{x['h100_projected']:.2f}x" if x.get("h100_projected") else None, x["identical"]]
                   for x in r["rows"]],
                  f"{label} (plain decoding: {r['t1_ms']:.1f} ms per one-token forward in these runs)")
@@ -158,81 +170,55 @@ def threads_tables(r: dict) -> list[str]:
                               f"{shown(x['decode_speedup'])}{'' if x['identical'] else ' (output differs)'}"
                               for x in (r[t]["rows"][i] for t in counts))]
             for i, row in enumerate(r[counts[0]]["rows"])]
-    best = [[t, (b := best_row(r[t]["rows"])) and b["config"], b and f"{b['measured']:.2f}x", r[t]["t1_ms"]] for t in counts]
+    best = "; ".join(f"at {t} thread(s), {b['config']}, {b['measured']:.2f}x (one-token forward {r[t]['t1_ms']:.1f} ms)"
+                     for t in counts if (b := best_row(r[t]["rows"])))
     return [table(["config", *(f"{t} thr.: L / c / v / speed-up" for t in counts)], rows,
-                  "EAGLE per thread count (open questions, the counts taking turns)"),
-            table(["threads", "best setting", "its speed-up", "one-token forward ms"], best)]
+                  "EAGLE per thread count (open questions, the counts taking turns)"), f"Best: {best or 'none'}."]
 
 
 def tables(out: dict) -> list[str]:
-    heads = table(["head", "parameters", "vocabulary subset (LM head rows)", "coverage of the plain answers"],
-                  [[m, f"{h['parameters']:,}", f"{h['vocab_subset']:,}", f"{h['coverage_held_out']:.1%}"]
-                   for m, h in out["heads"].items()],
-                  f"{out['model']}, chat, temperature 0, {out['threads']} thread(s), {out['max_tokens']} tokens, "
-                  f"{out['repeats']} repeats")
+    heads = "; ".join(f"{m} {h['parameters']:,} parameters + LM head rows of a {h['vocab_subset']:,}-token subset "
+                      f"({h['coverage_held_out']:.1%} of the plain answers' tokens)" for m, h in out["heads"].items())
     sets = out["sets"]
 
-    def best(label, method):              # the goals' rows: best γ by measured speed-up, identical output required
-        rows = [x for x in sets.get(label, {}).get("rows", []) if x["method"] == method]
+    def best(label, method, chains=False):  # the goals' rows: best setting by measured speed-up, identical output
+        rows = [x for x in sets.get(label, {}).get("rows", []) if x["method"] == method and not (chains and is_tree(x))]
         return max(rows, key=lambda x: x["measured"] if x["identical"] else 0.0, default=None)
-    eagle, summary, medusa = best("open questions", "eagle"), best("summaries", "eagle"), best("open questions", "medusa")
-    eagle3 = next((x for x in sets.get("open questions", {}).get("rows", [])
-                   if x["method"] == "eagle" and x["gamma"] == 3 and not x.get("confidence")), None)
+    eagle, medusa = best("open questions", "eagle"), best("open questions", "medusa")
+    summary = best("summaries", "eagle")
+    chain, open_rows = best("open questions", "eagle", chains=True), sets.get("open questions", {}).get("rows", [])
+    eagle3 = next((x for x in open_rows if x["method"] == "eagle" and x["gamma"] == 3 and not x.get("confidence")
+                   and not is_tree(x)), None)
     every = [x for r in sets.values() for x in r["rows"]]
     error = max((abs(x["measured"] / x["predicted"] - 1) for x in every if x["predicted"]), default=None)
-    checks = [("EAGLE at its best γ, open questions, identical output (decode)", eagle, "measured", ">=", 1.5),
-              ("EAGLE mean acceptance length at γ = 3, open questions", eagle3, "mean_acceptance_length", ">=", 2.6),
-              ("EAGLE at its best γ, summaries (decode)", summary, "measured", ">=", 1.8),
-              ("Medusa at its best γ, open questions (decode)", medusa, "measured", ">=", 1.25),
-              ("c of EAGLE at its best γ, open questions", eagle, "c", "<=", 0.08)]
+    checks = [("EAGLE at its best setting, open questions, identical output (decode)", eagle, "measured", ">=", 1.5),
+              ("EAGLE mean acceptance length, chain of γ = 3, open questions", eagle3, "mean_acceptance_length", ">=",
+               2.6),
+              ("EAGLE at its best setting, summaries (decode)", summary, "measured", ">=", 1.8),
+              ("Medusa at its best setting, open questions (decode)", medusa, "measured", ">=", 1.25),
+              ("c of EAGLE at its best chain, open questions", chain, "c", "<=", 0.08)]
     rows = [(what, row[key] if row["identical"] else None, op, bound,
              f"{row[key]:.{3 if key == 'c' else 2}f} ({row['config']}{'' if row['identical'] else ', output differs'})")
             for what, row, key, op, bound in checks if row is not None]
-    lines = [heads, *(set_table(label, r) for label, r in sets.items()), goals(rows + (
-        [("measured (decode) against predicted, every row, % off", 100 * error, "<=", 10, f"{error:.1%}")]
-        if error is not None else []))]
-    lines += [acceptance_table(out[k], title) for k, title in (("vllm", "Our EAGLE head in vLLM (its EAGLE layout)"), (
-        "draft_model", "Our draft model in llama.cpp (its GGUF; target SmolLM2 Q4_1 there, its float32 here)")) if k in out]
+    trees = tree_goals(tree_rows(open_rows))
+    lines = [f"{out['model']}, chat, temperature 0, {out['threads']} thread(s), {out['max_tokens']} tokens, "
+             f"{out['repeats']} repeats. Heads: {heads}. Spec-Bench (Vicuna-7B, A100) mean acceptance lengths for "
+             f"comparison: {', '.join(f'{m} {v}' for m, v in SPEC_BENCH.items())}.",
+             *(set_table(label, r) for label, r in sets.items()), goals(rows + trees + (
+                 [("measured (decode) against predicted, every row, % off", 100 * error, "<=", 10, f"{error:.1%}")]
+                 if error is not None else []))]
+    lines += [acceptance_table(out[k], title) for k, title in (
+        ("vllm", "Our EAGLE head in vLLM (its EAGLE layout)"),
+        ("draft_model", "Our draft model in llama.cpp (its GGUF; its target SmolLM2 Q4_1, ours float32)")) if k in out]
     if "by_threads" in out:
         lines += threads_tables(out["by_threads"])
-    return lines + [table(["Spec-Bench (Vicuna-7B, A100)", *SPEC_BENCH],
-                          [["mean acceptance length", *SPEC_BENCH.values()]])]
-
-
-def best_row(rows: list[dict], current: dict | None = None) -> dict | None:
-    """The fastest EAGLE setting with identical output; the one in use stays unless beaten by more than TIE."""
-    eagle = [x for x in rows if x["method"] == "eagle" and x["identical"]]
-    best = max(eagle, key=lambda x: x["measured"], default=None)
-    kept = [x for x in eagle if current and (x["gamma"], x.get("confidence", 0.0)) ==
-            (current["num_speculative_tokens"], current["draft_confidence_threshold"])]
-    if best and kept and kept[0]["measured"] * (1 + TIE) >= best["measured"]:
-        return kept[0]
-    return best
-
-
-def current_defaults(folder: Path) -> dict[int, dict]:
-    """The demo's settings per thread count as last recorded (`record_defaults`)."""
-    f = folder / DEMO_FILE
-    return {int(t): e for t, e in json.loads(f.read_text())["by_threads"].items()} if f.is_file() else {}
-
-
-def record_defaults(folder: Path, date: str, best_by_threads: dict[int, dict]) -> dict:
-    """Store the best EAGLE setting per thread count in `folder`/demo.json (what the page's demo opens with)."""
-    f = folder / DEMO_FILE
-    data = json.loads(f.read_text()) if f.is_file() else {"by_threads": {}}
-    for t, row in best_by_threads.items():
-        if row is None:
-            continue
-        data["by_threads"][str(t)] = {
-            "num_speculative_tokens": row["gamma"], "draft_confidence_threshold": row.get("confidence", 0.0),
-            "decode_speedup": round(row["measured"], 3), "measured": f"bench heads, {date}, {row['config']}"}
-    f.write_text(json.dumps(data, indent=1) + "\n")
-    return data
+    return lines
 
 
 def add_parser(bsub) -> None:
-    b = add_bench(bsub, "heads", "SmolLM2: EAGLE and Medusa heads against plain decoding (fresh generations)", run,
-                  tables, quick="one prompt per set, eagle and medusa at γ = 3 only")
+    b = add_bench(bsub, "heads", "SmolLM2: EAGLE and Medusa heads, chains and token trees, against plain decoding "
+                  "(fresh generations)", run, tables,
+                  quick="one prompt per set, eagle and medusa at γ = 3 and one tree each")
     b.add_argument("--max-tokens", type=int, default=96)
     b.add_argument("--repeats", type=int, default=2)
     b.add_argument("--no-vllm", action="store_true",

@@ -15,6 +15,7 @@ import numpy as np
 from cli.bench.lib import (add_bench, by_key, forward_after, generate_process, goals, paired, paired_rates,
                            pooled, shown, table, take_turns, timer)
 from cli.bench.spec import by_prompt, figures, in_run_ms, run
+from engine.experiments.tree_shapes import drafting, verified_nodes
 from engine.kv.cache import KVCacheManager
 from engine.model.checkpoint import load_checkpoint
 from engine.model.fetched import cache_dir, fetched_models, is_fetched
@@ -71,11 +72,9 @@ def against_plain(engine, prompts, max_tokens, repeats, cfgs, counts=(None,)) ->
     for t in counts:
         plain, rows = runs[t, "plain"], []
         for name, s in cfgs:
-            x = figures(s["num_speculative_tokens"], runs[t, name], plain)
+            x = figures(s["num_speculative_tokens"], runs[t, name], plain, verified_nodes(s))
             per_round = x["draft_calls_per_round"] * x["c"] + x["v"]
-            rows.append({**x, "config": name, "method": s["method"], "gamma": s["num_speculative_tokens"],
-                         "confidence": s.get("draft_confidence_threshold", 0.0),
-                         "predicted": (x["drafts"] * x["mean_acceptance_length"] + x["plain_steps"])
+            rows.append({**x, "config": name, "method": s["method"], **drafting(s), "predicted": (x["drafts"] * x["mean_acceptance_length"] + x["plain_steps"])
                          / (x["drafts"] * per_round + x["plain_steps"]),
                          "measured": x["decode_speedup"]["median"], "measured_wall": x["wall_speedup"]["median"]})
         out[t] = {"t1_ms": statistics.median(in_run_ms(b, 1) for b in plain), "rows": rows,

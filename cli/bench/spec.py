@@ -46,8 +46,9 @@ def in_run_ms(summaries, n: int, upto: int | None = None) -> float | None:
     return sum(times) / len(times) if times else None
 
 
-def figures(k: int, runs: list, base_runs: list) -> dict:
-    """A setting's figures from its runs and the plain runs of the same repeats."""
+def figures(k: int, runs: list, base_runs: list, nodes: int | None = None) -> dict:
+    """A setting's figures from its runs and the plain runs of the same repeats (k: its depth; nodes: the most
+    it verifies, a tree's budget, default k)."""
     last = runs[-1]
     drafts, accepted = sum(x["num_drafts"] for x in last), sum(x["num_accepted_tokens"] for x in last)
     # rounds that ended in a rejection: every judged-and-rejected token stops its round
@@ -56,7 +57,7 @@ def figures(k: int, runs: list, base_runs: list) -> dict:
     t1 = [in_run_ms(b, 1) for b in base_runs]
     c = [sum(x["draft_time_s"] for x in r) * 1e3 / max(1, sum(x["draft_forward_calls"] for x in r)) / t
          for r, t in zip(runs, t1)]
-    v = [(in_run_ms(r, 2, k + 1) or in_run_ms(r, 1)) / t for r, t in zip(runs, t1)]
+    v = [(in_run_ms(r, 2, (nodes or k) + 1) or in_run_ms(r, 1)) / t for r, t in zip(runs, t1)]
 
     def speedup(key):
         return paired([sum(x[key] for x in b) for b in base_runs], [sum(x[key] for x in r) for r in runs])
@@ -67,7 +68,8 @@ def figures(k: int, runs: list, base_runs: list) -> dict:
                                         for i in range(k)] if drafts else [],
             "tokens_per_target_call": sum(x["num_output_tokens"] for x in last)
             / sum(x["target_forward_calls"] - 1 for x in last),                       # minus the prefill
-            "draft_calls_per_round": calls / drafts if drafts else 0.0,
+            "draft_calls_per_round": calls / drafts if drafts else 0.0, "nodes_per_round": sum(
+                x["num_draft_tokens"] for x in last) / drafts if drafts else 0.0,
             "plain_steps": sum(len(x["target_ms_by_tokens"].get(1, [])) for x in last),   # nothing proposed (n-gram)
             "c_runs": c, "v_runs": v, "c": statistics.median(c) if calls else 0.0, "v": statistics.median(v),
             "speedup": speedup("elapsed_s"), "decode_speedup": speedup("tpot_s"), "wall_speedup": speedup("wall_s"),

@@ -44,17 +44,19 @@ def methods_for(engine: InferenceEngine, target) -> list[str]:
 
 
 def h100_speedup(engine: InferenceEngine, target, method: str, acceptance_length: float, drafts_per_round: float,
-                 context: int) -> float | None:
+                 context: int, nodes_per_round: float | None = None) -> float | None:
     """A draft head's measured acceptance length L and draft forwards per round k on an H100's roofline
-    (parameters in bf16, KV of one layer for EAGLE): L / (k c + t(rows)/t(1)), rows = k + 1 rounded up. Medusa's
-    heads draft in one pass (k = 1 for its c): its c is every head's bytes, read once."""
+    (parameters in bf16, KV of one layer for EAGLE): L / (k c + t(rows)/t(1)), rows = the nodes verified + 1
+    rounded up (a chain's nodes: k; a tree's: its budget, drafted in k forwards over its frontiers, each costing
+    a one-row pass on a roofline that reads the weights once). Medusa's heads draft in one pass (k = 1 for its
+    c): its c is every head's bytes, read once."""
     head = engine.registry.heads_for(target).get(method)
     if head is None:
         return None
     cfg = target.cfg
     kv_layer = 2 * cfg.num_key_value_heads * cfg.head_dim * 2
-    p = projected_costs(ACCELERATORS["H100-SXM"], math.ceil(drafts_per_round), target.model.num_parameters,
-                        head.num_parameters + len(head.subset) * cfg.hidden_size,
+    p = projected_costs(ACCELERATORS["H100-SXM"], math.ceil(nodes_per_round or drafts_per_round),
+                        target.model.num_parameters, head.num_parameters + len(head.subset) * cfg.hidden_size,
                         kv_layer * cfg.num_hidden_layers, kv_layer if method == "eagle" else 0, context)
     passes = 1 if method == "medusa" else drafts_per_round
     return acceptance_length / (passes * p["c"] + p["verify_ratio"])

@@ -30,6 +30,9 @@ from .settings import GenerationSettings, SettingsError, excerpt
 # An EAGLE head's drafting when it is a model's default method and `bench heads` measured none for the thread
 # count (models/heads/NAME/demo.json): γ and the confidence threshold of SmolLM2's head's best one-thread run.
 EAGLE_DEFAULTS = {"num_speculative_tokens": 5, "draft_confidence_threshold": 0.5}
+# A tree's shape where `bench heads` measured a tree fastest: filled as a whole, for EAGLE, where a request names
+# none of it (a depth asked with the demo's budget could make a tree below its depth).
+TREE_SHAPE = ("speculative_eagle_topk", "speculative_num_draft_tokens")
 
 
 @dataclass
@@ -49,7 +52,7 @@ def model_defaults(registry, target: LoadedModel) -> dict:
     # the head's best drafting as `bench heads` measured it at this process's weight-product threads
     best = demo_settings(target.name, threads(), registry.heads_dir) if "eagle" in heads else None
     if best is not None:
-        return {"method": "eagle", **{k: best[k] for k in EAGLE_DEFAULTS}}
+        return {"method": "eagle", **{k: best[k] for k in (*EAGLE_DEFAULTS, *TREE_SHAPE) if k in best}}
     if registry.draft_for(target) is not None:
         return {"method": "draft_model"}
     if "eagle" in heads:
@@ -108,6 +111,9 @@ def method_defaults(asked: dict) -> dict:
 def _on(registry, target: LoadedModel, asked: dict) -> tuple[dict, dict, SettingsError | None]:
     """`asked` on `target`: the settings with its defaults filled in, those defaults, and what it cannot take."""
     filled = {k: v for k, v in model_defaults(registry, target).items() if asked.get(k) is None}
+    if any(asked.get(k) is not None for k in ("num_speculative_tokens", *TREE_SHAPE)) or \
+            (asked.get("method") or filled.get("method")) != "eagle":
+        filled = {k: v for k, v in filled.items() if k not in TREE_SHAPE}
     filled.update(method_defaults(asked))
     settings = {**filled, **{k: v for k, v in asked.items() if v is not None}}
     return settings, filled, unmet(registry, target, GenerationSettings.parse(settings))

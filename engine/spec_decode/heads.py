@@ -277,10 +277,11 @@ class MedusaProposer(Proposer):
 
 
 def demo_settings(target_name: str, threads: int, heads_dir: Path = HEADS_DIR) -> dict | None:
-    """EAGLE's best γ and confidence threshold for a target at `threads` weight-product threads, as `bench heads`
-    measured them (its folder's demo.json, per thread count): the entry of the most threads measured up to
-    `threads`, else of the fewest; None without one. Verification and drafting scale differently with threads
-    (cli/bench/heads.py), so the best setting is a property of the thread count."""
+    """EAGLE's best γ and confidence threshold (and a tree's top-k and budget where a tree was fastest) for a
+    target at `threads` weight-product threads, as `bench heads` measured them (its folder's demo.json, per
+    thread count): the entry of the most threads measured up to `threads`, else of the fewest; None without one.
+    Verification and drafting scale differently with threads (cli/bench/heads.py), so the best setting is a
+    property of the thread count."""
     try:
         by_threads = json.loads((Path(heads_dir) / target_name / "demo.json").read_text())["by_threads"]
         entries = {int(t): e for t, e in by_threads.items()}
@@ -290,8 +291,9 @@ def demo_settings(target_name: str, threads: int, heads_dir: Path = HEADS_DIR) -
         return None
     at = max((t for t in entries if t <= threads), default=min(entries))
     e = entries[at]
+    tree = {k: int(e[k]) for k in ("speculative_eagle_topk", "speculative_num_draft_tokens") if e.get(k)}
     return {"num_speculative_tokens": int(e["num_speculative_tokens"]),
-            "draft_confidence_threshold": float(e.get("draft_confidence_threshold", 0.0)), "threads": at}
+            "draft_confidence_threshold": float(e.get("draft_confidence_threshold", 0.0)), **tree, "threads": at}
 
 
 def available_heads(target_name: str, heads_dir: Path = HEADS_DIR) -> list[str]:

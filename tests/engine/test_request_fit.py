@@ -68,3 +68,30 @@ def test_no_model_named_the_default_runs_unless_it_cannot_then_the_first_that_ca
     assert fit.model == "pretrained" and fit.settings["num_speculative_tokens"] == 5
     with pytest.raises(SettingsError, match="^method: t-mha has no medusa head"):      # nobody can: the default's
         fit_request(registry, {"method": "medusa"})
+
+
+def test_a_demo_tree_is_filled_whole_for_eagle_and_only_where_no_part_of_its_shape_was_asked(registry, tmp_path):
+    """bench heads may record a tree as a model's fastest drafting (demo.json): a request that leaves the drafting
+    out gets its depth, top-k and budget together; one that names its depth, or another method, gets no tree."""
+    import json
+
+    from engine.model.threads import threads
+    (tmp_path / "pretrained").mkdir()
+    (tmp_path / "pretrained" / "demo.json").write_text(json.dumps({"by_threads": {str(threads()): {
+        "num_speculative_tokens": 5, "draft_confidence_threshold": 0.0, "speculative_eagle_topk": 4,
+        "speculative_num_draft_tokens": 8}}}))
+    before, registry.heads_dir = registry.heads_dir, tmp_path
+    try:
+        tree = {"speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8}
+        assert fit_request(registry, {"model": "pretrained"}).settings == {
+            "model": "pretrained", "method": "eagle", "num_speculative_tokens": 5, "draft_confidence_threshold": 0.0,
+            **tree}
+        assert fit_request(registry, {"model": "pretrained", "method": "eagle", "max_tokens": 9}).settings.items() \
+            >= tree.items()
+        for asked in ({"num_speculative_tokens": 2}, {"method": "eagle", "speculative_eagle_topk": 2},
+                      {"method": "ngram"}, {"method": "none"}):
+            settings = fit_request(registry, {"model": "pretrained", **asked}).settings
+            assert settings.items() >= asked.items(), settings
+            assert not tree.items() <= settings.items(), settings
+    finally:
+        registry.heads_dir = before
