@@ -84,7 +84,7 @@ def _shootout(engine: InferenceEngine, target, s: dict, comparison: Job[dict]) -
     plain = c["sides"]["none"]
     ones = pooled_ms(plain["runs"], 1)
     t1 = statistics.median(ones) if ones else None
-    rows = []
+    rows, tree = [], s["speculative_eagle_topk"] > 1
     for m, side in c["sides"].items():
         r = side["run"]
         sm = r["summary"] or {}
@@ -93,20 +93,22 @@ def _shootout(engine: InferenceEngine, target, s: dict, comparison: Job[dict]) -
                "measured": side.get("speedup")}
         drafts = sm.get("num_drafts") or 0
         if m != "none" and drafts and t1:
-            k = sm["num_draft_tokens"] / drafts                 # below γ where a confidence threshold stopped it
+            nodes = sm["num_draft_tokens"] / drafts             # below γ where a confidence threshold stopped it
+            passes = "draft_forward_calls" if tree else "num_draft_tokens"      # a tree's: one per depth
+            k = sm[passes] / drafts
             L = sm["mean_acceptance_length"]
-            c_each = [x["summary"]["draft_time_s"] * 1e3 / x["summary"]["num_draft_tokens"] / t1
-                      for x in side["runs"] if x["summary"] and x["summary"]["num_draft_tokens"]]
-            verify = pooled_ms(side["runs"], 2, gamma + 1)
+            c_each = [x["summary"]["draft_time_s"] * 1e3 / x["summary"][passes] / t1
+                      for x in side["runs"] if x["summary"] and x["summary"][passes]]
+            verify = pooled_ms(side["runs"], 2, math.ceil(nodes) + 1)
             v = statistics.mean(verify) / t1 if verify else None
-            cost = statistics.median(c_each)
+            cost = statistics.median(c_each) if c_each else 0.0       # (an n-gram tree: no draft forward)
             rejected = drafts - sum(1 for t in sm["tokens"] if t["status"] == "bonus")
             acc = sm["num_accepted_tokens"]
             alpha = acc / (acc + rejected) if acc + rejected else 0.0
             row.update(mean_acceptance_length=L, per_position=[a / drafts for a in sm["accepted_per_position"]],
-                       c=cost, verify_ratio=v, drafts_per_round=k, verify_rows=k + 1, alpha=alpha,
+                       c=cost, verify_ratio=v, drafts_per_round=k, verify_rows=nodes + 1, alpha=alpha,
                        predicted=L / (k * cost + v) if v else None,
-                       h100=h100_speedup(engine, target, m, L, k, len(r["emitted_ids"]) + 64))
+                       h100=h100_speedup(engine, target, m, L, k, len(r["emitted_ids"]) + 64, nodes))
         rows.append(row)
     return {"settings": s, "model": target.name, "gamma": gamma, "t1_ms": t1, "rows": rows, "repeats": c["repeats"],
             "load_average": c["load_average"], "cores": c["cores"],
