@@ -36,7 +36,8 @@ HELD_OUT = held_out_prompts()
 OPEN = [HELD_OUT[i] for i in np.random.default_rng(0).permutation(len(HELD_OUT))[:8]]   # head_data's held-out order
 SUMMARIES = [summary_prompt(p) for p in HELD_OUT_PARAGRAPHS]
 CONFIDENCE = 0.5      # draft_confidence_threshold of the rows that stop early (a held-out sweep chose it: docs)
-CONFIGS = [("ngram", 3), *(("eagle", k) for k in (2, 3, 4)), ("eagle", 5, CONFIDENCE), ("medusa", 2), ("medusa", 3)]
+CONFIGS = [("ngram", 3), *(("eagle", k) for k in (2, 3, 4)), ("eagle", 5, CONFIDENCE), ("medusa", 2), ("medusa", 3),
+           *(("draft_model", k) for k in (2, 3, 4))]
 QUICK_CONFIGS = [("eagle", 3), ("medusa", 3)]                            # chains: (method, γ[, threshold])
 EAGLE_SWEEP = [config("eagle", 3), config("eagle", 3, CONFIDENCE), config("eagle", 5, CONFIDENCE),
                *(tree_config("eagle", *shape) for shape in TREE_SHAPES["eagle"][::2])]   # --compare-threads
@@ -52,7 +53,8 @@ def run(args) -> dict:
     engine = InferenceEngine(reg, max_sessions=2)
     lm = reg.get(NAME)
     heads = reg.heads_for(lm)
-    cfgs = [config(*c) for c in (QUICK_CONFIGS if args.quick else CONFIGS) if c[0] == "ngram" or c[0] in heads]
+    drafters = {"ngram", *heads, *(["draft_model"] if reg.draft_for(lm) is not None else [])}
+    cfgs = [config(*c) for c in (QUICK_CONFIGS if args.quick else CONFIGS) if c[0] in drafters]
     cfgs += tree_configs([m for m in ("eagle", "medusa") if m in heads], args.quick)
     generate(engine, OPEN[0], 8, method="none")                                           # warm up
     curve = verify_curve(lm, CONTEXT, sorted({1, *(verified_nodes(s) + 1 for _, s in cfgs)}), 3 if args.quick else 9)
@@ -196,7 +198,9 @@ def tables(out: dict) -> list[str]:
                2.6),
               ("EAGLE at its best setting, summaries (decode)", summary, "measured", ">=", 1.8),
               ("Medusa at its best setting, open questions (decode)", medusa, "measured", ">=", 1.25),
-              ("c of EAGLE at its best chain, open questions", chain, "c", "<=", 0.08)]
+              ("c of EAGLE at its best chain, open questions", chain, "c", "<=", 0.08),
+              ("Draft model at its best γ, open questions (decode)", best("open questions", "draft_model"), "measured",
+               ">=", 1.0)]
     rows = [(what, row[key] if row["identical"] else None, op, bound,
              f"{row[key]:.{3 if key == 'c' else 2}f} ({row['config']}{'' if row['identical'] else ', output differs'})")
             for what, row, key, op, bound in checks if row is not None]
