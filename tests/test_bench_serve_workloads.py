@@ -20,8 +20,8 @@ def test_a_sweep_of_a_workload_measures_every_cell_and_makes_a_table(models_dir,
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert (out["workload"], out["method"], out["model"]) == (workload, method, "target-mha")
-    assert {(x["gamma"], x["concurrency"]) for x in out["rows"]} == {(g, c) for g in ("none", 2, 4, 6)
-                                                                     for c in (1, 4, 16)}
+    assert {(x["gamma"], x["concurrency"]) for x in out["rows"]} == {
+        (g, c) for g in ("none", 2, 4, 6, "acceptance", "batch") for c in (1, 4, 16)}
     assert all(x["errors"] == 0 and x["tokens_per_s"] > 0 for x in out["rows"])
     table = validated_table(out["table"])
     assert [e[:2] for e in table] == [(1, 3), (4, 15), (16, 16)] and all(e[2] in (0, 2, 4, 6) for e in table)

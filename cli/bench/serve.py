@@ -17,12 +17,14 @@ import httpx
 from cli.bench.lib import add_bench, goals, pooled, table, take_turns
 from cli.bench.served import (PROMPTS, RUN_DONE, Server, client, figures, many, merge, ms, p50_p99, pcts, per_thread_count,
                               wait_until_loaded)
+from engine.experiments.serve_figures import over_best_fixed
 from engine.experiments.serve_workloads import WORKLOADS, make_workload
 from engine.external.vllm_server import SERVED_NAME, VARIANTS, free_port
 from engine.serving.settings import METHODS
 from engine.spec_decode.batch_schedule import fastest_gamma, store_table, table_from_sweep
 
 SWEEP_GAMMAS = ("none", 2, 4, 6)
+ADAPTIVE = ("acceptance", "batch")   # the sweep's adaptive schedules, from its largest γ (target: 0.95x the best)
 CONCURRENCY = (1, 4, 16)      # sessions at once: the sweep's, the room's and vLLM's against ours
 KNEE_GAIN = 1.25       # tokens/s from one concurrency to the next (4x the sessions) below this: past the knee
 
@@ -37,7 +39,8 @@ def add_parser(bsub) -> None:
     bp.add_argument("--workload", default="code", choices=WORKLOADS, help="what the clients ask (default code)")
     bp.add_argument("--num-speculative-tokens", type=int, default=4, help="γ (default 4)")
     bp.add_argument("--repeats", type=int, default=5, help="turns of one alone and all at once (default 5)")
-    bp.add_argument("--sweep", action="store_true", help="γ in {none, 2, 4, 6} x concurrency in {1, 4, 16}")
+    bp.add_argument("--sweep", action="store_true", help="γ in {none, 2, 4, 6} and the schedules acceptance and batch "
+                    "(from γ 6) x concurrency in {1, 4, 16}")
     bp.add_argument("--engine", choices=("ours", "vllm"), default="ours",
                     help="vllm: our engine against vLLM at 1, 4 and 16 sessions through `serve --vllm`")
     bp.add_argument("--model", default=None, help="the room on one model (e.g. smollm2-135m): 1, 4 and 16 sessions at "
@@ -146,6 +149,8 @@ def settings_of(method: str, gamma, max_tokens: int, model: str | None = None, c
     base = {"max_tokens": max_tokens, **({"model": model} if model else {}), **({"chat": True} if chat else {})}
     if method == "none" or gamma == "none":
         return {**base, "method": "none"}
+    if gamma in ADAPTIVE:
+        return {**base, "method": method, "num_speculative_tokens": 6, "num_speculative_tokens_schedule": gamma}
     return {**base, "method": method, "num_speculative_tokens": int(gamma)}
 
 
@@ -193,11 +198,11 @@ def run_sweep(args) -> dict:
         cell = lambda g: settings_of(method, g, args.max_tokens, model, chat)  # noqa: E731 - chat: where it can
         ask(ws_base, max(CONCURRENCY), cell(4), make_workload(args.workload))                          # warm up
         for concurrency in CONCURRENCY:
-            asked = {g: make_workload(args.workload) for g in SWEEP_GAMMAS}
-            runs = take_turns({g: lambda g=g: ask(ws_base, concurrency, cell(g), asked[g]) for g in SWEEP_GAMMAS},
+            asked = {g: make_workload(args.workload) for g in SWEEP_GAMMAS + ADAPTIVE}
+            runs = take_turns({g: lambda g=g: ask(ws_base, concurrency, cell(g), asked[g]) for g in asked},
                               args.repeats)
             baseline = merge(runs["none"])["tokens_per_s"]
-            for gamma in SWEEP_GAMMAS:
+            for gamma in asked:
                 r = merge(runs[gamma])
                 rows.append({"gamma": gamma, "concurrency": concurrency, "tpot_ms": ms(r["tpot_s"]),
                              "itl_s": r["itl_s"], "tokens_per_s": r["tokens_per_s"],
@@ -205,8 +210,8 @@ def run_sweep(args) -> dict:
                              "ratio": r["tokens_per_s"] / baseline if baseline and r["tokens_per_s"] else None,
                              "errors": r["errors"]})
         left = blocks_left(srv)
-    best = {c: fastest_gamma({x["gamma"]: x["tokens_per_s"] for x in rows if x["concurrency"] == c})
-            for c in CONCURRENCY}
+    best = {c: fastest_gamma({x["gamma"]: x["tokens_per_s"] for x in rows if x["concurrency"] == c
+                              and x["gamma"] in SWEEP_GAMMAS}) for c in CONCURRENCY}
     out = {"max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, "model": model, "method": method,
            "workload": args.workload, "kv_blocks_used_after": left["kv_blocks_used"], "table": table_from_sweep(best)}
     if not args.no_write:
@@ -269,8 +274,10 @@ def sweep_tables(r: dict) -> list[str]:
                     x["mean_acceptance_length"], x["ratio"], x["errors"]] for x in r["rows"]],
                   f"{r.get('model', 'target-mha')}, {r.get('method', 'draft_model')}, {r.get('workload', 'code')} "
                   f"workload, {r['max_tokens']} tokens a client, full speed, {r['repeats']} turns a cell; KV blocks in "
-                  f"use after the sweep: {r['kv_blocks_used_after']}; the `batch` schedule's table (γ 0: off): "
-                  f"{r.get('table')}")]
+                  f"use after the sweep: {r['kv_blocks_used_after']}; the table it makes for the `batch` schedule (γ 0: "
+                  f"off; its batch cells ran the one stored before): {r.get('table')}"),
+            goals([(f"{a} over the best fixed γ, {c} sessions", v, ">=", 0.95) for (a, c), v in
+                   over_best_fixed(r["rows"], SWEEP_GAMMAS, ADAPTIVE).items()])]
 
 
 def room_tables(r: dict) -> list[str]:

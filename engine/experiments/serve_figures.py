@@ -52,3 +52,14 @@ def ms(x):
 def p50_p99(d: dict) -> str:
     """A `pcts` of seconds as a table shows it: 'p50 / p99' in ms."""
     return " / ".join("–" if d[k] is None else f"{d[k] * 1e3:.1f}" for k in ("p50", "p99"))
+
+
+def over_best_fixed(rows: list[dict], fixed, adaptive) -> dict[tuple, float | None]:
+    """A sweep's adaptive γ schedules against its fixed γs ("none", no speculation, among them): per (schedule,
+    concurrency) its tokens/s over the fastest fixed γ's at that concurrency (None: a cell failed or is missing)."""
+    by = {(x["gamma"], x["concurrency"]): x["tokens_per_s"] for x in rows}
+    out = {}
+    for a, c in sorted({(g, c) for g, c in by if g in adaptive}, key=lambda k: (adaptive.index(k[0]), k[1])):
+        best = max((by.get((g, c)) or 0 for g in fixed), default=0)
+        out[a, c] = by[a, c] / best if by[a, c] and best else None
+    return out

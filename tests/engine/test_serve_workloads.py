@@ -2,7 +2,7 @@
 a run of many clients measured (engine/experiments/serve_figures.py)."""
 import pytest
 
-from engine.experiments.serve_figures import figures, merge
+from engine.experiments.serve_figures import figures, merge, over_best_fixed
 from engine.experiments.serve_workloads import (REVISE, WORKLOADS, Agentic, Workshop, make_workload, revision_prompt,
                                                 workshop_prompt)
 from engine.experiments.workshop import QUESTIONS
@@ -55,3 +55,13 @@ def test_a_run_s_figures_keep_each_client_s_answer_and_merge_drops_them():
     assert f["texts"] == ["an answer", None] and f["errors"] == 1 and f["tokens_per_s"] == pytest.approx(5.0)
     merged = merge([f, f])
     assert "texts" not in merged and merged["errors"] == 2 and merged["itl_s"]["n"] == 4
+
+
+def test_adaptive_schedules_are_compared_with_the_fastest_fixed_gamma_at_each_concurrency():
+    rows = [{"gamma": g, "concurrency": c, "tokens_per_s": t} for g, c, t in [
+        ("none", 1, 100.0), (2, 1, 150.0), (4, 1, 120.0), ("batch", 1, 147.0), ("acceptance", 1, 90.0),
+        ("none", 16, 400.0), (2, 16, 300.0), (4, 16, None), ("batch", 16, 404.0), ("acceptance", 16, None)]]
+    got = over_best_fixed(rows, ("none", 2, 4), ("acceptance", "batch"))
+    assert list(got) == [("acceptance", 1), ("acceptance", 16), ("batch", 1), ("batch", 16)]
+    assert got["batch", 1] == pytest.approx(0.98) and got["batch", 16] == pytest.approx(1.01)
+    assert got["acceptance", 1] == pytest.approx(0.6) and got["acceptance", 16] is None
