@@ -15,6 +15,7 @@ models/batch_schedules/MODEL.json; a model or method measured by no sweep drafts
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -93,7 +94,7 @@ def store_table(model: str, method: str, table: list, measured: str, tables_dir:
     data = json.loads(f.read_text()) if f.is_file() else {"by_method": {}}
     data["by_method"][method] = {TABLE_KEY: [list(e) for e in validated_table(table)], "measured": measured}
     f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(json.dumps(data, indent=1) + "\n")
+    f.write_text(re.sub(r"\[\s+(\d+),\s+(\d+),\s+(\d+)\s+\]", r"[\1, \2, \3]", json.dumps(data, indent=1)) + "\n")
     return f
 
 

@@ -1,5 +1,7 @@
 """The `batch` γ schedule (engine/spec_decode/batch_schedule.py): vLLM's per-batch-size table as a pure lookup, the
 table a sweep's fastest cells make, its file, and in sessions: γ by the sessions running on the model."""
+import json
+
 import pytest
 
 from engine.serving.session import GenerationSession
@@ -107,3 +109,12 @@ def test_a_session_drafts_alone_and_stops_drafting_beside_another(family, tmp_pa
     assert states and all(s["why"] == "off" and s["batch_size"] == 2 and s["range"] == [2, 2] for s in states)
     assert engine.running["t-mha"] == set()
     assert max(e.num_draft_tokens for e in run() if e.type == "round") == 3
+
+
+def test_the_shipped_tables_are_valid_and_say_where_they_were_measured():
+    files = sorted(batch_schedule.TABLES_DIR.glob("*.json"))
+    assert files
+    for f in files:
+        for method in json.loads(f.read_text())["by_method"]:
+            table = load_table(f.stem, method)
+            assert table is not None and table["measured"].startswith("bench serve --sweep"), (f, method)
