@@ -1,5 +1,6 @@
 """`bench serve --sweep --workload ...` end to end: real clients asking a workload's prompts of a real server, every
-cell of γ x concurrency measured, and the `batch` schedule's table made from them (not stored with --no-write)."""
+cell of γ x concurrency measured, and the `batch` schedule's table made from them (not stored with --no-write); and
+the workload's answers read from vLLM's own stream (`--engine vllm`)."""
 import json
 import os
 import subprocess
@@ -27,3 +28,34 @@ def test_a_sweep_of_a_workload_measures_every_cell_and_makes_a_table(models_dir,
     assert [e[:2] for e in table] == [(1, 3), (4, 15), (16, 16)] and all(e[2] in (0, 2, 4, 6) for e in table)
     assert out["kv_blocks_used_after"] == 0
     assert {f.name: f.read_text() for f in TABLES_DIR.glob("*.json")} == stored     # --no-write: nothing stored
+
+
+def test_a_request_straight_to_vllm_keeps_its_answer_for_the_next_agentic_turn(monkeypatch):
+    """`direct` (vLLM without the page) against an OpenAI-style stream (vLLM's chunks, served in this process): each
+    client's answer is the chunks' text, and an agentic workload's next prompt revises it."""
+    import asyncio
+
+    import httpx
+
+    from cli.bench import serve
+    from engine.experiments.serve_workloads import Agentic, revision_prompt
+    from engine.experiments.workshop import QUESTIONS
+
+    asked = []
+
+    def vllm(request: httpx.Request) -> httpx.Response:
+        question = json.loads(request.content)["messages"][0]["content"]
+        asked.append(question)
+        chunks = [{"choices": [{"delta": {"content": f"answer to {question[-12:]}"}, "token_ids": [1, 2]}]},
+                  {"choices": [{"delta": {"content": "!"}, "token_ids": [3]}]}]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(httpx, "AsyncClient", lambda **kw: real(transport=httpx.MockTransport(vllm), **kw))
+    workload = Agentic()
+    first = asyncio.run(serve.direct("http://vllm/v1/chat/completions", "key", 2, 8, workload))
+    asyncio.run(serve.direct("http://vllm/v1/chat/completions", "key", 2, 8, workload))
+    assert first["errors"] == 0 and first["output_tokens"] == 6
+    assert first["texts"] == [f"answer to {q[0][-12:]}!" for q in QUESTIONS[:2]]      # in the clients' order
+    assert sorted(asked[2:]) == sorted(revision_prompt(t) for t in first["texts"])
