@@ -5,7 +5,8 @@
     schedule.observe(num_drafted, num_accepted)   # after each round
     schedule.report()                             # what the status line says of it (None: nothing to say)
 
-A schedule is a function of the acceptances it observed, never of time: the same rounds give the same γs.
+A schedule is a function of the acceptances it observed, never of time: the same rounds give the same γs. The
+`batch` schedule is a function of the load instead: the sessions running on the model when a round starts.
 """
 from __future__ import annotations
 
