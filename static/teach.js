@@ -374,6 +374,7 @@
             ', c measured in this run. “Measure against plain decoding” runs this run’s settings and plain decoding ' +
             'interleaved, several times each, as the Race and the Shoot-out do.'
     }
+    drawSuffix(colors, s.suffix || null)
     var curveNote = $('theory-curve-note')
     if (curveNote) {
       var cn = s.curve_note
@@ -385,6 +386,34 @@
           ') below t(1) beyond the noise (a busy machine); the predictions that need it are not shown, and it is ' +
           'measured again when asked for a minute after.')
     }
+  }
+
+  // suffix decoding's rounds by their match length (x): the mean draft and accepted lengths, and the bound the rule
+  // sets at that match length (/teach/theory.json's `suffix`, engine/experiments/theory.py's suffix_series)
+  function drawSuffix(colors, sx) {
+    var fig = $('theory-suffix-figure'), note = $('theory-suffix-note')
+    if (!fig) return
+    fig.hidden = !sx
+    fig.dataset.rounds = sx ? sx.drafted.length : 0
+    if (note) note.textContent = !sx ? '' : sx.drafted.length + ' rounds; match length → mean drafted (bound): ' +
+      sx.by_match.map(function (b) { return b.match_len + ' → ' + fmt(b.drafted, 1) + ' (' + b.bound + ')' }).join(', ')
+    var g = sx && setupCanvas($('theory-suffix'))
+    if (!g) return
+    var by = sx.by_match, maxM = by[by.length - 1].match_len
+    var maxY = niceMax(Math.max.apply(null, by.map(function (b) { return Math.max(b.bound, b.drafted) }).concat([1])) * 1.1)
+    axes(g, maxY, colors, '')
+    var plotW = g.W - g.left - g.right, ph = g.H - g.top - g.bottom, step = plotW / maxM
+    by.forEach(function (b) {
+      var x = g.left + (b.match_len - 1) * step
+      g.ctx.fillStyle = colors['--theory-measured']
+      g.ctx.fillRect(x + step * 0.15, g.top + ph - b.drafted / maxY * ph, step * 0.4, b.drafted / maxY * ph)
+      g.ctx.fillStyle = colors['--theory-curve']
+      g.ctx.fillRect(x + step * 0.55, g.top + ph - b.accepted / maxY * ph, step * 0.3, b.accepted / maxY * ph)
+      g.ctx.fillStyle = colors['--theory-formula']
+      g.ctx.fillRect(x + step * 0.08, g.top + ph - b.bound / maxY * ph - 1.5, step * 0.84, 3)
+      g.ctx.fillStyle = colors['--muted']
+      if (maxM <= 12 || b.match_len % 4 === 1) g.ctx.fillText(String(b.match_len), x + step / 2 - 3, g.H - 5)
+    })
   }
 
   // The measured speed-up: plain decoding of this run's prompt and settings, timed on the same engine (server side)

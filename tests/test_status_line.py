@@ -134,3 +134,29 @@ def test_the_status_line_says_why_the_acceptance_schedule_turned_speculation_off
     assert detail(schedule.report()).endswith("γ 1 (probing whether speculation pays again: 0.00 draft tokens "
                                               "accepted a round (moving average))")
     assert detail(None).endswith("γ 1")
+
+
+def test_the_status_line_says_why_the_batch_schedule_turned_speculation_off():
+    """The `batch` schedule's report in words: γ from the table at this load, off where the measured table found no
+    speculation fastest (with where it was measured), and no table: γ as set."""
+    from app.views.fragments import status_view
+    from engine.spec_decode.batch_schedule import BatchSchedule, validated_table
+
+    running = [1]
+    schedule = BatchSchedule(6, {"table": validated_table([[1, 3, 4], [4, 15, 0]]), "measured": "bench serve --sweep"},
+                             lambda: running[0])
+
+    def detail():
+        schedule.observe(0, 0)
+        return status_view({"state": "running", "round": 3, "tokens": 5, "gamma": schedule.k, "finish": None,
+                            "schedule": schedule.report()})["detail"]
+    assert detail().endswith("γ 4 (by load: 1 session on this model, the table's γ for 1-3 sessions)")
+    running[0] = 20
+    off = detail()
+    assert off.startswith("round 3 · 5 tokens · γ 0 · speculation off: 20 sessions on this model")
+    assert "at 4 sessions or more the measured table (bench serve --sweep) found no speculation fastest" in off
+    running[0] = 9
+    assert "at 4-15 sessions the measured table" in detail()
+    schedule = BatchSchedule(6, None, lambda: 2)
+    assert detail().endswith("γ 6 (by load: no table measured for this model and method, γ as set; "
+                             "2 sessions on this model)")

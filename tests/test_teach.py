@@ -503,3 +503,25 @@ def test_a_view_opens_by_url_and_can_be_hidden(client):
     assert re.search(r'<section id="teach" class="teach" data-part="views" hidden', html)
     html = client.get("/?view=nope").text
     assert "warning-banner" in html and "ignored view=" in html
+
+
+def test_theory_shows_suffix_decoding_s_draft_length_by_match_length(client, engine):
+    """A suffix decoding run recorded by the page: theory.json gives every drafting round's match length and draft
+    length (the draft events' own), each within the rule's bound; the view has the chart it draws them in. A run of
+    another method has no such series."""
+    view = client.app.state.playground.view("html")
+    view.form_prompt = PROMPT
+    events = run_events(engine, method="suffix", num_speculative_tokens=6, max_tokens=80)
+    show_run(view, events)
+    series = client.get(f"/teach/theory.json?recording={view.recording.key}").json()["suffix"]
+    drafts = [e for e in events if e.type == "draft"]
+    rounds = {e.round: e for e in events if e.type == "round"}
+    assert series["match_len"] == [d.origin["match_len"] for d in drafts]
+    assert series["drafted"] == [rounds[d.round].num_draft_tokens for d in drafts] == [len(d.tokens) for d in drafts]
+    assert all(0 <= n <= b for n, b in zip(series["drafted"], series["bound"]))
+    assert sum(series["drafted"]) > 0 and (series["gamma"], series["max_tree_depth"]) == (6, 24)
+    assert [b["match_len"] for b in series["by_match"]] == sorted(set(series["match_len"]))
+    html = client.get("/?view=theory").text
+    assert 'id="theory-suffix"' in html and 'id="theory-suffix-figure"' in html
+    show_run(view, run_events(engine, method="ngram", max_tokens=20))
+    assert client.get(f"/teach/theory.json?recording={view.recording.key}").json()["suffix"] is None

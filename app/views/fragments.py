@@ -196,15 +196,32 @@ SCHEDULE_WHY = {"warmup": "warming up", "steady": "holding", "down": "lowered", 
 
 
 def schedule_text(state: dict | None) -> str:
-    """What the `acceptance` schedule's state (engine/spec_decode/schedule.py, `report`) says of γ, in words."""
+    """What the `acceptance` or `batch` schedule's state (engine/spec_decode/schedule.py, batch_schedule.py,
+    `report`) says of γ, in words."""
     if not state:
         return ""
+    if state.get("schedule") == "batch":
+        return batch_schedule_text(state)
     mean = state["mean_accepted"]
     average = "" if mean is None else f"{mean:.2f} draft tokens accepted a round (moving average)"
     if state["rounds_to_probe"] is not None:
         return (f" · speculation off: {average}, at most {state['off_below']:g}, so a verification costs more "
                 f"than it saves; plain decode steps, a probe in {state['rounds_to_probe']} rounds")
     return f" ({SCHEDULE_WHY.get(state['why'], state['why'])}" + (f": {average})" if average else ")")
+
+
+def batch_schedule_text(state: dict) -> str:
+    n = state["batch_size"]
+    sessions = f"{n} session{'s' * (n != 1)} on this model"
+    if state["why"] == "unmeasured":
+        return f" (by load: no table measured for this model and method, γ as set; {sessions})"
+    start, end = state["range"]
+    where = (f"{start} sessions or more" if n > end else f"{start}-{end} sessions" if end > start
+             else f"{start} session{'s' * (start != 1)}")
+    if state["why"] == "off":
+        return (f" · speculation off: {sessions}, and at {where} the measured table ({state['measured']}) found "
+                "no speculation fastest, as verification no longer pays at this load")
+    return f" (by load: {sessions}, the table's γ for {where})"
 
 
 def summary_text(s: dict, external: bool) -> tuple[str, str]:

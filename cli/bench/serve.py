@@ -1,5 +1,7 @@
 """`decoding-playground bench serve`: a real server under /api/ws clients, alone and N at once, watchers, the
-engine alone; `--sweep`: γ x concurrency; `--model`: the room per thread count; `--engine vllm`: ours against vLLM.
+engine alone; `--sweep`: γ x concurrency, the fastest γ per concurrency stored as the model's and method's `batch`
+schedule (engine/spec_decode/batch_schedule.py); `--model`: the room per thread count, or the sweep's model;
+`--engine vllm`: ours against vLLM; `--workload`: what the clients ask (engine/experiments/serve_workloads.py).
 """
 from __future__ import annotations
 
@@ -15,9 +17,14 @@ import httpx
 from cli.bench.lib import add_bench, goals, pooled, table, take_turns
 from cli.bench.served import (PROMPTS, RUN_DONE, Server, client, figures, many, merge, ms, p50_p99, pcts, per_thread_count,
                               wait_until_loaded)
+from engine.experiments.serve_figures import over_best_fixed
+from engine.experiments.serve_workloads import WORKLOADS, make_workload
 from engine.external.vllm_server import SERVED_NAME, VARIANTS, free_port
+from engine.serving.settings import METHODS
+from engine.spec_decode.batch_schedule import fastest_gamma, store_table, table_from_sweep
 
 SWEEP_GAMMAS = ("none", 2, 4, 6)
+ADAPTIVE = ("acceptance", "batch")   # the sweep's adaptive schedules, from its largest γ (target: 0.95x the best)
 CONCURRENCY = (1, 4, 16)      # sessions at once: the sweep's, the room's and vLLM's against ours
 KNEE_GAIN = 1.25       # tokens/s from one concurrency to the next (4x the sessions) below this: past the knee
 
@@ -28,15 +35,16 @@ def add_parser(bsub) -> None:
     bp.add_argument("--clients", type=int, default=32, help="concurrent generating clients (default 32)")
     bp.add_argument("--watchers", type=int, default=200, help="watchers of one session (default 200; 0: skip)")
     bp.add_argument("--max-tokens", type=int, default=128, help="output tokens per generation (default 128)")
-    bp.add_argument("--method", default="draft_model", choices=("none", "draft_model", "ngram"),
-                    help="speculation method of the clients (default draft_model)")
+    bp.add_argument("--method", default="draft_model", choices=METHODS, help="the clients' (default draft_model)")
+    bp.add_argument("--workload", default="code", choices=WORKLOADS, help="what the clients ask (default code)")
     bp.add_argument("--num-speculative-tokens", type=int, default=4, help="γ (default 4)")
     bp.add_argument("--repeats", type=int, default=5, help="turns of one alone and all at once (default 5)")
-    bp.add_argument("--sweep", action="store_true", help="γ in {none, 2, 4, 6} x concurrency in {1, 4, 16}")
+    bp.add_argument("--sweep", action="store_true", help="γ in {none, 2, 4, 6} and the schedules acceptance and batch "
+                    "(from γ 6) x concurrency in {1, 4, 16}")
     bp.add_argument("--engine", choices=("ours", "vllm"), default="ours",
                     help="vllm: our engine against vLLM at 1, 4 and 16 sessions through `serve --vllm`")
-    bp.add_argument("--model", default=None,
-                    help="the room on one model (e.g. smollm2-135m): 1, 4 and 16 sessions at 1 .. --threads threads")
+    bp.add_argument("--model", default=None, help="the room on one model (e.g. smollm2-135m): 1, 4 and 16 sessions at "
+                    "1 .. --threads threads; with --sweep: the sweep's model (default target-mha)")
     bp.add_argument("-t", "--threads", type=int, default=2, metavar="N",
                     help="with --model: a server per thread count 1 .. N, taking turns (default 2)")
 
@@ -137,24 +145,36 @@ def engine_alone(n: int, settings: dict, repeats: int, models_dir: str | None) -
 
 
 # --- the runs ----------------------------------------------------------------------------------------------
-def settings_of(method: str, gamma, max_tokens: int) -> dict:
+def settings_of(method: str, gamma, max_tokens: int, model: str | None = None, chat: bool = False) -> dict:
+    base = {"max_tokens": max_tokens, **({"model": model} if model else {}), **({"chat": True} if chat else {})}
     if method == "none" or gamma == "none":
-        return {"method": "none", "max_tokens": max_tokens}
-    return {"method": method, "num_speculative_tokens": int(gamma), "max_tokens": max_tokens}
+        return {**base, "method": "none"}
+    if gamma in ADAPTIVE:
+        return {**base, "method": method, "num_speculative_tokens": 6, "num_speculative_tokens_schedule": gamma}
+    return {**base, "method": method, "num_speculative_tokens": int(gamma)}
+
+
+def ask(ws_base: str, n: int, settings: dict, workload=None) -> dict:
+    """`many` with the workload's prompts (None: the code prompts), its answers handed back to it."""
+    r = asyncio.run(many(ws_base, n, settings, workload and workload.prompts(n)))
+    if workload:
+        workload.answered(r["texts"])
+    return r
 
 
 def run_main(args) -> dict:
-    settings = settings_of(args.method, args.num_speculative_tokens, args.max_tokens)
-    out = {"settings": settings, "repeats": args.repeats}
+    wl = {side: make_workload(args.workload) for side in ("alone", "concurrent")}
+    settings = settings_of(args.method, args.num_speculative_tokens, args.max_tokens)   # the default model: no chat
+    out = {"settings": settings, "repeats": args.repeats, "workload": args.workload}
     with Server(*sessions(max(args.clients, 1)), models_dir=args.models_dir) as srv:
         ws_base = srv.ws("")
         # warm up: weights, caches, and the KV pools' memory (first touched by the first run at full load)
-        asyncio.run(many(ws_base, args.clients, settings))
+        ask(ws_base, args.clients, settings, make_workload(args.workload))
         for _ in range(3):
-            asyncio.run(many(ws_base, 1, settings))
+            ask(ws_base, 1, settings)
         # one alone is short and noisy: three of them a turn; tokens/s the median, latencies pooled
-        runs = take_turns({"alone": lambda: [asyncio.run(many(ws_base, 1, settings)) for _ in range(3)],
-                           "concurrent": lambda: asyncio.run(many(ws_base, args.clients, settings))}, args.repeats)
+        runs = take_turns({"alone": lambda: [ask(ws_base, 1, settings, wl["alone"]) for _ in range(3)],
+                           "concurrent": lambda: ask(ws_base, args.clients, settings, wl["concurrent"])}, args.repeats)
         out["alone"], out["concurrent"] = merge(pooled(runs["alone"])), merge(runs["concurrent"])
         out["after_all_left"] = {k: v for k, v in blocks_left(srv).items() if k in ("sessions", "kv_blocks_used",
                                                                                     "kv_blocks_total", "connections")}
@@ -170,15 +190,19 @@ def run_main(args) -> dict:
 
 
 def run_sweep(args) -> dict:
-    rows = []
-    with Server(*sessions(max(CONCURRENCY)), models_dir=args.models_dir) as srv:
-        ws_base = srv.ws("")
-        asyncio.run(many(ws_base, max(CONCURRENCY), settings_of("draft_model", 4, args.max_tokens)))  # warm up
+    """Each cell its own workload (the same prompts, turn by turn); the warm-up asks the workload's first requests
+    (a workshop's: its presenter's run of the questions, which suffix decoding drafts from afterwards)."""
+    rows, model, method = [], args.model or "target-mha", "draft_model" if args.method == "none" else args.method
+    with Server("--no-llamacpp", *sessions(max(CONCURRENCY)), models_dir=args.models_dir) as srv:
+        ws_base, chat = srv.ws(""), args.workload != "code" and wait_until_loaded(srv.base, model).get("chat", False)
+        cell = lambda g: settings_of(method, g, args.max_tokens, model, chat)  # noqa: E731 - chat: where it can
+        ask(ws_base, max(CONCURRENCY), cell(4), make_workload(args.workload))                          # warm up
         for concurrency in CONCURRENCY:
-            runs = take_turns({g: lambda s=settings_of("draft_model", g, args.max_tokens): asyncio.run(
-                many(ws_base, concurrency, s)) for g in SWEEP_GAMMAS}, args.repeats)
+            asked = {g: make_workload(args.workload) for g in SWEEP_GAMMAS + ADAPTIVE}
+            runs = take_turns({g: lambda g=g: ask(ws_base, concurrency, cell(g), asked[g]) for g in asked},
+                              args.repeats)
             baseline = merge(runs["none"])["tokens_per_s"]
-            for gamma in SWEEP_GAMMAS:
+            for gamma in asked:
                 r = merge(runs[gamma])
                 rows.append({"gamma": gamma, "concurrency": concurrency, "tpot_ms": ms(r["tpot_s"]),
                              "itl_s": r["itl_s"], "tokens_per_s": r["tokens_per_s"],
@@ -186,8 +210,14 @@ def run_sweep(args) -> dict:
                              "ratio": r["tokens_per_s"] / baseline if baseline and r["tokens_per_s"] else None,
                              "errors": r["errors"]})
         left = blocks_left(srv)
-    return {"max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows,
-            "kv_blocks_used_after": left["kv_blocks_used"]}
+    best = {c: fastest_gamma({x["gamma"]: x["tokens_per_s"] for x in rows if x["concurrency"] == c
+                              and x["gamma"] in SWEEP_GAMMAS}) for c in CONCURRENCY}
+    out = {"max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, "model": model, "method": method,
+           "workload": args.workload, "kv_blocks_used_after": left["kv_blocks_used"], "table": table_from_sweep(best)}
+    if not args.no_write:
+        store_table(model, method, out["table"], f"bench serve --sweep, {args.workload} workload, {args.max_tokens} "
+                    f"tokens, {args.repeats} turns, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    return out
 
 
 def run_room(args) -> dict:
@@ -242,8 +272,12 @@ def sweep_tables(r: dict) -> list[str]:
                    "tok/s over no speculation", "errors"],
                   [[x["gamma"], x["concurrency"], x["tpot_ms"], p50_p99(x["itl_s"]), x["tokens_per_s"],
                     x["mean_acceptance_length"], x["ratio"], x["errors"]] for x in r["rows"]],
-                  f"{r['max_tokens']} tokens a client, full speed, {r['repeats']} turns a cell; KV blocks in use "
-                  f"after the sweep: {r['kv_blocks_used_after']}")]
+                  f"{r.get('model', 'target-mha')}, {r.get('method', 'draft_model')}, {r.get('workload', 'code')} "
+                  f"workload, {r['max_tokens']} tokens a client, full speed, {r['repeats']} turns a cell; KV blocks in "
+                  f"use after the sweep: {r['kv_blocks_used_after']}; the table it makes for the `batch` schedule (γ 0: "
+                  f"off; its batch cells ran the one stored before): {r.get('table')}"),
+            goals([(f"{a} over the best fixed γ, {c} sessions", v, ">=", 0.95) for (a, c), v in
+                   over_best_fixed(r["rows"], SWEEP_GAMMAS, ADAPTIVE).items()])]
 
 
 def room_tables(r: dict) -> list[str]:
@@ -265,12 +299,12 @@ def room_tables(r: dict) -> list[str]:
 
 
 # --- vLLM against ours -------------------------------------------------------------------------------------
-async def direct_client(client: httpx.AsyncClient, url: str, key: str, i: int, max_tokens: int,
+async def direct_client(client: httpx.AsyncClient, url: str, key: str, prompt: str, max_tokens: int,
                         gate: asyncio.Event) -> dict:
-    """One chat request straight to vLLM (no page): its tokens, TTFT and gaps between chunks, on this clock."""
-    body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+    """One chat request straight to vLLM (no page): its tokens, text, TTFT and gaps between chunks, on this clock."""
+    body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "temperature": 0, "stream": True, "return_token_ids": True}
-    out = {"ok": False, "tokens": 0, "ttft_s": None, "itl_s": [], "error": None}
+    out = {"ok": False, "tokens": 0, "ttft_s": None, "itl_s": [], "error": None, "text": ""}
     await gate.wait()
     t0 = last = time.perf_counter()
     try:
@@ -278,7 +312,9 @@ async def direct_client(client: httpx.AsyncClient, url: str, key: str, i: int, m
             async for line in r.aiter_lines():
                 if not line.startswith("data: {"):
                     continue
-                ids = [t for c in json.loads(line[6:]).get("choices", []) for t in c.get("token_ids") or []]
+                choices = json.loads(line[6:]).get("choices", [])
+                ids = [t for c in choices for t in c.get("token_ids") or []]
+                out["text"] += "".join((c.get("delta") or {}).get("content") or "" for c in choices)
                 if ids:
                     now = time.perf_counter()
                     if out["ttft_s"] is None:
@@ -292,15 +328,17 @@ async def direct_client(client: httpx.AsyncClient, url: str, key: str, i: int, m
     return out
 
 
-async def direct(url: str, key: str, n: int, max_tokens: int) -> dict:
-    """`many` without the page: n requests at once straight to vLLM."""
-    gate = asyncio.Event()
+async def direct(url: str, key: str, n: int, max_tokens: int, workload=None) -> dict:
+    """`ask` without the page: n requests at once straight to vLLM."""
+    gate, prompts = asyncio.Event(), workload.prompts(n) if workload else [PROMPTS[i % len(PROMPTS)] for i in range(n)]
     async with httpx.AsyncClient(timeout=600, trust_env=False, limits=httpx.Limits(max_connections=n)) as client:
-        tasks = [asyncio.create_task(direct_client(client, url, key, i, max_tokens, gate)) for i in range(n)]
+        tasks = [asyncio.create_task(direct_client(client, url, key, p, max_tokens, gate)) for p in prompts]
         await asyncio.sleep(0.2)
         gate.set()
-        results = await asyncio.gather(*tasks)
-    return figures(n, results)
+        r = figures(n, await asyncio.gather(*tasks))
+    if workload:
+        workload.answered(r["texts"])
+    return r
 
 
 def run_vllm_sweep(args) -> dict:
@@ -315,12 +353,15 @@ def run_vllm_sweep(args) -> dict:
         for settings in engines.values():                                   # warm up both
             asyncio.run(many(ws_base, 1, {**settings, "max_tokens": 8}))
         for concurrency in CONCURRENCY:
-            sides = {name: lambda s=settings: asyncio.run(many(ws_base, concurrency, s))
+            wl = {name: make_workload(args.workload) for name in (*engines, "vllm, no page")}
+            sides = {name: lambda name=name, s=settings: ask(ws_base, concurrency, s, wl[name])
                      for name, settings in engines.items()}
-            sides["vllm, no page"] = lambda: asyncio.run(direct(url, key, concurrency, args.max_tokens))
+            sides["vllm, no page"] = lambda: asyncio.run(direct(url, key, concurrency, args.max_tokens,
+                                                                wl["vllm, no page"]))
             for name, got in take_turns(sides, args.repeats).items():
                 rows.append({"engine": name, "concurrency": concurrency, **merge(got)})
-    return {"max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, "vllm": described}
+    return {"max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, "vllm": described,
+            "workload": args.workload}
 
 
 def vllm_tables(r: dict) -> list[str]:
@@ -330,7 +371,7 @@ def vllm_tables(r: dict) -> list[str]:
                   [[x["engine"], x["concurrency"], x["tokens_per_s"], p50_p99(x["ttft_s"]), p50_p99(x["itl_s"]),
                     x["errors"]] for x in r["rows"]],
                   f"Our engine and vLLM ({v['name']}: {v['threads']} thread, {v['dtype']}, {v['mode']}) through one "
-                  f"`serve --vllm`, {r['max_tokens']} tokens, {r['repeats']} turns"),
+                  f"`serve --vllm`, {r.get('workload', 'code')} workload, {r['max_tokens']} tokens, {r['repeats']} turns"),
             table(["sessions", "what the page costs vLLM's tokens/s (1 - through the page / straight to its port)"],
                   [[c, f"{1 - by[('vllm', c)] / by[('vllm, no page', c)]:+.1%}"] for c in CONCURRENCY
                    if by.get(("vllm", c)) and by.get(("vllm, no page", c))])]
@@ -339,7 +380,7 @@ def vllm_tables(r: dict) -> list[str]:
 def measure(args) -> dict:
     if args.engine == "vllm":
         return {**run_vllm_sweep(args), "section": "serve vllm"}
-    if args.model:
+    if args.model and not args.sweep:
         return {**run_room(args), "section": "serve room"}
     return {**run_sweep(args), "section": "serve sweep"} if args.sweep else run_main(args)
 

@@ -1,6 +1,7 @@
 """A real server for the benchmarks: `decoding-playground serve` in its own process (so that the clients' own Python
 does not share its GIL), on a free port of 127.0.0.1, its JSON log lines kept as they arrive; and clients of its
-/api/ws: one generation at full speed, many at once, their figures pooled over repeats."""
+/api/ws: one generation at full speed, many at once, their figures pooled over repeats
+(engine/experiments/serve_figures.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,6 @@ import os
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -17,6 +17,8 @@ import time
 import urllib.request
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+
+from engine.experiments.serve_figures import figures, merge, ms, p50_p99, pcts  # noqa: F401 - the benches' from here
 
 
 def get_json(url: str) -> dict:
@@ -165,7 +167,7 @@ async def client(ws_base: str, i: int, settings: dict, start_at: asyncio.Event |
                         if kind == "error":
                             out["error"] = data["message"]
                             break
-                        out.update(ok=True, tokens=data["num_output_tokens"], wall_s=t - t0,
+                        out.update(ok=True, tokens=data["num_output_tokens"], wall_s=t - t0, text=data.get("text"),
                                    ttft_s=(first - t0) if first else None,
                                    mean_acceptance_length=data.get("mean_acceptance_length"),
                                    started_at=t0, done_at=t, watch_id=data.get("watch_id"), summary=data)
@@ -179,57 +181,9 @@ async def client(ws_base: str, i: int, settings: dict, start_at: asyncio.Event |
     return out
 
 
-def merge(runs: list[dict]) -> dict:
-    """Repeats of `many`: the median run's tokens/s, errors summed, latencies pooled."""
-    tps = [r["tokens_per_s"] for r in runs if r["tokens_per_s"]]
-    out = dict(runs[0])
-    out.update(repeats=len(runs), errors=sum(r["errors"] for r in runs),
-               error_messages=sorted({m for r in runs for m in r["error_messages"]})[:5],
-               tokens_per_s=statistics.median(tps) if tps else None, tokens_per_s_all=tps,
-               ttft_s=pcts([x for r in runs for x in r["_ttft"]]), itl_s=pcts([x for r in runs for x in r["_itl"]]),
-               tpot_s=statistics.median([r["tpot_s"] for r in runs if r["tpot_s"]] or [0]) or None,
-               output_tokens=sum(r["output_tokens"] for r in runs),
-               mean_acceptance_length=statistics.median([r["mean_acceptance_length"] for r in runs
-                                                         if r["mean_acceptance_length"]] or [0]) or None)
-    out.pop("_ttft"), out.pop("_itl")
-    return out
-
-
-async def many(ws_base: str, n: int, settings: dict) -> dict:
+async def many(ws_base: str, n: int, settings: dict, prompts: list[str] | None = None) -> dict:
     gate = asyncio.Event()
-    tasks = [asyncio.create_task(client(ws_base, i, settings, gate)) for i in range(n)]
+    tasks = [asyncio.create_task(client(ws_base, i, settings, gate, prompt=prompts and prompts[i])) for i in range(n)]
     await asyncio.sleep(0.5)              # let every client connect, then start them together
     gate.set()
     return figures(n, await asyncio.gather(*tasks))
-
-
-def figures(n: int, results: list[dict]) -> dict:
-    """n clients that started together: tokens/s, errors, TTFT, ITL, TPOT, mean acceptance length."""
-    ok = [r for r in results if r["ok"]]
-    wall = (max(r["done_at"] for r in ok) - min(r["started_at"] for r in ok)) if ok else None
-    tokens = sum(r["tokens"] for r in ok)
-    itl = [x for r in ok for x in r["itl_s"]]
-    ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
-    tpot = [r["tpot_s"] for r in ok if r.get("tpot_s") is not None]
-    mal = [r["mean_acceptance_length"] for r in ok if r.get("mean_acceptance_length")]
-    return {"clients": n, "errors": n - len(ok), "error_messages": sorted({r["error"] for r in results
-                                                                            if r["error"]})[:5],
-            "output_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else None,
-            "ttft_s": pcts(ttft), "itl_s": pcts(itl), "tpot_s": statistics.mean(tpot) if tpot else None,
-            "mean_acceptance_length": statistics.mean(mal) if mal else None, "_ttft": ttft, "_itl": itl}
-
-
-def pcts(xs: list[float]) -> dict:
-    if not xs:
-        return {"p50": None, "p99": None, "n": 0}
-    xs = sorted(xs)
-    return {"p50": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(0.99 * len(xs)))], "max": xs[-1], "n": len(xs)}
-
-
-def ms(x):
-    return None if x is None else x * 1e3
-
-
-def p50_p99(d: dict) -> str:
-    """A `pcts` of seconds as a table shows it: 'p50 / p99' in ms."""
-    return " / ".join("–" if d[k] is None else f"{d[k] * 1e3:.1f}" for k in ("p50", "p99"))

@@ -204,3 +204,38 @@ def cost_card_here(run: dict | None, curve: dict, method: str | None, alpha: flo
     _, ratios = curve_ratios(curve)
     what_if = speedup_from_curve(alpha, gamma, c, ratios[gamma + 1]) if c is not None and curve["physical"] else None
     return {"c": c, "of": of, "what_if": what_if}
+
+
+@dataclass(frozen=True)
+class SuffixRound:
+    """One round of suffix decoding as the Theory view counts it: its match and what came of it."""
+    match_len: int              # tokens of the context's end matched in a suffix tree (the draft event's origin)
+    drafted: int
+    accepted: int
+
+
+def suffix_draft_bound(match_len: int, gamma: int, max_spec_factor: float, max_tree_depth: int) -> int:
+    """The longest draft a match of `match_len` tokens allows (engine/spec_decode/suffix.py's rule, vLLM's):
+    at most γ, at most max_spec_factor × the match (the float32 rounding of ArcticInference aside), and no deeper
+    than the trees, which hold match and continuation together in max_tree_depth tokens."""
+    return max(0, min(gamma, int(match_len * max_spec_factor + 1e-6), max_tree_depth - match_len))
+
+
+def suffix_series(rounds, gamma: int, max_spec_factor: float, max_tree_depth: int) -> dict | None:
+    """Suffix decoding's draft length following its match length, round by round (`rounds`: SuffixRound) with the
+    bound the rule sets at each match length, and per match length the rounds' mean draft and accepted lengths.
+    None without a suffix round."""
+    rounds = list(rounds)
+    if not rounds:
+        return None
+    by: dict[int, list[SuffixRound]] = {}
+    for r in rounds:
+        by.setdefault(r.match_len, []).append(r)
+    return {"match_len": [r.match_len for r in rounds], "drafted": [r.drafted for r in rounds],
+            "accepted": [r.accepted for r in rounds],
+            "bound": [suffix_draft_bound(r.match_len, gamma, max_spec_factor, max_tree_depth) for r in rounds],
+            "by_match": [{"match_len": m, "rounds": len(rs), "drafted": statistics.mean(r.drafted for r in rs),
+                          "accepted": statistics.mean(r.accepted for r in rs),
+                          "bound": suffix_draft_bound(m, gamma, max_spec_factor, max_tree_depth)}
+                         for m, rs in sorted(by.items())],
+            "gamma": gamma, "max_spec_factor": max_spec_factor, "max_tree_depth": max_tree_depth}

@@ -186,6 +186,9 @@ class InferenceEngine:
         self.managers: dict[tuple, KVCacheManager] = self.pools.made    # (model, dtype, block size) -> pool
         self.lock = threading.RLock()
         self.suffix_caches = SuffixCaches(suffix_cache, suffix_max_tree_nodes)
+        # model name -> ids of the sessions generating on it, from `started` to their close: the batch size that
+        # the `batch` γ schedule looks up (engine/spec_decode/batch_schedule.py)
+        self.running: dict[str, set[str]] = {}
 
     @property
     def kv_cache_memory(self) -> int:

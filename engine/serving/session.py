@@ -77,7 +77,8 @@ class GenerationSession:
         self.unknown_characters = self.tokenizer.unknown_characters(prompt)
         self.tokens: list[int] = list(self.prompt_ids)
         self.rng = np.random.default_rng(settings.seed)
-        self.schedule = make_schedule(settings.num_speculative_tokens_schedule, settings.num_speculative_tokens)
+        self._running = engine.running.setdefault(self.target_lm.name, set())   # the ids generating on the model
+        self.schedule = self._new_schedule(settings)
         self.k = self.schedule.k                      # γ of the next round (0: a plain decode step)
         self.clock = EngineClock(clock_for(self.target_lm.model))
         self.suffix_scope = suffix_cache_scope.get()   # whose earlier requests suffix decoding may draft from
@@ -116,6 +117,7 @@ class GenerationSession:
             if self._closed:
                 return
             self._closed = True
+            self._running.discard(self.id)
             if self.target is not None:
                 self.target.free()
             if self.proposer is not None:
@@ -266,7 +268,12 @@ class GenerationSession:
         return texts
 
     # --- the start ---------------------------------------------------------------------------------
+    def _new_schedule(self, s: GenerationSettings):   # `batch`: γ by the sessions on its model, this one included
+        return make_schedule(s.num_speculative_tokens_schedule, s.num_speculative_tokens,
+                             (self.target_lm.name, s.method), lambda: len(self._running) + (self.id not in self._running))
+
     def _started(self) -> Started:
+        self._running.add(self.id)                    # generating on its model until its close
         return Started(self.id, self.settings.model_dump(), self.target_lm.describe(),
                        self.draft_lm.describe() if self.draft_lm else None, self._prompt_tokens(),
                        self.unknown_characters)
@@ -326,8 +333,8 @@ class GenerationSession:
         if not changed:
             return []
         self.settings, notes, t = new, [], self.clock.now()
-        if {"num_speculative_tokens", "num_speculative_tokens_schedule"} & changed.keys():
-            self.schedule = make_schedule(new.num_speculative_tokens_schedule, new.num_speculative_tokens)
+        if {"num_speculative_tokens", "num_speculative_tokens_schedule", "method"} & changed.keys():
+            self.schedule = self._new_schedule(new)
             self.k = self.schedule.k
         if "enable_prefix_caching" in changed:
             for r in (self.target, self.draft_runner):

@@ -53,7 +53,7 @@ class GenerationSettings(BaseModel):
     seed: int = Field(0, ge=0, le=2 ** 32 - 1)
     method: Literal["none", "draft_model", "ngram", "eagle", "medusa", "suffix"] = "draft_model"
     num_speculative_tokens: int = Field(4, ge=1, le=16)
-    num_speculative_tokens_schedule: Literal["constant", "heuristic", "acceptance"] = "constant"
+    num_speculative_tokens_schedule: Literal["constant", "heuristic", "acceptance", "batch"] = "constant"
     # token trees (SGLang's names; engine/spec_decode/eagle_tree.py): the children an expanded node gets (1: a chain
     # of num_speculative_tokens, its depth), and the nodes verified (None: num_speculative_tokens, a chain's count)
     speculative_eagle_topk: int = Field(1, ge=1, le=8, description="children per expanded node of a draft tree "

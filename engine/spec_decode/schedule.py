@@ -1,16 +1,21 @@
 """How many tokens the next round drafts (`num_speculative_tokens_schedule`).
 
-    schedule = make_schedule("acceptance", k)     # or "constant", "heuristic"
+    schedule = make_schedule("acceptance", k)     # or "constant", "heuristic", "batch" (batch_schedule.py)
     schedule.k                                    # γ of the next round (0: no draft, a plain decode step)
     schedule.observe(num_drafted, num_accepted)   # after each round
     schedule.report()                             # what the status line says of it (None: nothing to say)
 
-A schedule is a function of the acceptances it observed, never of time: the same rounds give the same γs.
+A schedule is a function of the acceptances it observed, never of time: the same rounds give the same γs. The
+`batch` schedule is a function of the load instead: the sessions running on the model when a round starts.
 """
 from __future__ import annotations
 
+from typing import Callable
+
+from .batch_schedule import BatchSchedule, load_table
+
 MAX_NUM_SPECULATIVE_TOKENS = 16      # the setting's upper bound: a schedule never drafts more
-SCHEDULES = ("constant", "heuristic", "acceptance")
+SCHEDULES = ("constant", "heuristic", "acceptance", "batch")
 
 
 def next_num_speculative_tokens(schedule: str, k: int, num_drafted: int, num_accepted: int) -> int:
@@ -117,8 +122,13 @@ class AcceptanceSchedule:
                 "off_below": OFF_BELOW, "rounds_to_probe": OFF_ROUNDS - self.off_rounds if self.k == 0 else None}
 
 
-def make_schedule(name: str, k: int):
-    """The schedule `name` (one of SCHEDULES) starting at γ = k, the `num_speculative_tokens` setting."""
+def make_schedule(name: str, k: int, model_method: tuple[str, str] | None = None,
+                  running: Callable[[], int] = lambda: 1):
+    """The schedule `name` (one of SCHEDULES) starting at γ = k, the `num_speculative_tokens` setting; `batch` looks
+    γ up in the table stored for (model, method) (batch_schedule.load_table; none: γ as set) at `running()`
+    sessions on the model."""
     if name not in SCHEDULES:
         raise ValueError(f"num_speculative_tokens_schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
+    if name == "batch":
+        return BatchSchedule(k, load_table(*model_method) if model_method else None, running)
     return AcceptanceSchedule(k) if name == "acceptance" else RuleSchedule(name, k)

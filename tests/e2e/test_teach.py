@@ -283,3 +283,26 @@ def test_views_switch_by_tab_keep_the_url_and_hide_in_embed(live_server, page):
     assert "view=" not in page.url
     assert page.eval_on_selector_all("[data-view-panel]", "els => els.filter(e => !e.hidden).length") == 0
     assert page.recorder.errors == []
+
+
+def test_theory_view_draws_suffix_decoding_s_draft_length_by_match_length(live_server, page):
+    """A suffix decoding run: the Theory view shows its chart of draft length by match length, over every drafting
+    round the server counted, and names each match length's mean draft and the rule's bound."""
+    open_page(page, url(live_server, view="theory", method="suffix", num_speculative_tokens=6, max_tokens=80,
+                        speed="max", prompt=PROMPT))
+    assert page.locator("#theory-suffix-figure").is_hidden()
+    page.click("#btn-toggle")
+    wait_state(page, "done")
+    key = page.get_attribute("#stream", "data-recording")
+    series = page.evaluate(f"fetch('/teach/theory.json?recording={key}').then(r => r.json())")["suffix"]
+    assert series and sum(series["drafted"]) > 0
+    wait_until(page, "!document.querySelector('#theory-suffix-figure').hidden && document.querySelector("
+                     f"'#theory-suffix-figure').dataset.rounds === '{len(series['drafted'])}'")
+    note = page.inner_text("#theory-suffix-note")
+    assert note.startswith(f"{len(series['drafted'])} rounds")
+    shown = {int(m): (float(x), int(b)) for m, x, b in re.findall(r"(\d+) → ([\d.]+) \((\d+)\)", note)}
+    assert sorted(shown) == [b["match_len"] for b in series["by_match"]]
+    for b in series["by_match"]:                                       # to the one decimal shown
+        assert shown[b["match_len"]][0] == pytest.approx(b["drafted"], abs=0.05 + 1e-9)
+        assert shown[b["match_len"]][1] == b["bound"]
+    assert page.recorder.errors == []

@@ -136,3 +136,19 @@ def test_the_verify_curve_is_physical_with_its_noise_age_and_load(family):
     assert curve["physical"] and curve["violations"] == [] and curve["attempts"] in (1, 2)
     assert all(t[n] >= t[1] * (1 - curve["noise"]) for n in t)
     assert curve["repeats"] >= 11 and len(curve["load_average"]) == 3 and curve["taken_at"] > 0
+
+
+def test_suffix_decoding_s_draft_length_follows_its_match_length():
+    """The bound is min(γ, factor × match, depth − match); the series keeps each round and averages per match."""
+    from engine.experiments.theory import SuffixRound, suffix_draft_bound, suffix_series
+
+    assert [suffix_draft_bound(m, 16, 1.0, 24) for m in (0, 1, 5, 12, 16, 20, 24, 30)] == [0, 1, 5, 12, 8, 4, 0, 0]
+    assert suffix_draft_bound(3, 16, 0.5, 24) == 1 and suffix_draft_bound(10, 4, 2.0, 64) == 4
+    rounds = [SuffixRound(2, 2, 1), SuffixRound(6, 4, 4), SuffixRound(2, 1, 0), SuffixRound(9, 4, 3)]
+    s = suffix_series(rounds, 4, 1.0, 24)
+    assert (s["match_len"], s["drafted"], s["accepted"], s["bound"]) == ([2, 6, 2, 9], [2, 4, 1, 4], [1, 4, 0, 3],
+                                                                         [2, 4, 2, 4])
+    assert s["by_match"] == [{"match_len": 2, "rounds": 2, "drafted": 1.5, "accepted": 0.5, "bound": 2},
+                             {"match_len": 6, "rounds": 1, "drafted": 4, "accepted": 4, "bound": 4},
+                             {"match_len": 9, "rounds": 1, "drafted": 4, "accepted": 3, "bound": 4}]
+    assert suffix_series([], 4, 1.0, 24) is None

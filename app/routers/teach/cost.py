@@ -38,7 +38,7 @@ async def cost(request: Request, playground: PlaygroundDep, model: str = "", rec
     if playground.engine is None:
         return error_fragment(request, playground.load_error or "no models loaded")
     rec = RECORDINGS.get(recording) if recording else None
-    points, method = recorded_rounds(rec, None) if rec is not None else ([], None)
+    points, method, _ = recorded_rounds(rec, None) if rec is not None else ([], None, [])
     try:
         here = await verify_cost(playground, model_of(recording, model))
     except KeyError as e:

@@ -6,7 +6,7 @@
 - `GET /teach/theory.json?recording=KEY&rounds=N`: a run's first N rounds against the formulas
   (engine/experiments/theory.py's `run_series`), with that curve's t(1) and t(n)/t(1) once it is measured (the
   view asks again until then: it never waits for one, nor makes a run wait); a curve that is not physical is
-  not used."""
+  not used. A suffix decoding run's rounds also give its draft length against its match length (`suffix`)."""
 from __future__ import annotations
 
 import time
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from app.deps import PlaygroundDep
 from app.routers.teach.common import model_of
 from app.views.recording import RECORDINGS
-from engine.experiments.theory import RoundPoint, curve_ratios, run_series
+from engine.experiments.theory import RoundPoint, SuffixRound, curve_ratios, run_series, suffix_series
 
 router = APIRouter()
 MAX_ROUNDS = 4096            # the charts show at most the last this many rounds
@@ -38,17 +38,21 @@ async def curve_json(playground: PlaygroundDep, model: str | None = None, record
         return JSONResponse({"error": str(e.args[0])}, status_code=404)
 
 
-def recorded_rounds(rec, rounds: int | None) -> tuple[list[RoundPoint], str]:
-    """The first `rounds` rounds of a recording (all: None), and the drafter of the last of them."""
-    points, method = [], rec.settings.get("method") or "none"
+def recorded_rounds(rec, rounds: int | None) -> tuple[list[RoundPoint], str, list[SuffixRound]]:
+    """The first `rounds` rounds of a recording (all: None), the drafter of the last of them, and the rounds whose
+    draft came with a suffix match (its length in the draft event's origin)."""
+    points, method, suffix, match_len = [], rec.settings.get("method") or "none", [], None
     for e in list(rec.events):
         if rounds is not None and len(points) >= rounds:
             break
         if e.type == "draft":
-            method = e.method
+            method, match_len = e.method, (e.origin or {}).get("match_len")
         elif e.type == "round":
             points.append(RoundPoint(e.target_ms, e.draft_ms, e.num_emitted, e.num_draft_tokens, e.num_accepted))
-    return points[-MAX_ROUNDS:], method
+            if match_len is not None:
+                suffix.append(SuffixRound(match_len, e.num_draft_tokens, e.num_accepted))
+            match_len = None
+    return points[-MAX_ROUNDS:], method, suffix[-MAX_ROUNDS:]
 
 
 @router.get("/theory.json")
@@ -56,7 +60,7 @@ async def theory_json(playground: PlaygroundDep, recording: str = "", rounds: in
     rec = RECORDINGS.get(recording)
     if rec is None:
         return JSONResponse({"error": "this run is no longer kept on the server"}, status_code=404)
-    points, method = recorded_rounds(rec, rounds)
+    points, method, suffix = recorded_rounds(rec, rounds)
     curve = None
     if playground.engine is not None:
         try:
@@ -65,9 +69,11 @@ async def theory_json(playground: PlaygroundDep, recording: str = "", rounds: in
             curve = None
     usable = curve if curve is not None and curve["physical"] else None
     t1, ratios = curve_ratios(usable)
-    series = run_series(points, t1, ratios, method)
+    series, s = run_series(points, t1, ratios, method), rec.settings
+    by_match = suffix and suffix_series(suffix, s["num_speculative_tokens"], s["suffix_decoding_max_spec_factor"],
+                                        s["suffix_decoding_max_tree_depth"])
     return JSONResponse({**series, "model": curve["model"] if curve else None, "measured_curve": curve is not None,
-                         "curve_note": curve_note(curve)})
+                         "curve_note": curve_note(curve), "suffix": by_match or None})
 
 
 def curve_note(curve: dict | None) -> dict | None:
