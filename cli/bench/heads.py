@@ -216,8 +216,8 @@ def tables(out: dict) -> list[str]:
             for what, row, key, op, bound in checks if row is not None]
     trees = tree_goals(tree_rows(open_rows))
     if b := out.get("block"):
-        trees.append(("Block verification's L over standard's (EAGLE γ = 3, temperature 1, summaries)",
-                      b["block"] / b["standard"], ">=", 1.0, f"{b['block']:.3f} / {b['standard']:.3f} ({b['rounds']} rounds)"))
+        trees.append(("Block verification's L over standard's (EAGLE γ = 3, temperature 1, summaries)", b["block"]
+                      / b["standard"], ">=", 1.0, f"{b['block']:.3f} / {b['standard']:.3f} ({b['rounds']} rounds)"))
     lines = [f"{out['model']}, chat, temperature 0, {out['threads']} thread(s), {out['max_tokens']} tokens, "
              f"{out['repeats']} repeats. Heads: {heads}. Spec-Bench (Vicuna-7B, A100) mean acceptance lengths for "
              f"comparison: {', '.join(f'{m} {v}' for m, v in SPEC_BENCH.items())}.",
