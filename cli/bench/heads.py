@@ -1,9 +1,8 @@
-"""`decoding-playground bench heads`: EAGLE and Medusa heads against plain decoding on SmolLM2, and vLLM's
-acceptance with our EAGLE head; a full run writes the heads' card and the demo's EAGLE setting.
+"""`decoding-playground bench heads`: EAGLE and Medusa heads against plain decoding on SmolLM2, vLLM's acceptance
+with our EAGLE head and its steps with our draft model; a full run writes the heads' card and the demo's EAGLE setting.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import tempfile
 from pathlib import Path
@@ -14,16 +13,18 @@ from safetensors.numpy import load_file, save_file
 from cli.bench.engines import chat
 from cli.bench.lib import add_bench, generation, goals, machine, machine_line, shown, table, write_section
 from cli.bench.smollm2 import NAME, against_plain, config, generate
+from app.ws.vllm import EXPORTS
+from engine.experiments.draft_crosscheck import crosscheck, crosscheck_table, on_server
 from engine.experiments.shootout import SPEC_BENCH, h100_speedup
 from engine.external.vllm_rounds import acceptance_figures, own_counts
 from engine.external.vllm_server import EAGLE_GAMMA, VARIANTS, VllmServer, default_venv, unavailable_reason
 from engine.model.fetched import cache_dir, fetched_models, model_dir
+from engine.model.shipped_drafts import shipped_drafts
 from engine.model.thread_choice import request_threads
 from engine.model.threads import threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.spec_decode.heads import HEADS_DIR, load_heads
 from engine.training.head_prompts import HELD_OUT_PARAGRAPHS, held_out_prompts, summary_prompt
-from engine.training.vllm_export import export_eagle_for_vllm
 
 HELD_OUT = held_out_prompts()
 OPEN = [HELD_OUT[i] for i in np.random.default_rng(0).permutation(len(HELD_OUT))[:8]]   # head_data's held-out order
@@ -41,7 +42,8 @@ TIE = 0.01          # speed-ups this close are one run's noise apart
 def run(args) -> dict:
     started = machine()
     request_threads(args.threads)                 # the weight products' threads (the default: measured at load)
-    reg = ModelRegistry(fetched_models())
+    fetched = fetched_models()
+    reg = ModelRegistry(fetched + shipped_drafts(fetched))       # with the draft model (vLLM's steps with it)
     if NAME not in reg.models:
         raise SystemExit(f"{NAME} is not fetched: run `decoding-playground fetch-model {NAME}` (make fetch)")
     engine = InferenceEngine(reg, max_sessions=2)
@@ -70,6 +72,9 @@ def run(args) -> dict:
                         "coverage_held_out": float(np.isin(held_out, h.subset).mean())} for m, h in heads.items()}
     if "eagle" in heads and not args.no_vllm:                 # vLLM's acceptance with our head, beside ours
         out["vllm"] = vllm_compare(engine, reg, lm, sets["open questions"], args.max_tokens)
+    if reg.draft_for(lm) and not args.no_vllm:                # vLLM's steps with our draft model, beside ours
+        out["vllm_draft"] = with_vllm("draft_model", NAME, lambda s: crosscheck(engine, NAME, s, sets["open questions"],
+                                                                                args.max_tokens))
     if not args.quick and not args.no_write:
         (HEADS_DIR / NAME / "bench.json").write_text(json.dumps(out, indent=1))
         sets = [set_table(label, r) for label, r in out["sets"].items()]      # the heads' card shows them too
@@ -89,27 +94,20 @@ def our_acceptance(engine, name: str, prompts, max_tokens: int, gamma: int) -> d
                               [sum((s["accepted_per_position"] + [0] * gamma)[i] for s in runs) for i in range(gamma)])
 
 
-def vllm_acceptance(prompts, max_tokens: int, name: str) -> dict:
-    cache = cache_dir()
+def with_vllm(key: str, name: str, work) -> dict:
+    """work(server) on vLLM's `key` server with our drafter exported (app/ws/vllm.py's EXPORTS), stopped after."""
+    cache, (export, folder, _) = cache_dir(), EXPORTS[key]
     reason = unavailable_reason(default_venv(cache), model_dir(name, cache))
-    if reason:
-        return {"skipped": reason}
-    draft = export_eagle_for_vllm(name, cache / "vllm" / "heads" / name)
-    server = VllmServer(VARIANTS["eagle"], default_venv(cache), model_dir(name, cache), cache / "vllm",
-                        draft_dir=draft)
-    server.start()
-    try:
-        if not asyncio.run(server.wait_ready()):
-            return {"skipped": f"vLLM did not start: {server.error}"}
-        counts = [own_counts(chat(server, p, max_tokens)["engine_metrics"], EAGLE_GAMMA) for p in prompts]
-        if None in counts:
-            return {"skipped": "vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)"}
-        return acceptance_figures(sum(c[0] for c in counts),
-                                  [sum(c[1][i] for c in counts) for i in range(EAGLE_GAMMA)])
-    except RuntimeError as e:                      # a request that failed: the row says why
-        return {"skipped": str(e)}
-    finally:
-        server.stop()
+    return {"skipped": reason} if reason else on_server(VllmServer(
+        VARIANTS[key], default_venv(cache), model_dir(name, cache), cache / "vllm",
+        draft_dir=export(name, cache / "vllm" / folder / name, cache=cache)), work)
+
+
+def vllm_acceptance(server, prompts, max_tokens: int) -> dict:
+    counts = [own_counts(chat(server, p, max_tokens)["engine_metrics"], EAGLE_GAMMA) for p in prompts]
+    if None in counts:
+        raise RuntimeError("vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)")
+    return acceptance_figures(sum(c[0] for c in counts), [sum(c[1][i] for c in counts) for i in range(EAGLE_GAMMA)])
 
 
 def vllm_compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
@@ -126,7 +124,7 @@ def vllm_compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
         out["ours, full vocabulary"] = our_acceptance(engine, lm.name, prompts, max_tokens, EAGLE_GAMMA)
     finally:
         heads["eagle"] = shipped
-    out["vLLM"] = vllm_acceptance(prompts, max_tokens, lm.name)
+    out["vLLM"] = with_vllm("eagle", lm.name, lambda server: vllm_acceptance(server, prompts, max_tokens))
     return out
 
 
@@ -192,6 +190,8 @@ def tables(out: dict) -> list[str]:
         if error is not None else []))]
     if "vllm" in out:
         lines += vllm_tables(out["vllm"])
+    if "vllm_draft" in out:                    # vLLM's steps with our draft model beside ours
+        lines.append(table(*crosscheck_table(out["vllm_draft"])))
     if "by_threads" in out:
         lines += threads_tables(out["by_threads"])
     return lines + [table(["Spec-Bench (Vicuna-7B, A100)", *SPEC_BENCH],
@@ -223,8 +223,7 @@ def record_defaults(folder: Path, date: str, best_by_threads: dict[int, dict]) -
         if row is None:
             continue
         data["by_threads"][str(t)] = {
-            "num_speculative_tokens": row["gamma"],
-            "draft_confidence_threshold": row.get("confidence", 0.0),
+            "num_speculative_tokens": row["gamma"], "draft_confidence_threshold": row.get("confidence", 0.0),
             "decode_speedup": round(row["measured"], 3), "measured": f"bench heads, {date}, {row['config']}"}
     f.write_text(json.dumps(data, indent=1) + "\n")
     return data
@@ -236,7 +235,7 @@ def add_parser(bsub) -> None:
     b.add_argument("--max-tokens", type=int, default=96)
     b.add_argument("--repeats", type=int, default=2)
     b.add_argument("--no-vllm", action="store_true",
-                   help="leave out vLLM's acceptance with our EAGLE head (it starts a vLLM server: 3.6 GB)")
+                   help="leave out vLLM with our EAGLE head and our draft model (each starts a vLLM server: 3.6 GB)")
     b.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="threads for the weight products (default: measured at load, as serve does)")
     b.add_argument("--compare-threads", action="store_true",

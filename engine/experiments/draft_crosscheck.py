@@ -101,8 +101,9 @@ def compare_steps(ours: dict, theirs: dict, outside, max_tokens: int, gamma: int
     return out
 
 
-def crosscheck(engine, name: str, server, prompts, max_tokens: int, gamma: int) -> dict:
-    """Each prompt on both engines, compared (`compare_steps`), and the pooled counts."""
+def crosscheck(engine, name: str, server, prompts, max_tokens: int) -> dict:
+    """Each prompt on both engines at the server's γ (fixed at its start), compared (`compare_steps`), and counts."""
+    gamma = server.variant.speculative["num_speculative_tokens"]
     draft = engine.registry.get(engine.registry.draft_for(engine.registry.models[name]).name)
     outside = np.ones(draft.cfg.vocab_size, bool)
     subset = getattr(draft.model, "lm_head_ids", None)
@@ -120,3 +121,29 @@ def crosscheck(engine, name: str, server, prompts, max_tokens: int, gamma: int) 
     return {"gamma": gamma, "max_tokens": max_tokens, "prompts": rows, "equal": sum(r["equal"] for r in rows),
             "equal_at_stop": sum(r["equal_at_stop"] for r in rows),
             "unexplained": sum(bool(r["why"]) and r["why"].startswith("unexplained") for r in rows)}
+
+
+def crosscheck_table(r: dict) -> tuple[list, list, str]:
+    """`crosscheck`'s result as a table: header, a row per prompt, caption (one row saying why, where skipped)."""
+    if "skipped" in r:
+        return ["vLLM's draft_model with our draft model"], [[f"not measured: {r['skipped']}"]], ""
+    rows = [[p["prompt"][:40], "{} / {}".format(*p["steps"]), "{} / {}".format(*p["accepted"]), p["equal"],
+             p["equal_at_stop"], p["why"]] for p in r["prompts"]]
+    return (["question", "steps ours / vLLM", "accepted ours / vLLM", "equal", "at our stop", "why not"], rows,
+            f"vLLM's draft_model with our draft model (its export), γ = {r['gamma']}, greedy, {r['max_tokens']} tokens: "
+            f"per-step accepted lists equal on {r['equal']} of {len(r['prompts'])} as sent, {r['equal_at_stop']} with "
+            f"vLLM's stop read our way, {r['unexplained']} unexplained")
+
+
+def on_server(server, work) -> dict:
+    """work(server) on a vLLM server this starts and stops: its result, or {"skipped": why} where vLLM did not start
+    or a request failed (RuntimeError)."""
+    server.start()
+    try:
+        if not asyncio.run(server.wait_ready()):
+            return {"skipped": f"vLLM did not start: {server.error}"}
+        return work(server)
+    except RuntimeError as e:
+        return {"skipped": str(e)}
+    finally:
+        server.stop()
