@@ -80,8 +80,9 @@ def compare_steps(ours: dict, theirs: dict, outside, max_tokens: int, gamma: int
     if out["equal"]:
         return out
     if out["equal_at_stop"]:
-        out["why"] = f"the stop: vLLM's last step drafted {theirs['drafted'][-1]} and accepted " \
-                     f"{theirs['accepted'][-1]}, past the {max_tokens} tokens"
+        last = f"vLLM's last step drafted {theirs['drafted'][-1]} and accepted {theirs['accepted'][-1]}"
+        out["why"] = (f"the stop: {last}, where our last step had no room to draft" if len(b) < len(theirs["accepted"])
+                      else f"the stop: {last}, ours {ours['drafted'][-1]}, all that max_tokens {max_tokens} left room for")
         return out
     k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     out["step"] = k + 1

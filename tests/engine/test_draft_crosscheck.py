@@ -26,7 +26,10 @@ def test_equal_lists_are_equal_and_a_stop_difference_is_named():
     ours = run([4, 2, 0, 1], drafted=[4, 4, 4, 1])
     assert compare_steps(ours, run([4, 2, 0, 1]), OUTSIDE, 96, 4, EOS)["equal"] is True
     r = compare_steps(ours, run([4, 2, 0, 3]), OUTSIDE, 12, 4, EOS)
-    assert (r["equal"], r["equal_at_stop"]) == (False, True) and r["why"].startswith("the stop")
+    assert (r["equal"], r["equal_at_stop"]) == (False, True)
+    assert r["why"] == "the stop: vLLM's last step drafted 4 and accepted 3, ours 1, all that max_tokens 12 left room for"
+    r = compare_steps(run([4, 2, 0]), run([4, 2, 0, 3]), OUTSIDE, 11, 4, EOS)        # vLLM's step past our last
+    assert r["equal_at_stop"] and r["why"].endswith("where our last step had no room to draft")
 
 
 def test_a_context_token_outside_the_subset_explains_the_step_it_is_drafted_in():
