@@ -100,3 +100,10 @@ def test_the_shootouts_vllm_row_says_starting_then_why_vllm_failed(tmp_path):
     assert starting["unavailable"].startswith("starting (") and starting["gamma"] == 3
     assert failed["unavailable"] == "failed: vLLM exited with code 3 while starting: ValueError: no CPU backend here"
     assert other is None
+
+
+def test_serve_starts_every_variant_by_default_and_a_wrong_one_is_refused_naming_them():
+    from app.config import AppConfig, ConfigError
+    assert AppConfig().vllm_variants == ("plain", "ngram", "eagle", "draft_model") == tuple(VARIANTS)
+    with pytest.raises(ConfigError, match="vllm_variants: some of plain, ngram, eagle, draft_model, got 'medusa'"):
+        AppConfig(vllm_variants=("medusa",))
