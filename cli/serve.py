@@ -123,7 +123,7 @@ def add_parser(sub) -> None:
     s.add_argument("--vllm-port", type=_integer(1, 65535, " (a TCP port)"), default=None, metavar="PORT",
                    help="the first vLLM server's loopback port, the next ones' follow (default: free ones)")
     s.add_argument("--vllm-variants", default=None, metavar="LIST",
-                   help="which vLLM servers, in the order they start: plain,ngram,eagle (the default)")
+                   help="which vLLM servers, in the order they start: plain,ngram,eagle,draft_model (the default)")
     s.set_defaults(func=cmd_serve, parser=s)
 
 

@@ -1,4 +1,4 @@
-"""vLLM servers the app starts (`serve --vllm`): one per variant (plain, n-gram, our EAGLE head), offered in
+"""vLLM servers the app starts (`serve --vllm`): one per variant (plain, n-gram, our EAGLE head, our draft model), offered in
 the model selector from the start with a readiness flag, started one after another in the background.
 
 Each vLLM server fixes its speculative method at start-up and holds about 3.6 GB (its three processes'
@@ -22,12 +22,15 @@ from engine.model.chat import marked_prompt_tokens
 from engine.model.fetched import cache_dir, model_dir
 from engine.model.tokenizer import TextTokenizer
 from engine.spec_decode.ngram import ngram_propose
+from engine.training.vllm_draft_export import export_draft_for_vllm
 from engine.training.vllm_export import export_eagle_for_vllm
 
 logger = logging.getLogger(__name__)
 
 TARGET = "smollm2-135m"
-DEFAULT_VARIANTS = ("plain", "ngram", "eagle")
+DEFAULT_VARIANTS = ("plain", "ngram", "eagle", "draft_model")
+EXPORTS = {"eagle": (export_eagle_for_vllm, "heads", "our EAGLE head"),       # the drafters in vLLM's layout
+           "draft_model": (export_draft_for_vllm, "drafts", "our draft model")}
 WATCH_S = 2.0                 # how often a ready server is checked for life
 MAX_RESTARTS = 3              # restarts of a server that died, per app
 
@@ -85,11 +88,12 @@ class VllmFleet:
         api_key = os.environ.get("DECODING_PLAYGROUND_VLLM_API_KEY") or None
         for i, key in enumerate(variants):
             draft = None
-            if key == "eagle":
+            if key in EXPORTS:
+                export, folder, what = EXPORTS[key]
                 try:
-                    draft = export_eagle_for_vllm(TARGET, self.folder / "heads" / TARGET)
+                    draft = export(TARGET, self.folder / folder / TARGET, cache=cache)
                 except (FileNotFoundError, ValueError) as e:
-                    logger.error("!!! vLLM with our EAGLE head not offered: %s", e)
+                    logger.error("!!! vLLM with %s not offered: %s", what, e)
                     continue
             server = VllmServer(VARIANTS[key], self.venv, self.model_dir, self.folder, threads, eager, draft,
                                 rules=step_rules(key, tokenizer), port=port + i if port else None, api_key=api_key)
@@ -154,7 +158,7 @@ class VllmFleet:
             await asyncio.get_running_loop().run_in_executor(None, server.stop)
 
     def server(self, key: str) -> VllmServer | None:
-        """The server of a variant (plain, ngram, eagle), if it is offered."""
+        """The server of a variant (plain, ngram, eagle, draft_model), if it is offered."""
         return next((s for s in self.servers if s.variant.key == key), None)
 
     def state_of(self, name: str) -> str | None:

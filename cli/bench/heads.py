@@ -1,11 +1,10 @@
 """`decoding-playground bench heads`: EAGLE and Medusa heads, chains and token trees, against plain decoding on
 SmolLM2 in one interleaved run (the trees beside the best chain: engine/experiments/tree_shapes.py), vLLM's
-acceptance with our EAGLE head and llama.cpp's with our draft model; a full run writes the heads' card and the
-demo's EAGLE setting, chain or tree.
+acceptance with our EAGLE head and its steps with our draft model, llama.cpp's acceptance with our draft model; a
+full run writes the heads' card and the demo's EAGLE setting, chain or tree.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import tempfile
 from pathlib import Path
@@ -13,9 +12,11 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from app.ws.vllm import EXPORTS
 from cli.bench.engines import chat
 from cli.bench.lib import add_bench, generation, goals, machine, machine_line, shown, table, write_section
 from cli.bench.smollm2 import CONTEXT, NAME, against_plain, config, generate
+from engine.experiments.draft_crosscheck import crosscheck, crosscheck_table, on_server
 from engine.experiments.measure import verify_curve
 from engine.experiments.shootout import SPEC_BENCH, h100_speedup
 from engine.external.llamacpp_draft import DRAFT_GAMMA, draft_model_acceptance, pooled_rate
@@ -30,7 +31,6 @@ from engine.model.threads import threads
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.spec_decode.heads import HEADS_DIR, load_heads
 from engine.training.head_prompts import HELD_OUT_PARAGRAPHS, held_out_prompts, summary_prompt
-from engine.training.vllm_export import export_eagle_for_vllm
 
 HELD_OUT = held_out_prompts()
 OPEN = [HELD_OUT[i] for i in np.random.default_rng(0).permutation(len(HELD_OUT))[:8]]   # head_data's held-out order
@@ -85,6 +85,9 @@ def run(args) -> dict:
         ours = our_acceptance(engine, NAME, q, n, DRAFT_GAMMA, "draft_model")
         out["draft_model"] = {"gamma": DRAFT_GAMMA, "ours": ours, "llama.cpp": draft_model_acceptance(q, n)}
     out["block"] = block_against_standard(engine, sets["summaries"], args.max_tokens) if "eagle" in heads else None
+    if reg.draft_for(lm) and not args.no_vllm:                # vLLM's steps with our draft model, beside ours
+        out["vllm_draft"] = with_vllm("draft_model", NAME, lambda s: crosscheck(engine, NAME, s, sets["open questions"],
+                                                                                args.max_tokens))
     if not args.quick and not args.no_write:
         (HEADS_DIR / NAME / "bench.json").write_text(json.dumps(out, indent=1))
         sets = [set_table(label, r) for label, r in out["sets"].items()]      # the heads' card shows them too
@@ -105,24 +108,20 @@ def our_acceptance(engine, name: str, prompts, max_tokens: int, gamma: int, meth
             **pooled_rate([(s["num_draft_tokens"], s["num_accepted_tokens"]) for s in runs])}
 
 
-def vllm_acceptance(prompts, max_tokens: int, name: str) -> dict:
-    cache = cache_dir()
-    if reason := unavailable_reason(default_venv(cache), model_dir(name, cache)):
-        return {"skipped": reason}
-    draft = export_eagle_for_vllm(name, cache / "vllm" / "heads" / name)
-    server = VllmServer(VARIANTS["eagle"], default_venv(cache), model_dir(name, cache), cache / "vllm", draft_dir=draft)
-    server.start()
-    try:
-        if not asyncio.run(server.wait_ready()):
-            return {"skipped": f"vLLM did not start: {server.error}"}
-        counts = [own_counts(chat(server, p, max_tokens)["engine_metrics"], EAGLE_GAMMA) for p in prompts]
-        if None in counts:
-            return {"skipped": "vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)"}
-        return acceptance_figures(sum(c[0] for c in counts), [sum(c[1][i] for c in counts) for i in range(EAGLE_GAMMA)])
-    except RuntimeError as e:                      # a request that failed: the row says why
-        return {"skipped": str(e)}
-    finally:
-        server.stop()
+def with_vllm(key: str, name: str, work) -> dict:
+    """work(server) on vLLM's `key` server with our drafter exported (app/ws/vllm.py's EXPORTS), stopped after."""
+    cache, (export, folder, _) = cache_dir(), EXPORTS[key]
+    reason = unavailable_reason(default_venv(cache), model_dir(name, cache))
+    return {"skipped": reason} if reason else on_server(VllmServer(
+        VARIANTS[key], default_venv(cache), model_dir(name, cache), cache / "vllm",
+        draft_dir=export(name, cache / "vllm" / folder / name, cache=cache)), work)
+
+
+def vllm_acceptance(server, prompts, max_tokens: int) -> dict:
+    counts = [own_counts(chat(server, p, max_tokens)["engine_metrics"], EAGLE_GAMMA) for p in prompts]
+    if None in counts:
+        raise RuntimeError("vLLM sent no per-request figures (--per-request-spec-decode-metrics detailed)")
+    return acceptance_figures(sum(c[0] for c in counts), [sum(c[1][i] for c in counts) for i in range(EAGLE_GAMMA)])
 
 
 def vllm_compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
@@ -139,7 +138,7 @@ def vllm_compare(engine, registry, lm, prompts, max_tokens: int) -> dict:
         out["ours, full vocabulary"] = our_acceptance(engine, lm.name, prompts, max_tokens, EAGLE_GAMMA)
     finally:
         heads["eagle"] = shipped
-    out["vLLM"] = vllm_acceptance(prompts, max_tokens, lm.name)
+    out["vLLM"] = with_vllm("eagle", lm.name, lambda server: vllm_acceptance(server, prompts, max_tokens))
     return out
 
 
@@ -227,6 +226,8 @@ def tables(out: dict) -> list[str]:
     lines += [acceptance_table(out[k], title) for k, title in (
         ("vllm", "Our EAGLE head in vLLM (its EAGLE layout)"),
         ("draft_model", "Our draft model in llama.cpp (its GGUF; its target SmolLM2 Q4_1, ours float32)")) if k in out]
+    if "vllm_draft" in out:                    # vLLM's steps with our draft model beside ours
+        lines.append(table(*crosscheck_table(out["vllm_draft"])))
     if "by_threads" in out:
         lines += threads_tables(out["by_threads"])
     return lines
@@ -239,7 +240,7 @@ def add_parser(bsub) -> None:
     b.add_argument("--max-tokens", type=int, default=96)
     b.add_argument("--repeats", type=int, default=2)
     b.add_argument("--no-vllm", action="store_true",
-                   help="leave out vLLM's acceptance with our EAGLE head (it starts a vLLM server: 3.6 GB)")
+                   help="leave out vLLM with our EAGLE head and our draft model (each starts a vLLM server: 3.6 GB)")
     b.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="threads for the weight products (default: measured at load, as serve does)")
     b.add_argument("--compare-threads", action="store_true",

@@ -14,8 +14,8 @@ rejected, a bonus where all were accepted). vLLM sends neither the rejected draf
 How many it drafted: n-gram drafts are a function of the tokens so far, so the same rule (vLLM's: the
 longest suffix n-gram, its earliest earlier occurrence; our engine's `ngram_propose` in engine/spec_decode/ngram.py,
 handed in by whoever configures the server, as this room does not reach our engine) gives the count at each
-step, 0 where nothing matched (such steps stream one token and are absent from vLLM's lists). EAGLE drafts γ
-at every step; without a rule, γ is assumed. A chunk with more tokens than a step can emit merges steps (vLLM's output
+step, 0 where nothing matched (such steps stream one token and are absent from vLLM's lists). EAGLE and a draft
+model draft γ at every step; without a rule, γ is assumed. A chunk with more tokens than a step can emit merges steps (vLLM's output
 collector does that when the client reads slower than it decodes).
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ class VllmStep:
 
 @dataclass
 class VllmSteps:
-    method: str | None                       # None (plain), "ngram" or "eagle"
+    method: str | None                       # None (plain), "ngram", "eagle" or "draft_model"
     gamma: int = 0
     rule: Callable[[list[int]], int] | None = None     # the n-gram rule: drafts made after these ids
     context: list[int] = field(default_factory=list)

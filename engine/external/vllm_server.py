@@ -52,18 +52,22 @@ MAX_MODEL_LEN = 4096
 @dataclass(frozen=True)
 class VllmVariant:
     """One vLLM server's fixed configuration: a speculative method is set per server, at its start."""
-    key: str                               # plain, ngram, eagle
+    key: str                               # plain, ngram, eagle, draft_model
     label: str                             # the selector's name
-    speculative: dict | None = None        # vLLM's --speculative-config (the EAGLE head's path added at start)
+    speculative: dict | None = None        # vLLM's --speculative-config (the drafter's path added at start)
 
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 EAGLE_GAMMA = 3
+DRAFT_GAMMA = 4
+WITH_DRAFTER = ("eagle", "draft_model")   # the methods whose drafter is a checkpoint of ours, exported at start
 VARIANTS = {
     "plain": VllmVariant("plain", LABEL),
     "ngram": VllmVariant("ngram", f"{LABEL} · n-gram (2-4-gram, 4 draft tokens)", NGRAM),
     "eagle": VllmVariant("eagle", f"{LABEL} · our EAGLE head ({EAGLE_GAMMA} draft tokens)",
                          {"method": "eagle", "num_speculative_tokens": EAGLE_GAMMA}),
+    "draft_model": VllmVariant("draft_model", f"{LABEL} · draft model ({DRAFT_GAMMA} draft tokens)",
+                               {"method": "draft_model", "num_speculative_tokens": DRAFT_GAMMA}),
 }
 
 
@@ -126,7 +130,8 @@ class VllmServer:
     cache: Path                            # our cache folder's vllm/ (compile cache, logs, run folders)
     threads: int = 1
     eager: bool = True
-    draft_dir: Path | None = None          # the EAGLE head in vLLM's layout (engine/training/vllm_export.py)
+    draft_dir: Path | None = None          # the drafter in vLLM's layout: the EAGLE head (engine/training/vllm_export.py)
+    #                                        or the draft model (engine/training/vllm_draft_export.py)
     state: str = "stopped"                 # stopped, starting, ready, failed
     error: str | None = None
     started_at: float = 0.0
@@ -174,10 +179,10 @@ class VllmServer:
 
     def speculative_config(self) -> dict | None:
         spec = self.variant.speculative
-        if spec is None or spec["method"] != "eagle":
+        if spec is None or spec["method"] not in WITH_DRAFTER:
             return spec
         if self.draft_dir is None:
-            raise ValueError("the EAGLE variant needs the head in vLLM's layout (draft_dir)")
+            raise ValueError(f"the {spec['method']} variant needs its drafter in vLLM's layout (draft_dir)")
         return {**spec, "model": str(self.draft_dir)}
 
     def environment(self, key: str) -> dict:

@@ -45,6 +45,12 @@ def card(target: str, info: dict, c_table: str | None, status: str) -> str:
         "LM head over the whole vocabulary whose rows outside S are the mean of S's rows, so that its greedy drafts "
         "are S's (docs/external-engines.md).",
         "",
+        f"For vLLM's `draft_model`, `train-draft {target} export --format vllm` (and `serve --vllm`, into the cache) "
+        "writes the folder vLLM loads (engine/training/vllm_draft_export.py): float32, the target's tokenizer files, "
+        "and an untied LM head with the rows of S and zeros elsewhere, so that greedy, vLLM drafts our argmax over S "
+        "(docs/external-engines.md, \"Our draft model in vLLM\": what stays inexact, and `bench heads`' step-by-step "
+        "comparison with ours).",
+        "",
         "## Shape: c, a draft step over a target step",
         "",
         "The LM head of a drafting engine can be the full vocabulary or, like the EAGLE head's, the "

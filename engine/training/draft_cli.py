@@ -11,7 +11,9 @@
     export   the Hugging Face checkpoint into models/drafts/TARGET/ (or --out): config.json, model.safetensors
              (float16), vocab_subset.json, training.json and the model card README.md; --tokenizer: the target's
              tokenizer files too (the engine drafts with the target's own; a tool that reads a folder on its own
-             needs them)
+             needs them); --format vllm: the shipped draft in vLLM's draft-model layout
+             (engine/training/vllm_draft_export.py), into --out (default: the cache's vllm/drafts/TARGET, where
+             `serve --vllm` reads it)
 
 Data and training state live outside the repository: $DECODING_PLAYGROUND_CACHE/drafts/TARGET/. Held-out answers:
 FOLDER/heldout, else the draft heads' (train-heads TARGET data --held-out), which hold the same prompts' answers.
@@ -138,6 +140,11 @@ def run(args: argparse.Namespace) -> int:
                "conversations": len(trainer.held_out),
                **acceptance(trainer.st.params, trainer.cfg, trainer.held_out, trainer.subset, args.gamma)}
         print(json.dumps(out, indent=1))
+    elif args.format == "vllm":
+        from ..model.fetched import cache_dir
+        from .vllm_draft_export import export_draft_for_vllm
+        out = export_draft_for_vllm(args.target, Path(args.out or cache_dir() / "vllm" / "drafts" / args.target))
+        log(f"wrote {out} (vLLM's draft-model layout)")
     else:
         from .draft_card import card
         trainer, path = _trainer(args, log, resume=True)
@@ -171,6 +178,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--status", help="export: the model card's first paragraph (what this checkpoint is; default: "
                                     "the finished draft, or the step of an unfinished run)")
     p.add_argument("--tokenizer", action="store_true", help="export: copy the target's tokenizer files beside it")
+    p.add_argument("--format", choices=("ours", "vllm"), default="ours",
+                   help="export: ours (the shipped folder, from the training state) or vllm (the shipped draft in "
+                        "vLLM's draft-model layout)")
     p.add_argument("--rounds", type=int, default=12, help="measure: interleaved rounds (default 12)")
     p.add_argument("--context", type=int, default=256, help="measure: the context length of the timed steps")
     p.add_argument("--c-max", type=float, default=0.1, help="measure: the largest c a chosen shape may have")

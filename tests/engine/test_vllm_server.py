@@ -8,6 +8,8 @@ import random
 import socket
 from pathlib import Path
 
+import pytest
+
 from engine.experiments.shootout import vllm_row
 from engine.external.vllm_server import (VARIANTS, VllmServer, ephemeral_ports, error_excerpt, free_port,
                                          remove_stale_runs)
@@ -46,6 +48,15 @@ def test_its_port_is_free_and_outside_the_range_other_processes_get_from_the_ker
 def test_the_eagle_variant_names_the_exported_head(tmp_path):
     s = server(tmp_path, "eagle", draft_dir=tmp_path / "head")
     assert f'"model": "{tmp_path / "head"}"' in s.command(1)[s.command(1).index("--speculative-config") + 1]
+
+
+def test_the_draft_model_variant_names_the_exported_draft_and_refuses_to_start_without_it(tmp_path):
+    s = server(tmp_path, "draft_model", draft_dir=tmp_path / "draft")
+    spec = s.command(1)[s.command(1).index("--speculative-config") + 1]
+    assert '"method": "draft_model"' in spec and '"num_speculative_tokens": 4' in spec
+    assert f'"model": "{tmp_path / "draft"}"' in spec
+    with pytest.raises(ValueError, match="draft_model variant needs its drafter"):
+        server(tmp_path, "draft_model").command(1)
 
 
 def test_the_error_excerpt_is_vllms_own_words_without_its_warnings():
@@ -89,3 +100,10 @@ def test_the_shootouts_vllm_row_says_starting_then_why_vllm_failed(tmp_path):
     assert starting["unavailable"].startswith("starting (") and starting["gamma"] == 3
     assert failed["unavailable"] == "failed: vLLM exited with code 3 while starting: ValueError: no CPU backend here"
     assert other is None
+
+
+def test_serve_starts_every_variant_by_default_and_a_wrong_one_is_refused_naming_them():
+    from app.config import AppConfig, ConfigError
+    assert AppConfig().vllm_variants == ("plain", "ngram", "eagle", "draft_model") == tuple(VARIANTS)
+    with pytest.raises(ConfigError, match="vllm_variants: some of plain, ngram, eagle, draft_model, got 'medusa'"):
+        AppConfig(vllm_variants=("medusa",))

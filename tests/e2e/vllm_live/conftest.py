@@ -21,12 +21,14 @@ VLLM_READY_TIMEOUT_S = 540.0         # within pytest-timeout's 600 s for the tes
 @pytest.fixture(scope="package")
 def vllm_app(models_dir):
     """A real app with its vLLM servers (plain, n-gram, our EAGLE head: app/ws/vllm.py), all ready: started once
-    for this folder's tests, stopped after its last one (3 x 3.6 GB: not held through the rest of the suite).
+    for this folder's tests, stopped after its last one (3 x 3.6 GB: not held through the rest of the suite; the
+    draft-model server starts alone, in tests/smollm2/test_vllm_draft_model_live.py).
     SKIPPED, loudly, only where vLLM is not installed (make vllm)."""
     reason = unavailable_reason(default_venv(cache_dir()), model_dir("smollm2-135m"))
     if reason:
         pytest.skip(f"!!! vLLM tests SKIPPED: {reason} !!!")
-    app = create_app(AppConfig(models_dir=models_dir, vllm=True, embedded_llamacpp=False, demo="character"))
+    app = create_app(AppConfig(models_dir=models_dir, vllm=True, embedded_llamacpp=False, demo="character",
+                               vllm_variants=("plain", "ngram", "eagle")))
     with serve(app) as base_url:
         deadline = time.monotonic() + VLLM_READY_TIMEOUT_S
         while True:
