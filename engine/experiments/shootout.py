@@ -10,6 +10,11 @@ method's c and verify cost divide by. Per method:
 - whether it wrote exactly the plain text; Spec-Bench's published figure beside it; for draft heads, the
   same acceptance projected on an H100 with the Cost model's roofline (engine/experiments/theory.py).
 
+Beside the chains, one token tree of the target's best tree drafter (race.py's `tree_method`: its EAGLE head, else
+its Medusa heads, else n-gram lookup) at the page's depth γ: the page's top-k and budget where it sets a tree, else
+top-TREE_TOPK and `tree_budget`'s nodes. Its k is the tree's nodes per round (the rows it verifies, less one), its
+L the tokens each verification forward gave, and its draft forwards per round the depths it expanded.
+
 For the model vLLM serves (`serve --vllm`), one more row after the comparison: our EAGLE head in vLLM (its
 eagle server, engine/external/vllm_server.py), the same prompt through its chat endpoint, greedy, the same
 max_tokens, with vLLM's own per-request acceptance figures, and whether it wrote our plain text. Its time is
@@ -29,12 +34,14 @@ from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
 from ..serving.settings import GenerationSettings, SettingsError
 from .compare import comparison_steps
+from .race import tree_budget, tree_method
 from .theory import ACCELERATORS, projected_costs
 
 # Spec-Bench (Xia et al. 2024), Vicuna-7B, greedy, A100: mean accepted tokens per round (prompt lookup = ngram)
 SPEC_BENCH = {"eagle": 3.57, "medusa": 2.32, "draft_model": 2.29, "ngram": 1.74}
 LABELS = {"none": "plain decoding", "ngram": "n-gram lookup", "draft_model": "draft model", "medusa": "Medusa",
           "eagle": "EAGLE"}
+TREE_TOPK = 4            # the Shoot-out's tree where the page sets none: SGLang's EAGLE-2 examples' top-k
 
 
 def methods_for(engine: InferenceEngine, target) -> list[str]:
@@ -44,10 +51,11 @@ def methods_for(engine: InferenceEngine, target) -> list[str]:
 
 
 def h100_speedup(engine: InferenceEngine, target, method: str, acceptance_length: float, drafts_per_round: float,
-                 context: int) -> float | None:
+                 context: int, passes: float | None = None) -> float | None:
     """A draft head's measured acceptance length L and draft forwards per round k on an H100's roofline
     (parameters in bf16, KV of one layer for EAGLE): L / (k c + t(rows)/t(1)), rows = k + 1 rounded up. Medusa's
-    heads draft in one pass (k = 1 for its c): its c is every head's bytes, read once."""
+    heads draft in one pass (k = 1 for its c): its c is every head's bytes, read once. passes: the head's forwards
+    per round where they are not k (a tree's: one per depth, over its whole frontier)."""
     head = engine.registry.heads_for(target).get(method)
     if head is None:
         return None
@@ -56,7 +64,7 @@ def h100_speedup(engine: InferenceEngine, target, method: str, acceptance_length
     p = projected_costs(ACCELERATORS["H100-SXM"], math.ceil(drafts_per_round), target.model.num_parameters,
                         head.num_parameters + len(head.subset) * cfg.hidden_size,
                         kv_layer * cfg.num_hidden_layers, kv_layer if method == "eagle" else 0, context)
-    passes = 1 if method == "medusa" else drafts_per_round
+    passes = passes if passes is not None else 1 if method == "medusa" else drafts_per_round
     return acceptance_length / (passes * p["c"] + p["verify_ratio"])
 
 
@@ -67,7 +75,11 @@ def shootout(engine: InferenceEngine, prompt: str, settings: dict, repeats: int 
 def shootout_steps(engine: InferenceEngine, prompt: str, settings: dict, repeats: int | None = None) -> Job[dict]:
     s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
     target = engine.registry.get(s["model"])
-    sides = {"none": {**s, "method": "none"}, **{m: {**s, "method": m} for m in methods_for(engine, target)}}
+    chain = {**s, "speculative_eagle_topk": 1}           # the chains stay chains where the page sets a tree
+    sides = {"none": {**chain, "method": "none"}, **{m: {**chain, "method": m} for m in methods_for(engine, target)}}
+    m = tree_method(engine.registry, target)
+    sides[f"{m}_tree"] = {**s, "method": m, "speculative_eagle_topk": s["speculative_eagle_topk"] if s[
+        "speculative_eagle_topk"] > 1 else TREE_TOPK, "speculative_num_draft_tokens": tree_budget(s)}
     return _shootout(engine, target, s, comparison_steps(engine, prompt, sides, repeats, with_times=True))
 
 
@@ -83,10 +95,15 @@ def _shootout(engine: InferenceEngine, target, s: dict, comparison: Job[dict]) -
     ones = pooled_ms(plain["runs"], 1)
     t1 = statistics.median(ones) if ones else None
     rows = []
-    for m, side in c["sides"].items():
+    for name, side in c["sides"].items():
         r = side["run"]
         sm = r["summary"] or {}
-        row = {"method": m, "label": LABELS[m], "error": side["error"], "spec_bench": SPEC_BENCH.get(m),
+        m, rs = r["settings"]["method"], r["settings"]
+        tree = {"topk": rs["speculative_eagle_topk"], "num_draft_tokens": rs["speculative_num_draft_tokens"],
+                "depth": gamma} if rs["speculative_eagle_topk"] > 1 else None
+        label = f"{LABELS[m]} tree (top-{tree['topk']}, {tree['num_draft_tokens']} nodes)" if tree else LABELS[m]
+        row = {"method": name, "label": label, "tree": tree, "error": side["error"],
+               "spec_bench": None if tree else SPEC_BENCH.get(m),
                "identical": r["emitted_ids"] == plain["run"]["emitted_ids"], "ms_per_token": side["median_ms_per_token"],
                "measured": side.get("speedup")}
         drafts = sm.get("num_drafts") or 0
@@ -95,16 +112,18 @@ def _shootout(engine: InferenceEngine, target, s: dict, comparison: Job[dict]) -
             L = sm["mean_acceptance_length"]
             c_each = [x["summary"]["draft_time_s"] * 1e3 / x["summary"]["num_draft_tokens"] / t1
                       for x in side["runs"] if x["summary"] and x["summary"]["num_draft_tokens"]]
-            verify = pooled_ms(side["runs"], 2, gamma + 1)
+            verify = pooled_ms(side["runs"], 2, (tree["num_draft_tokens"] if tree else gamma) + 1)
             v = statistics.mean(verify) / t1 if verify else None
             cost = statistics.median(c_each)
             rejected = drafts - sum(1 for t in sm["tokens"] if t["status"] == "bonus")
             acc = sm["num_accepted_tokens"]
             alpha = acc / (acc + rejected) if acc + rejected else 0.0
-            row.update(mean_acceptance_length=L, per_position=[a / drafts for a in sm["accepted_per_position"]],
+            row.update(mean_acceptance_length=L,
+                       per_position=[a / drafts for a in sm["accepted_per_position"][:gamma]],
                        c=cost, verify_ratio=v, drafts_per_round=k, verify_rows=k + 1, alpha=alpha,
                        predicted=L / (k * cost + v) if v else None,
-                       h100=h100_speedup(engine, target, m, L, k, len(r["emitted_ids"]) + 64))
+                       h100=h100_speedup(engine, target, m, L, k, len(r["emitted_ids"]) + 64,
+                                         sm["draft_forward_calls"] / drafts if tree else None))
         rows.append(row)
     return {"settings": s, "model": target.name, "gamma": gamma, "t1_ms": t1, "rows": rows, "repeats": c["repeats"],
             "load_average": c["load_average"], "cores": c["cores"],
