@@ -6,7 +6,8 @@
 - `GET /teach/theory.json?recording=KEY&rounds=N`: a run's first N rounds against the formulas
   (engine/experiments/theory.py's `run_series`), with that curve's t(1) and t(n)/t(1) once it is measured (the
   view asks again until then: it never waits for one, nor makes a run wait); a curve that is not physical is
-  not used."""
+  not used; for a run that drafts token trees, beside them the tree's tokens per target forward and a chain's E
+  at the α and depth measured in its rounds (`tree_against_chain`)."""
 from __future__ import annotations
 
 import time
@@ -17,7 +18,7 @@ from fastapi.responses import JSONResponse
 from app.deps import PlaygroundDep
 from app.routers.teach.common import model_of
 from app.views.recording import RECORDINGS
-from engine.experiments.theory import RoundPoint, curve_ratios, run_series
+from engine.experiments.theory import RoundPoint, curve_ratios, run_series, tree_against_chain
 
 router = APIRouter()
 MAX_ROUNDS = 4096            # the charts show at most the last this many rounds
@@ -39,15 +40,21 @@ async def curve_json(playground: PlaygroundDep, model: str | None = None, record
 
 
 def recorded_rounds(rec, rounds: int | None) -> tuple[list[RoundPoint], str]:
-    """The first `rounds` rounds of a recording (all: None), and the drafter of the last of them."""
+    """The first `rounds` rounds of a recording (all: None), and the drafter of the last of them. A token tree's
+    round also gives its depth and, per position, whether the first child tried there was accepted."""
     points, method = [], rec.settings.get("method") or "none"
+    depth, first_tries = 0, {}
     for e in list(rec.events):
         if rounds is not None and len(points) >= rounds:
             break
         if e.type == "draft":
-            method = e.method
+            method, depth, first_tries = e.method, e.tree["depth"] if e.tree else 0, {}
+        elif e.type == "token" and e.siblings:
+            first_tries[e.position] = bool(e.siblings[0]["accepted"])
         elif e.type == "round":
-            points.append(RoundPoint(e.target_ms, e.draft_ms, e.num_emitted, e.num_draft_tokens, e.num_accepted))
+            points.append(RoundPoint(e.target_ms, e.draft_ms, e.num_emitted, e.num_draft_tokens, e.num_accepted,
+                                     depth, tuple(first_tries.values())))
+            depth, first_tries = 0, {}
     return points[-MAX_ROUNDS:], method
 
 
@@ -66,7 +73,8 @@ async def theory_json(playground: PlaygroundDep, recording: str = "", rounds: in
     usable = curve if curve is not None and curve["physical"] else None
     t1, ratios = curve_ratios(usable)
     series = run_series(points, t1, ratios, method)
-    return JSONResponse({**series, "model": curve["model"] if curve else None, "measured_curve": curve is not None,
+    return JSONResponse({**series, "tree": tree_against_chain(points), "model": curve["model"] if curve else None,
+                         "measured_curve": curve is not None,
                          "curve_note": curve_note(curve)})
 
 
