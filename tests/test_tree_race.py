@@ -57,6 +57,20 @@ def test_a_tree_race_keeps_the_pages_budget_and_refuses_a_budget_below_the_depth
         race(shipped, PROMPT, {**s, "num_speculative_tokens": 6}, "speculative_eagle_topk", ("1", "4"))
 
 
+def test_a_race_of_budgets_draws_trees_at_the_pages_top_k_or_a_tree_where_it_sets_a_chain(shipped):
+    s = {"model": "target-mha", "method": "eagle", "num_speculative_tokens": 3, "max_tokens": 24}
+    r = race(shipped, PROMPT, s, "speculative_num_draft_tokens", ("4", "12"), repeats=3)
+    assert [lane["label"] for lane in r["lanes"]] == ["top-4 tree (4 nodes, depth 3)", "top-4 tree (12 nodes, depth 3)"]
+    assert r["same_text"] and "tokens per target forward" in r["verdict"]["text"]
+    r = race(shipped, PROMPT, {**s, "speculative_eagle_topk": 2}, "speculative_num_draft_tokens", ("3", "6"), repeats=3)
+    assert [lane["label"] for lane in r["lanes"]] == ["top-2 tree (3 nodes, depth 3)", "top-2 tree (6 nodes, depth 3)"]
+    # the largest tree the budget allows holds more nodes than the smallest, round by round
+    drafted = [lane["run"]["summary"]["num_draft_tokens"] / lane["run"]["summary"]["num_drafts"] for lane in r["lanes"]]
+    assert drafted[0] <= 3 < drafted[1] <= 6
+    with pytest.raises(ValueError, match=r"speculative_num_draft_tokens: must be in \[num_speculative_tokens \(3\)"):
+        race(shipped, PROMPT, s, "speculative_num_draft_tokens", ("2", "8"))
+
+
 def test_a_url_sets_a_chain_against_a_tree_in_the_race(client):
     form = Form(client.get("/?model=target-mha&method=eagle&view=race&race=speculative_eagle_topk"
                            "&race_a=1&race_b=4").text)

@@ -27,9 +27,13 @@ RACE_SETTINGS = {
     "kv_cache_dtype": ("auto", "int8_per_token_head"),
     "num_speculative_tokens": (2, 6),
     "speculative_eagle_topk": (1, 4),   # a chain against a token tree, of the same drafter and depth
+    "speculative_num_draft_tokens": (4, 8),   # a token tree's budget, at the page's top-k (TREE_TOPK for a chain)
 }
+TREE_RACES = ("speculative_eagle_topk", "speculative_num_draft_tokens")
 RACE_GAMMAS = (1, 2, 3, 4, 6, 8, 12, 16)
 RACE_TOPKS = (1, 2, 3, 4, 8)
+RACE_BUDGETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+TREE_TOPK = 4            # a tree's top-k where the page sets a chain: SGLang's EAGLE-2 examples'
 # A tree's budget where the page names none (the Race's and the Shoot-out's tree): EAGLE-2's size of tree on a
 # CPU, where the verification rows of a few nodes cost about as much as one (docs/benchmarks.md, `bench smollm2`)
 TREE_BUDGET = 8
@@ -58,6 +62,8 @@ def value_label(setting: str, value, num_attention_heads: int | None = None) -> 
         return f"γ = {value}"
     if setting == "speculative_eagle_topk":
         return "chain" if value == 1 else f"top-{value} tree"
+    if setting == "speculative_num_draft_tokens":
+        return f"{value} nodes"
     raise SettingsError("race", f"one of {', '.join(RACE_SETTINGS)}, got {setting!r}")
 
 
@@ -81,6 +87,7 @@ def race_choices(registry, target) -> dict[str, list[tuple[str, str]]]:
         "kv_cache_dtype": [(d, value_label("kv_cache_dtype", d)) for d in RACE_DTYPES],
         "num_speculative_tokens": [(str(g), value_label("num_speculative_tokens", g)) for g in RACE_GAMMAS],
         "speculative_eagle_topk": [(str(k), value_label("speculative_eagle_topk", k)) for k in RACE_TOPKS],
+        "speculative_num_draft_tokens": [(str(n), value_label("speculative_num_draft_tokens", n)) for n in RACE_BUDGETS],
     }
 
 
@@ -124,11 +131,13 @@ def tree_budget(s: dict) -> int:
     return s["speculative_num_draft_tokens"] or min(MAX_DRAFT_TOKENS, max(TREE_BUDGET, s["num_speculative_tokens"]))
 
 
-def shape_label(label: str, s: dict) -> str:
-    """A side of a chain-against-tree race with its shape: 'chain (γ = 3)', 'top-4 tree (8 nodes, depth 3)'."""
+def shape_label(s: dict) -> str:
+    """A side of a race of draft shapes (TREE_RACES), as its run's settings `s` drew: 'chain (γ = 3)',
+    'top-4 tree (8 nodes, depth 3)'."""
     if s["speculative_eagle_topk"] == 1:
-        return f"{label} (γ = {s['num_speculative_tokens']})"
-    return f"{label} ({s['speculative_num_draft_tokens']} nodes, depth {s['num_speculative_tokens']})"
+        return f"chain (γ = {s['num_speculative_tokens']})"
+    return (f"top-{s['speculative_eagle_topk']} tree ({s['speculative_num_draft_tokens']} nodes, "
+            f"depth {s['num_speculative_tokens']})")
 
 
 def lane_figures(side: dict) -> dict:
@@ -186,9 +195,9 @@ def race_steps(engine: InferenceEngine, prompt: str, settings: dict, setting: st
     """The prompt run with `setting` = values[0] (side a) and = values[1] (side b), all else the same.
 
     A race of γ needs something to propose: with method "none" it uses the draft model (or n-gram lookup). A race
-    of chain against tree (`speculative_eagle_topk`) needs a drafter that drafts trees (`tree_method`), and a
-    budget: the page's speculative_num_draft_tokens, else `tree_budget`'s; the chain
-    side ignores the budget, so the sides differ in the tree's width alone.
+    of draft shapes (TREE_RACES) needs a drafter that drafts trees (`tree_method`). Chain against tree
+    (`speculative_eagle_topk`) takes the page's budget, else `tree_budget`'s: the chain side ignores it, so the
+    sides differ in the tree's width alone; a race of budgets takes the page's top-k, TREE_TOPK where it is 1.
     Greedy runs that differ only in how they compute (KV cache, speculative decoding) write the same text.
     Bad settings raise here, when the job is made, not once it has its turn. run_ms: as the comparison's
     (engine/experiments/compare.py), for a test that controls the timing it checks."""
@@ -196,10 +205,12 @@ def race_steps(engine: InferenceEngine, prompt: str, settings: dict, setting: st
     if setting == "num_speculative_tokens" and s["method"] == "none":
         target = engine.registry.get(s["model"])
         s["method"] = "draft_model" if engine.registry.draft_for(target) is not None else "ngram"
+    if setting in TREE_RACES and s["method"] not in TREE_METHODS:
+        s["method"] = tree_method(engine.registry, engine.registry.get(s["model"]))
     if setting == "speculative_eagle_topk":
-        if s["method"] not in TREE_METHODS:
-            s["method"] = tree_method(engine.registry, engine.registry.get(s["model"]))
         s["speculative_num_draft_tokens"] = tree_budget(s)
+    elif setting == "speculative_num_draft_tokens" and s["speculative_eagle_topk"] == 1:
+        s["speculative_eagle_topk"] = TREE_TOPK
     a, b = race_values(engine, s, setting, values)
     comparison = comparison_steps(engine, prompt, {"a": {**s, setting: a}, "b": {**s, setting: b}}, repeats,
                                   run_ms=run_ms)
@@ -216,12 +227,10 @@ def _race_runs(s: dict, setting: str, pair: tuple, comparison: Job[dict]) -> Job
         run = side["run"]
         if setting == "num_kv_heads" and value is None:
             value = run["summary"]["model"]["num_key_value_heads"] if run["summary"] else value
-        label = value_label(setting, value, heads)
-        if setting == "speculative_eagle_topk":
-            label = shape_label(label, run["settings"])
+        label = shape_label(run["settings"]) if setting in TREE_RACES else value_label(setting, value, heads)
         lanes.append({"role": role, "value": value, "label": label, "run": run, "figures": lane_figures(side)})
     return {"setting": setting, "settings": s, "lanes": lanes, "repeats": c["repeats"],
             "verdict": verdict(lanes[1]["label"], lanes[0]["figures"], lanes[1]["figures"], sides[1]["speedup"],
-                               per_forward=setting == "speculative_eagle_topk"),
+                               per_forward=setting in TREE_RACES),
             "same_text": runs[0]["emitted_ids"] == runs[1]["emitted_ids"],
             "finish_ms": max(r["elapsed_ms"] for r in runs)}

@@ -34,14 +34,13 @@ from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
 from ..serving.settings import GenerationSettings, SettingsError
 from .compare import comparison_steps
-from .race import tree_budget, tree_method
+from .race import TREE_TOPK, tree_budget, tree_method
 from .theory import ACCELERATORS, projected_costs
 
 # Spec-Bench (Xia et al. 2024), Vicuna-7B, greedy, A100: mean accepted tokens per round (prompt lookup = ngram)
 SPEC_BENCH = {"eagle": 3.57, "medusa": 2.32, "draft_model": 2.29, "ngram": 1.74}
 LABELS = {"none": "plain decoding", "ngram": "n-gram lookup", "draft_model": "draft model", "medusa": "Medusa",
           "eagle": "EAGLE"}
-TREE_TOPK = 4            # the Shoot-out's tree where the page sets none: SGLang's EAGLE-2 examples' top-k
 
 
 def methods_for(engine: InferenceEngine, target) -> list[str]:
