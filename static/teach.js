@@ -375,6 +375,13 @@
             'interleaved, several times each, as the Race and the Shoot-out do.'
     }
     drawSuffix(colors, s.suffix || null)
+    var treeLine = $('theory-tree'), tree = s.tree   // a token tree's tokens per forward beside a chain's E
+    if (treeLine) {
+      treeLine.hidden = !tree
+      var tv = tree ? { tree_mal: fmt(tree.mean_acceptance_length, 2), chain_e: fmt(tree.chain_e, 2), tree_alpha: fmt(tree.alpha, 2),
+        tree_depth: fmt(tree.depth, 1), tree_gain: tree.gain ? fmt(tree.gain, 2) + '×' : '–' } : {}
+      treeLine.querySelectorAll('[data-figure]').forEach(function (el) { el.textContent = tv[el.dataset.figure] || '–' })
+    }
     var curveNote = $('theory-curve-note')
     if (curveNote) {
       var cn = s.curve_note

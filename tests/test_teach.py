@@ -407,7 +407,7 @@ def test_the_race_runs_plain_and_speculative_on_their_engine_clocks(client):
 def test_the_shootout_runs_every_method_of_the_model_with_identical_greedy_output(client):
     html = client.post("/teach/shootout", data={**FORM, "model": "target-mha", "num_speculative_tokens": "3"}).text
     rows = dict(re.findall(r'<tr data-method="(\w+)">(.*?)</tr>', html, re.S))
-    assert list(rows) == ["none", "ngram", "draft_model", "medusa", "eagle"]          # target-mha ships heads
+    assert list(rows) == ["none", "ngram", "draft_model", "medusa", "eagle", "eagle_tree"]   # target-mha ships heads
     assert all(re.search(r'data-figure="identical">yes<', r) for r in rows.values())
     for m in ("draft_model", "medusa", "eagle"):
         assert float(re.search(r'data-figure="mal">([\d.]+)<', rows[m]).group(1)) >= 1.0

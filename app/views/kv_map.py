@@ -4,6 +4,9 @@ A pool is drawn in segments of KV_SEGMENT blocks: a round changes a few neighbou
 is one swapped element (htmx's work per message grows with the square of its top-level elements, see
 templates/_fragments.html); a whole pool is a few hundred blocks.
 
+A round that verifies a token tree also draws the tree's scratch slots in the target's cache (`kv_tree_html`,
+from the kv event's `tree`): written one by one, then every slot off the accepted path freed.
+
 NOTE (invariants): `KvMap` remembers each role's last drawn state (block letters, the sequence's blocks) and
 sends only the changed segments; a pool seen for the first time (or another dtype / block size) is sent whole.
 """
@@ -45,6 +48,43 @@ def kv_grid_html(role: str, pool: dict, cells: list) -> str:
             + segments + "</div>")
 
 
+def kv_tree_html(tree: dict | None) -> str:
+    """A token tree's round in the target's cache (a kv event's `tree`, engine/serving/session_figures.py): its
+    scratch slots in row order (the root, then the nodes), a gap where a block begins. CSS fills them one by one
+    (by `data-row`: the verification forward wrote them), then turns those off the accepted path (`data-freed`)
+    free once all are written (`data-rows`): keyframes, which run on a swapped element; attributes, not inline
+    styles, which the page's CSP refuses. None: the element, hidden."""
+    if tree is None:
+        return '<div id="kv-tree" hx-swap-oob="true" class="kv-tree" hidden></div>'
+    rows, start = tree["rows"], tree["start"]
+    kept = [r for r in rows if r["kept_at"] is not None]
+    moved = sum(1 for r in kept if r["kept_at"] != r["position"])
+    blocks = sorted({r["block_id"] for r in rows})
+    cells = []
+    for i, r in enumerate(rows):
+        what = "the root" if r["node"] is None else f"node {r['node']}"
+        fate = (f"kept at position {r['kept_at']}" + (" (moved)" if r["kept_at"] != r["position"] else "")
+                if r["kept_at"] is not None else "off the accepted path: freed")
+        mark = (f' data-kept-at="{int(r["kept_at"])}"' if r["kept_at"] is not None
+                else f' data-freed data-rows="{len(rows)}"')
+        gap = " data-block-start" if i and r["offset"] == 0 else ""
+        cells.append(f'<i class="kv-slot" data-row="{int(r["row"])}" data-position="{int(r["position"])}" '
+                     f'data-block="{int(r["block_id"])}"{mark}{gap} '
+                     f'title="{escape(what)}: position {int(r["position"])}, block {int(r["block_id"])} slot '
+                     f'{int(r["offset"])}; {escape(fate)}"></i>')
+    freed_blocks = tree.get("freed_blocks") or []
+    caption = (f"This round's token tree: {len(rows)} scratch slots (the root and {len(rows) - 1} nodes) at positions "
+               f"{start}–{start + len(rows) - 1}, block{'s' if len(blocks) > 1 else ''} "
+               f"{', '.join(map(str, blocks))}; the accepted path's {len(kept)} kept at {start}–{start + len(kept) - 1}"
+               + (f" ({moved} moved)" if moved else "") + f", {len(rows) - len(kept)} freed"
+               + (f", and with them block{'s' if len(freed_blocks) > 1 else ''} {', '.join(map(str, freed_blocks))}"
+                  if freed_blocks else ""))
+    return (f'<div id="kv-tree" hx-swap-oob="true" class="kv-tree" data-start="{int(start)}" data-rows="{len(rows)}" '
+            f'data-kept="{len(kept)}" data-freed-blocks="{" ".join(map(str, freed_blocks))}">'
+            f'<p class="kv-caption">{escape(caption)}</p>'
+            f'<div class="kv-slots">{"".join(cells)}</div></div>')
+
+
 @dataclass
 class RenderedPool:
     key: tuple                  # (pool name, kv_cache_dtype, block_size): one KV cache manager
@@ -56,6 +96,7 @@ class RenderedPool:
 class KvMap:
     def __init__(self):
         self.drawn: dict[str, RenderedPool] = {}
+        self.tree_shown = False             # the last round drawn verified a token tree (`kv-tree` is shown)
 
     def clear(self) -> None:
         self.drawn.clear()
@@ -81,6 +122,10 @@ class KvMap:
         for e in frame.kv_events:
             for be in e.events:
                 last_event[(be["pool"], be["block_id"])] = be["kind"]
+        tree = next((e.tree for e in reversed(frame.kv_events) if e.tree), None)
+        if tree is not None or (self.tree_shown and frame.kv_events):      # a chain's round hides it again
+            frame.replace["kv-tree"] = kv_tree_html(tree)
+            self.tree_shown = tree is not None
         m = macros()
         for role in ("target", "draft"):
             pool = pools.get(role)

@@ -8,7 +8,8 @@ from engine.serving.settings import excerpt
 
 
 RACE_LABELS = {"method": "method", "kv_cache": "KV cache on / off", "num_kv_heads": "MHA / GQA / MQA",
-               "kv_cache_dtype": "cache dtype", "num_speculative_tokens": "γ (draft tokens)"}
+               "kv_cache_dtype": "cache dtype", "num_speculative_tokens": "γ (draft tokens)",
+               "speculative_eagle_topk": "chain / token tree", "speculative_num_draft_tokens": "token tree's budget"}
 
 
 def race_state(query, registry, target, warnings: list[str], engines: list[str]) -> dict:

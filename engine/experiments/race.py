@@ -16,7 +16,7 @@ from ..external.engine_race import SETTING as ENGINE_RACE
 from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
 from ..serving.request_fit import model_defaults
-from ..serving.settings import METHODS, GenerationSettings, SettingsError
+from ..serving.settings import MAX_DRAFT_TOKENS, METHODS, TREE_METHODS, GenerationSettings, SettingsError
 from .compare import comparison_steps
 
 # The settings a race can set apart, each with the pair it starts from.
@@ -26,8 +26,17 @@ RACE_SETTINGS = {
     "num_kv_heads": (None, 1),          # the model's most KV heads against its fewest (`default_values`)
     "kv_cache_dtype": ("auto", "int8_per_token_head"),
     "num_speculative_tokens": (2, 6),
+    "speculative_eagle_topk": (1, 4),   # a chain against a token tree, of the same drafter and depth
+    "speculative_num_draft_tokens": (4, 8),   # a token tree's budget, at the page's top-k (TREE_TOPK for a chain)
 }
+TREE_RACES = ("speculative_eagle_topk", "speculative_num_draft_tokens")
 RACE_GAMMAS = (1, 2, 3, 4, 6, 8, 12, 16)
+RACE_TOPKS = (1, 2, 3, 4, 8)
+RACE_BUDGETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+TREE_TOPK = 4            # a tree's top-k where the page sets a chain: SGLang's EAGLE-2 examples'
+# A tree's budget where the page names none (the Race's and the Shoot-out's tree): EAGLE-2's size of tree on a
+# CPU, where the verification rows of a few nodes cost about as much as one (docs/benchmarks.md, `bench smollm2`)
+TREE_BUDGET = 8
 RACE_DTYPES = ("auto", "float16", "bfloat16", "int8_per_token_head", "fp8_e4m3", "fp8_e5m2")
 METHOD_NAMES = {"none": "plain decoding", "draft_model": "draft model", "ngram": "n-gram lookup", "eagle": "EAGLE head",
                 "medusa": "Medusa heads"}
@@ -51,6 +60,10 @@ def value_label(setting: str, value, num_attention_heads: int | None = None) -> 
         return f"{DTYPE_NAMES.get(value, value)} cache"
     if setting == "num_speculative_tokens":
         return f"γ = {value}"
+    if setting == "speculative_eagle_topk":
+        return "chain" if value == 1 else f"top-{value} tree"
+    if setting == "speculative_num_draft_tokens":
+        return f"{value} nodes"
     raise SettingsError("race", f"one of {', '.join(RACE_SETTINGS)}, got {setting!r}")
 
 
@@ -73,6 +86,8 @@ def race_choices(registry, target) -> dict[str, list[tuple[str, str]]]:
                          for n in sorted(registry.variants(target), reverse=True)],
         "kv_cache_dtype": [(d, value_label("kv_cache_dtype", d)) for d in RACE_DTYPES],
         "num_speculative_tokens": [(str(g), value_label("num_speculative_tokens", g)) for g in RACE_GAMMAS],
+        "speculative_eagle_topk": [(str(k), value_label("speculative_eagle_topk", k)) for k in RACE_TOPKS],
+        "speculative_num_draft_tokens": [(str(n), value_label("speculative_num_draft_tokens", n)) for n in RACE_BUDGETS],
     }
 
 
@@ -103,6 +118,28 @@ def race_values(engine: InferenceEngine, settings: dict, setting: str, values) -
     return parsed
 
 
+def tree_method(registry, target) -> str:
+    """The drafter a race of chain against tree uses where the page's method drafts no tree: the target's EAGLE
+    head, else its Medusa heads, else n-gram lookup (loads nothing)."""
+    heads = target.meta.get("heads", [])
+    return next(m for m in ("eagle", "medusa") if m in heads) if {"eagle", "medusa"} & set(heads) else "ngram"
+
+
+def tree_budget(s: dict) -> int:
+    """A tree's budget for settings `s`: its own speculative_num_draft_tokens, else TREE_BUDGET nodes (at least
+    the depth, num_speculative_tokens)."""
+    return s["speculative_num_draft_tokens"] or min(MAX_DRAFT_TOKENS, max(TREE_BUDGET, s["num_speculative_tokens"]))
+
+
+def shape_label(s: dict) -> str:
+    """A side of a race of draft shapes (TREE_RACES), as its run's settings `s` drew: 'chain (γ = 3)',
+    'top-4 tree (8 nodes, depth 3)'."""
+    if s["speculative_eagle_topk"] == 1:
+        return f"chain (γ = {s['num_speculative_tokens']})"
+    return (f"top-{s['speculative_eagle_topk']} tree ({s['speculative_num_draft_tokens']} nodes, "
+            f"depth {s['num_speculative_tokens']})")
+
+
 def lane_figures(side: dict) -> dict:
     """One side's figures (a side of engine/experiments/compare.py): the median engine ms per emitted token of its
     runs, and of its median run KV bytes per token (0 without a cache) and acceptance."""
@@ -120,9 +157,10 @@ def ratio_phrase(a: float | None, b: float | None, fewer: str, more: str) -> str
     return f"{a / b:.1f}× {fewer}" if b < a else f"{b / a:.1f}× {more}"
 
 
-def verdict(label_b: str, fa: dict, fb: dict, speed: dict) -> dict:
+def verdict(label_b: str, fa: dict, fb: dict, speed: dict, per_forward: bool = False) -> dict:
     """The one-line verdict on side b against side a, and the ratios it quotes (b against a); `speed` is the
-    comparison's speed-up of b (engine/experiments/compare.py)."""
+    comparison's speed-up of b (engine/experiments/compare.py). per_forward: quote the tokens per target forward
+    (mean acceptance length), not the acceptance rate: a tree's rate counts every node drafted, off the path too."""
     parts = []
     kv_a, kv_b = fa["kv_bytes_per_token"], fb["kv_bytes_per_token"]
     if kv_b == 0 and kv_a:
@@ -132,7 +170,10 @@ def verdict(label_b: str, fa: dict, fb: dict, speed: dict) -> dict:
     else:
         parts.append(ratio_phrase(kv_a, kv_b, "fewer KV bytes/token", "more KV bytes/token"))
     parts.append(f"engine time per token {speed['text']}")
-    if fa["acceptance_rate"] is not None and fb["acceptance_rate"] is not None:
+    if per_forward and fa["mean_acceptance_length"] is not None and fb["mean_acceptance_length"] is not None:
+        parts.append(f"tokens per target forward {fa['mean_acceptance_length']:.2f} → "
+                     f"{fb['mean_acceptance_length']:.2f}")
+    elif fa["acceptance_rate"] is not None and fb["acceptance_rate"] is not None:
         before, after = f"{fa['acceptance_rate']:.2f}", f"{fb['acceptance_rate']:.2f}"
         parts.append(f"acceptance {before} → {after}" if before != after else None)
     elif fb["mean_acceptance_length"] is not None and fa["mean_acceptance_length"] is None:
@@ -153,7 +194,10 @@ def race_steps(engine: InferenceEngine, prompt: str, settings: dict, setting: st
                run_ms: Callable[[dict], float | None] | None = None) -> Job[dict]:
     """The prompt run with `setting` = values[0] (side a) and = values[1] (side b), all else the same.
 
-    A race of γ needs something to propose: with method "none" it uses the draft model (or n-gram lookup).
+    A race of γ needs something to propose: with method "none" it uses the draft model (or n-gram lookup). A race
+    of draft shapes (TREE_RACES) needs a drafter that drafts trees (`tree_method`). Chain against tree
+    (`speculative_eagle_topk`) takes the page's budget, else `tree_budget`'s: the chain side ignores it, so the
+    sides differ in the tree's width alone; a race of budgets takes the page's top-k, TREE_TOPK where it is 1.
     Greedy runs that differ only in how they compute (KV cache, speculative decoding) write the same text.
     Bad settings raise here, when the job is made, not once it has its turn. run_ms: as the comparison's
     (engine/experiments/compare.py), for a test that controls the timing it checks."""
@@ -161,6 +205,12 @@ def race_steps(engine: InferenceEngine, prompt: str, settings: dict, setting: st
     if setting == "num_speculative_tokens" and s["method"] == "none":
         target = engine.registry.get(s["model"])
         s["method"] = "draft_model" if engine.registry.draft_for(target) is not None else "ngram"
+    if setting in TREE_RACES and s["method"] not in TREE_METHODS:
+        s["method"] = tree_method(engine.registry, engine.registry.get(s["model"]))
+    if setting == "speculative_eagle_topk":
+        s["speculative_num_draft_tokens"] = tree_budget(s)
+    elif setting == "speculative_num_draft_tokens" and s["speculative_eagle_topk"] == 1:
+        s["speculative_eagle_topk"] = TREE_TOPK
     a, b = race_values(engine, s, setting, values)
     comparison = comparison_steps(engine, prompt, {"a": {**s, setting: a}, "b": {**s, setting: b}}, repeats,
                                   run_ms=run_ms)
@@ -177,9 +227,10 @@ def _race_runs(s: dict, setting: str, pair: tuple, comparison: Job[dict]) -> Job
         run = side["run"]
         if setting == "num_kv_heads" and value is None:
             value = run["summary"]["model"]["num_key_value_heads"] if run["summary"] else value
-        lanes.append({"role": role, "value": value, "label": value_label(setting, value, heads),
-                      "run": run, "figures": lane_figures(side)})
+        label = shape_label(run["settings"]) if setting in TREE_RACES else value_label(setting, value, heads)
+        lanes.append({"role": role, "value": value, "label": label, "run": run, "figures": lane_figures(side)})
     return {"setting": setting, "settings": s, "lanes": lanes, "repeats": c["repeats"],
-            "verdict": verdict(lanes[1]["label"], lanes[0]["figures"], lanes[1]["figures"], sides[1]["speedup"]),
+            "verdict": verdict(lanes[1]["label"], lanes[0]["figures"], lanes[1]["figures"], sides[1]["speedup"],
+                               per_forward=setting in TREE_RACES),
             "same_text": runs[0]["emitted_ids"] == runs[1]["emitted_ids"],
             "finish_ms": max(r["elapsed_ms"] for r in runs)}

@@ -10,6 +10,11 @@ method's c and verify cost divide by. Per method:
 - whether it wrote exactly the plain text; Spec-Bench's published figure beside it; for draft heads, the
   same acceptance projected on an H100 with the Cost model's roofline (engine/experiments/theory.py).
 
+Beside the chains, one token tree of the target's best tree drafter (race.py's `tree_method`: its EAGLE head, else
+its Medusa heads, else n-gram lookup) at the page's depth γ: the page's top-k and budget where it sets a tree, else
+top-TREE_TOPK and `tree_budget`'s nodes. Its k is the tree's nodes per round (the rows it verifies, less one), its
+L the tokens each verification forward gave, and its draft forwards per round the depths it expanded.
+
 For the model vLLM serves (`serve --vllm`), one more row after the comparison: our EAGLE head in vLLM (its
 eagle server, engine/external/vllm_server.py), the same prompt through its chat endpoint, greedy, the same
 max_tokens, with vLLM's own per-request acceptance figures, and whether it wrote our plain text. Its time is
@@ -29,6 +34,7 @@ from ..serving.jobs import Job, run_to_end
 from ..serving.registry import InferenceEngine
 from ..serving.settings import GenerationSettings, SettingsError
 from .compare import comparison_steps
+from .race import TREE_TOPK, tree_budget, tree_method
 from .theory import ACCELERATORS, projected_costs
 
 # Spec-Bench (Xia et al. 2024), Vicuna-7B, greedy, A100: mean accepted tokens per round (prompt lookup = ngram)
@@ -69,7 +75,11 @@ def shootout(engine: InferenceEngine, prompt: str, settings: dict, repeats: int 
 def shootout_steps(engine: InferenceEngine, prompt: str, settings: dict, repeats: int | None = None) -> Job[dict]:
     s = GenerationSettings.parse({k: v for k, v in settings.items() if k != "fault"}).model_dump()
     target = engine.registry.get(s["model"])
-    sides = {"none": {**s, "method": "none"}, **{m: {**s, "method": m} for m in methods_for(engine, target)}}
+    chain = {**s, "speculative_eagle_topk": 1}           # the chains stay chains where the page sets a tree
+    sides = {"none": {**chain, "method": "none"}, **{m: {**chain, "method": m} for m in methods_for(engine, target)}}
+    m = tree_method(engine.registry, target)
+    sides[f"{m}_tree"] = {**s, "method": m, "speculative_eagle_topk": s["speculative_eagle_topk"] if s[
+        "speculative_eagle_topk"] > 1 else TREE_TOPK, "speculative_num_draft_tokens": tree_budget(s)}
     return _shootout(engine, target, s, comparison_steps(engine, prompt, sides, repeats, with_times=True))
 
 
@@ -84,11 +94,16 @@ def _shootout(engine: InferenceEngine, target, s: dict, comparison: Job[dict]) -
     plain = c["sides"]["none"]
     ones = pooled_ms(plain["runs"], 1)
     t1 = statistics.median(ones) if ones else None
-    rows, tree = [], s["speculative_eagle_topk"] > 1
-    for m, side in c["sides"].items():
+    rows = []
+    for name, side in c["sides"].items():
         r = side["run"]
         sm = r["summary"] or {}
-        row = {"method": m, "label": LABELS[m], "error": side["error"], "spec_bench": SPEC_BENCH.get(m),
+        m, rs = r["settings"]["method"], r["settings"]
+        tree = {"topk": rs["speculative_eagle_topk"], "num_draft_tokens": rs["speculative_num_draft_tokens"],
+                "depth": gamma} if rs["speculative_eagle_topk"] > 1 else None
+        label = f"{LABELS[m]} tree (top-{tree['topk']}, {tree['num_draft_tokens']} nodes)" if tree else LABELS[m]
+        row = {"method": name, "label": label, "tree": tree, "error": side["error"],
+               "spec_bench": None if tree else SPEC_BENCH.get(m),
                "identical": r["emitted_ids"] == plain["run"]["emitted_ids"], "ms_per_token": side["median_ms_per_token"],
                "measured": side.get("speedup")}
         drafts = sm.get("num_drafts") or 0
@@ -105,7 +120,8 @@ def _shootout(engine: InferenceEngine, target, s: dict, comparison: Job[dict]) -
             rejected = drafts - sum(1 for t in sm["tokens"] if t["status"] == "bonus")
             acc = sm["num_accepted_tokens"]
             alpha = acc / (acc + rejected) if acc + rejected else 0.0
-            row.update(mean_acceptance_length=L, per_position=[a / drafts for a in sm["accepted_per_position"]],
+            row.update(mean_acceptance_length=L,
+                       per_position=[a / drafts for a in sm["accepted_per_position"][:gamma]],
                        c=cost, verify_ratio=v, drafts_per_round=k, verify_rows=nodes + 1, alpha=alpha,
                        predicted=L / (k * cost + v) if v else None,
                        h100=h100_speedup(engine, target, m, L, k, len(r["emitted_ids"]) + 64, nodes))

@@ -113,6 +113,9 @@ class RoundPoint:
     emitted: int
     drafted: int
     accepted: int
+    depth: int = 0                        # a token tree's round: the depth its tree reached (0: a chain's round)
+    first_tries: tuple[bool, ...] = ()    # and per position whose parent had children tried, whether the first
+    #                                       child tried (the drafter's first choice) was accepted
 
 
 def run_alpha(points) -> float | None:
@@ -191,6 +194,28 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, method: s
                "verify_ratio": (verify_ratio or {}).get(round(gamma) + 1) if gamma is not None else None,
                **{key: last[key] for key in ("tokens", "e", "flat", "curve", "estimated")}}
     return {**out, "positions": positions, "summary": summary}
+
+
+def tree_against_chain(points) -> dict | None:
+    """A token tree's measured tokens per target forward beside Leviathan's E for a chain (None: no tree round).
+
+    L = 1 + accepted / tree rounds (the mean acceptance length, the bonus or resampled token included). The chain
+    is the one the same drafter draws at the same depth: its token at each depth is a node's first child (the
+    drafter's first choice: EAGLE's and Medusa's most likely token, n-gram lookup's most frequent continuation),
+    so its α is measured inside the tree's rounds as how often the first child tried was accepted, and its E is
+    (1 - α^(γ+1)) / (1 - α) at each round's depth γ, averaged over the rounds. L / E is what the tree's other
+    branches added."""
+    rounds = [p for p in points if p.depth]
+    if not rounds:
+        return None
+    tries = [hit for p in rounds for hit in p.first_tries]
+    alpha = sum(tries) / len(tries) if tries else None
+    L = 1 + sum(p.accepted for p in rounds) / len(rounds)
+    chain_e = (statistics.fmean(expected_tokens_per_round(alpha, p.depth) for p in rounds)
+               if alpha is not None else None)
+    return {"rounds": len(rounds), "mean_acceptance_length": L, "alpha": alpha,
+            "depth": statistics.fmean(p.depth for p in rounds), "chain_e": chain_e,
+            "gain": L / chain_e if chain_e else None}
 
 
 def cost_card_here(run: dict | None, curve: dict, method: str | None, alpha: float, gamma: int) -> dict:

@@ -108,6 +108,11 @@ class KVBlocks(Event):
     type = "kv"
     events: list[dict]          # [{kind, block_id, pool}]
     pools: list[dict]           # [{name, num_blocks, used, cached, block_size, dtype, bytes_per_token, seq_blocks}]
+    tree: dict | None = None    # a token tree's round in the target's cache (SessionFigures.tree_scratch): its
+    #                             scratch rows as the verification forward wrote them, {pool, start, block_size,
+    #                             rows: [{row, node, position, block_id, offset, kept_at}], freed_blocks}, kept_at
+    #                             the position an accepted path's row moved to (None: freed), freed_blocks the
+    #                             scratch blocks that emptied with them; None: no tree this round
 
 
 @dataclass

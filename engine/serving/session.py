@@ -214,6 +214,7 @@ class GenerationSession:
         verification = fault.verify(draft, logits, s.temperature, s.top_p, self.rng, s.rejection_sample_method)
         accepted = verification.num_accepted
         if verification.tree is not None:                  # the accepted path's K/V kept in order, the rest freed
+            self.figures.tree_scratch(verification.tree.kept_rows)
             self.target.keep_tree_path(verification.tree.kept_rows)
             self.features.record(self.target)              # and its hidden states, where the path's tokens now are
         else:

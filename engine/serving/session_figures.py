@@ -32,6 +32,7 @@ class SessionFigures:
         self.session = session
         self.stats = SpecDecodeStats()
         self.inspector = Inspector(session.tokenizer)
+        self.tree_slots: dict | None = None      # this round's token tree in the target's cache, for its kv event
 
     # --- a round's events -------------------------------------------------------------------------------
     def token_events(self, round_no: int, draft: Draft, logits, v: Verification, texts: list[str]) -> list[Event]:
@@ -82,7 +83,26 @@ class SessionFigures:
         for role, runner in (("target", s.target), (drafter, s.draft_runner)):
             if isinstance(runner, PagedRunner):
                 pools.append(runner.manager.snapshot().drawn(role, runner.seq.block_table))
-        return KVBlocks(self.drain_block_events(), pools)
+        events, tree, self.tree_slots = self.drain_block_events(), self.tree_slots, None
+        if tree is not None:                   # the scratch blocks that emptied when the path was kept
+            held = {r["block_id"] for r in tree["rows"]}
+            tree["freed_blocks"] = sorted({e["block_id"] for e in events if e["kind"] == "free"
+                                           and e["pool"] == tree["pool"] and e["block_id"] in held})
+        return KVBlocks(events, pools, tree)
+
+    def tree_scratch(self, kept_rows) -> None:
+        """Note a token tree's scratch rows in the target's paged cache, after its forward and before
+        `keep_tree_path`: each row (the root's, row 0, then node i's, row i + 1) with the position, block and
+        offset its K/V were written to, and where it is kept (kept_rows[i] moves to start + i) or None: freed."""
+        runner = self.session.target
+        if not isinstance(runner, PagedRunner) or runner.seq.tree_start is None:
+            return
+        seq, bs = runner.seq, runner.manager.block_size
+        start, table, kept = seq.tree_start, seq.block_table, {int(r): i for i, r in enumerate(kept_rows)}
+        self.tree_slots = {"pool": runner.manager.pool.name, "start": start, "block_size": bs, "rows": [
+            {"row": r, "node": r - 1 if r else None, "position": start + r, "block_id": int(table[(start + r) // bs]),
+             "offset": (start + r) % bs, "kept_at": start + kept[r] if r in kept else None}
+            for r in range(seq.num_tokens - start)]}
 
     def kv_figures(self) -> dict:
         s = self.session

@@ -41,7 +41,8 @@ def test_mha_against_mqa_quotes_the_cache_formula(family):
     ratio = a["figures"]["kv_bytes_per_token"] / b["figures"]["kv_bytes_per_token"]
     assert r["verdict"]["kv_ratio"] == ratio and f"{ratio:.1f}× fewer KV bytes/token" in r["verdict"]["text"]
     assert set(race_choices(engine.registry, target)) == {"method", "kv_cache", "num_kv_heads", "kv_cache_dtype",
-                                                          "num_speculative_tokens"}
+                                                          "num_speculative_tokens", "speculative_eagle_topk",
+                                                          "speculative_num_draft_tokens"}
 
 
 def test_a_race_of_methods_offers_only_what_its_target_can_run(family):

@@ -15,7 +15,7 @@ def test_without_vllm_the_shootouts_vllm_row_says_why_and_the_table_stands(smoll
                     base_url="http://localhost") as client:
         html = client.post("/teach/shootout", data=form).text
     rows = dict(re.findall(r'<tr data-method="(\w+)">(.*?)</tr>', html, re.S))
-    assert list(rows) == ["none", "ngram", "draft_model", "medusa", "eagle", "vllm_eagle"], html[:2000]
+    assert list(rows) == ["none", "ngram", "draft_model", "medusa", "eagle", "eagle_tree", "vllm_eagle"], html[:2000]
     assert re.search(r'data-figure="mal">[\d.]+<', rows["eagle"])
     reason = re.search(r'<td colspan="9" data-figure="reason">(.*?)</td>', rows["vllm_eagle"]).group(1)
     assert reason == "vLLM not started: serve --vllm"

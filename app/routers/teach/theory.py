@@ -6,7 +6,9 @@
 - `GET /teach/theory.json?recording=KEY&rounds=N`: a run's first N rounds against the formulas
   (engine/experiments/theory.py's `run_series`), with that curve's t(1) and t(n)/t(1) once it is measured (the
   view asks again until then: it never waits for one, nor makes a run wait); a curve that is not physical is
-  not used. A suffix decoding run's rounds also give its draft length against its match length (`suffix`)."""
+  not used. A suffix decoding run's rounds also give its draft length against its match length (`suffix`); for
+  a run that drafts token trees, beside them the tree's tokens per target forward and a chain's E at the α and
+  depth measured in its rounds (`tree_against_chain`)."""
 from __future__ import annotations
 
 import time
@@ -17,7 +19,8 @@ from fastapi.responses import JSONResponse
 from app.deps import PlaygroundDep
 from app.routers.teach.common import model_of
 from app.views.recording import RECORDINGS
-from engine.experiments.theory import RoundPoint, SuffixRound, curve_ratios, run_series, suffix_series
+from engine.experiments.theory import (RoundPoint, SuffixRound, curve_ratios, run_series, suffix_series,
+                                       tree_against_chain)
 
 router = APIRouter()
 MAX_ROUNDS = 4096            # the charts show at most the last this many rounds
@@ -40,18 +43,24 @@ async def curve_json(playground: PlaygroundDep, model: str | None = None, record
 
 def recorded_rounds(rec, rounds: int | None) -> tuple[list[RoundPoint], str, list[SuffixRound]]:
     """The first `rounds` rounds of a recording (all: None), the drafter of the last of them, and the rounds whose
-    draft came with a suffix match (its length in the draft event's origin)."""
+    draft came with a suffix match (its length in the draft event's origin). A token tree's round also gives its
+    depth and, per position, whether the first child tried there was accepted."""
     points, method, suffix, match_len = [], rec.settings.get("method") or "none", [], None
+    depth, first_tries = 0, {}
     for e in list(rec.events):
         if rounds is not None and len(points) >= rounds:
             break
         if e.type == "draft":
             method, match_len = e.method, (e.origin or {}).get("match_len")
+            depth, first_tries = e.tree["depth"] if e.tree else 0, {}
+        elif e.type == "token" and e.siblings:
+            first_tries[e.position] = bool(e.siblings[0]["accepted"])
         elif e.type == "round":
-            points.append(RoundPoint(e.target_ms, e.draft_ms, e.num_emitted, e.num_draft_tokens, e.num_accepted))
+            points.append(RoundPoint(e.target_ms, e.draft_ms, e.num_emitted, e.num_draft_tokens, e.num_accepted,
+                                     depth, tuple(first_tries.values())))
             if match_len is not None:
                 suffix.append(SuffixRound(match_len, e.num_draft_tokens, e.num_accepted))
-            match_len = None
+            match_len, depth, first_tries = None, 0, {}
     return points[-MAX_ROUNDS:], method, suffix[-MAX_ROUNDS:]
 
 
@@ -72,8 +81,9 @@ async def theory_json(playground: PlaygroundDep, recording: str = "", rounds: in
     series, s = run_series(points, t1, ratios, method), rec.settings
     by_match = suffix and suffix_series(suffix, s["num_speculative_tokens"], s["suffix_decoding_max_spec_factor"],
                                         s["suffix_decoding_max_tree_depth"])
-    return JSONResponse({**series, "model": curve["model"] if curve else None, "measured_curve": curve is not None,
-                         "curve_note": curve_note(curve), "suffix": by_match or None})
+    return JSONResponse({**series, "tree": tree_against_chain(points), "suffix": by_match or None,
+                         "model": curve["model"] if curve else None, "measured_curve": curve is not None,
+                         "curve_note": curve_note(curve)})
 
 
 def curve_note(curve: dict | None) -> dict | None:
