@@ -114,7 +114,7 @@ class Recording:
         return read_recording(cls, body, name)
 
     # --- between processes (an upload is read in a process of its own) -------------------------------------
-    def to_parts(self, events_per_part: int = 256) -> list[bytes]:
+    def to_parts(self, events_per_part: int = 32) -> list[bytes]:
         """The recording pickled in parts: the recording without its events, then its events a few at a time, so
         that the process that makes it again (`from_parts`) holds the GIL for one short part at a time."""
         shell = copy.copy(self)

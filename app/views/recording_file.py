@@ -27,6 +27,7 @@ import json
 import pickle
 import re
 import threading
+import time
 import types
 import typing
 from collections.abc import Iterable, Iterator
@@ -40,6 +41,7 @@ VERSION = 1
 MAX_EVENTS = 40_000              # a 4,096-token run is about 17,000 events
 MAX_VALUE_CHARS = 1 << 20        # one event or one other field (a 4,096-token run's summary is about 200 KB)
 FIRST_PIECE_CHARS = 4096         # most events are a few hundred characters
+PART_PAUSE_S = 0.001            # rebuilt_recording's sleep between two parts
 TEXT_PIECE_BYTES = 1 << 20       # the file is decoded from UTF-8 this much at a time, for the same reason
 _SPACE = re.compile(r"[ \t\n\r]*")
 
@@ -275,14 +277,17 @@ def read_recording(recording_class, body: bytes | Iterable[bytes], name: str | N
 
 def rebuilt_recording(parts: Iterable[bytes]):
     """A recording as the process that read its file sent it (Recording.to_parts), made again a part at a time:
-    each part is one `pickle.loads` of a few events, between which the GIL changes hands. Like a file read, its
-    objects are made with the collector held off, then leave its sight."""
+    each part is one `pickle.loads` of a few events, a call that holds the GIL, and after each the thread sleeps a
+    moment: the engine's thread, which wants the GIL back after every product it hands to BLAS, would otherwise
+    wait for a part at each of them. Like a file read, its objects are made with the collector held off, then
+    leave its sight."""
     parts = iter(parts)
     with _collector_held_off():
         rec = pickle.loads(next(parts))
         for part in parts:
             for event in pickle.loads(part):
                 rec.add(event)
+            time.sleep(PART_PAUSE_S)
         gc.freeze()
     return rec
 
