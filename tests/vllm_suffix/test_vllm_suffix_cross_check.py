@@ -3,8 +3,8 @@ same sequence of chat requests, greedy, through one fresh vLLM server and one fr
 trees start empty and then hold the same answers), compared step by step: drafted and accepted per step with a
 draft (vLLM's `per_step_drafted` / `per_step_accepted`, our rounds).
 
-The two tests share the server and the engine, in this order: the second's requests draft from the first's
-answers on both sides. A folder of its own, collected after tests/e2e/vllm_live, whose three servers are
+The tests share the server and the engine, in this order: each test's requests draft from the earlier tests'
+answers on both sides, whose trees hold the same tokens until the last test. A folder of its own, collected after tests/e2e/vllm_live, whose three servers are
 stopped by then: one vLLM server at a time."""
 from __future__ import annotations
 
@@ -66,6 +66,39 @@ def theirs(server, prompt: str, max_tokens: int) -> tuple[list[int], list[tuple[
     summary = run(go(), timeout=300)
     spec = summary["engine_metrics"]["speculative_decoding"]
     return [t["id"] for t in summary["tokens"]], list(zip(spec["per_step_drafted"], spec["per_step_accepted"]))
+
+
+def vllm_steps(rounds: list[tuple[int, int]], before: list[int], max_tokens: int) -> tuple[list, int]:
+    """Where our rounds ran without the max_tokens cap (asked for more tokens): the steps vLLM makes when asked for
+    max_tokens (those up to the one that reaches it), and how many tokens its steps sampled (what its trees hold)."""
+    for i, ((_, accepted), b) in enumerate(zip(rounds, before)):
+        if b >= max_tokens:                              # a round without a draft reached it: one token, no more
+            return rounds[:i], max_tokens
+        if b + accepted + 1 >= max_tokens:
+            return rounds[:i + 1], max(b + accepted + 1, max_tokens)
+    return rounds, max_tokens
+
+
+def test_vllms_trees_keep_what_a_cut_answers_last_step_sampled_past_max_tokens(both):
+    """vLLM's proposer adds a step's tokens to its trees before its scheduler cuts the answer at max_tokens: its
+    global tree holds the cut answer's last step whole, ours the answer as emitted. Asked again, in the same words
+    and in full, vLLM drafts past the cut from that step: ours does so only where its tree holds the same."""
+    server, engine = both                                # first in this module: both global trees are empty
+    cut = 96
+    probe = InferenceEngine(ModelRegistry(fetched_models()), max_sessions=1)   # an empty tree too
+    _, rounds, before = ours(probe, VACCINES, cut + GAMMA + 1)
+    steps, held = vllm_steps(rounds, before, cut)
+    their_ids, their_rounds = theirs(server, VACCINES, cut)
+    assert len(their_ids) == cut and their_rounds == steps, (their_rounds, steps)   # vLLM drafts to its last step
+    assert held > cut, "this answer's last step was meant to go past max_tokens"
+    ours(engine, VACCINES, held)                         # our tree now holds what vLLM's holds
+    as_emitted = InferenceEngine(ModelRegistry(fetched_models()), max_sessions=1)
+    ours(as_emitted, VACCINES, cut)
+    their_ids, their_rounds = theirs(server, VACCINES, 400)
+    ids, rounds, _ = ours(engine, VACCINES, 400)
+    _, rounds_as_emitted, _ = ours(as_emitted, VACCINES, 400)
+    assert ids == their_ids and len(ids) < 400 and rounds == their_rounds, (rounds, their_rounds)
+    assert rounds_as_emitted != their_rounds
 
 
 def test_answers_that_end_by_themselves_draft_and_accept_as_vllm_step_by_step(both):
