@@ -2,6 +2,7 @@
 its error excerpt, the cleaning of run folders left by a killed process, the Shoot-out's vLLM row while it starts
 and once it failed (the live start and stop: tests/e2e/vllm_live/test_faults.py)."""
 import asyncio
+import json
 import concurrent.futures
 import os
 import random
@@ -9,8 +10,10 @@ import socket
 from pathlib import Path
 
 from engine.experiments.shootout import vllm_row
-from engine.external.vllm_server import (VARIANTS, VllmServer, ephemeral_ports, error_excerpt, free_port,
-                                         remove_stale_runs)
+from engine.serving.request_fit import MAX_SPECULATIVE_TOKENS
+from engine.serving.settings import SUFFIX_SETTINGS, GenerationSettings
+from engine.external.vllm_server import (SUFFIX, VARIANTS, VllmServer, ephemeral_ports, error_excerpt, free_port,
+                                         remove_stale_runs, suffix_unavailable_reason)
 
 
 def server(tmp_path, key="ngram", **kw):
@@ -46,6 +49,27 @@ def test_its_port_is_free_and_outside_the_range_other_processes_get_from_the_ker
 def test_the_eagle_variant_names_the_exported_head(tmp_path):
     s = server(tmp_path, "eagle", draft_dir=tmp_path / "head")
     assert f'"model": "{tmp_path / "head"}"' in s.command(1)[s.command(1).index("--speculative-config") + 1]
+
+
+def test_the_suffix_variant_passes_vllms_suffix_settings_and_needs_arcticinferences_tree(tmp_path):
+    """vLLM's settings as its SpeculativeConfig names them, γ within ours; offered only where the venv has
+    ArcticInference's compiled suffix tree (make vllm builds it)."""
+    s = server(tmp_path, "suffix")
+    cmd = s.command(s.port)
+    spec = cmd[cmd.index("--speculative-config") + 1]
+    assert json.loads(spec) == SUFFIX and SUFFIX["method"] == "suffix"
+    assert set(SUFFIX) == {"method", "num_speculative_tokens", *SUFFIX_SETTINGS}      # our names are vLLM's
+    defaults = GenerationSettings()
+    assert all(SUFFIX[k] == getattr(defaults, k) for k in SUFFIX_SETTINGS)        # vLLM's defaults, and ours
+    assert SUFFIX["num_speculative_tokens"] == MAX_SPECULATIVE_TOKENS
+    venv = tmp_path / "venv"
+    assert "make vllm" in suffix_unavailable_reason(venv)
+    package = venv / "lib" / "python3.11" / "site-packages" / "arctic_inference" / "suffix_decoding"
+    package.mkdir(parents=True)
+    (package / "cache.py").write_text("")
+    assert suffix_unavailable_reason(venv) is not None          # the Python wrapper alone cannot run
+    (package / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    assert suffix_unavailable_reason(venv) is None
 
 
 def test_the_error_excerpt_is_vllms_own_words_without_its_warnings():
