@@ -92,12 +92,13 @@ def source_tree(sdist: Path, into: Path) -> Path:
 def main(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     wheels = folder / "wheels"
-    built = sorted(wheels.glob(f"arctic_inference-{WHEEL_VERSION}-*.whl"))
+    pattern = f"arctic_inference-{WHEEL_VERSION}-cp{sys.version_info.major}{sys.version_info.minor}-*.whl"
+    built = sorted(wheels.glob(pattern))                # this Python's: a venv made anew may have another
     if not built:
         sdist = fetch_sdist(folder)
         with tempfile.TemporaryDirectory(prefix="arctic-suffix-") as tmp:
             pip("wheel", "--no-deps", "-w", str(wheels), str(source_tree(sdist, Path(tmp))))
-        built = sorted(wheels.glob(f"arctic_inference-{WHEEL_VERSION}-*.whl"))
+        built = sorted(wheels.glob(pattern))
     pip("install", "--no-deps", "--force-reinstall", str(built[-1]))
     subprocess.run([sys.executable, "-c", "from arctic_inference.suffix_decoding import SuffixDecodingCache"],
                    check=True)
