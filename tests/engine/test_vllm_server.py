@@ -2,6 +2,7 @@
 its error excerpt, the cleaning of run folders left by a killed process, the Shoot-out's vLLM row while it starts
 and once it failed (the live start and stop: tests/e2e/vllm_live/test_faults.py)."""
 import asyncio
+import json
 import concurrent.futures
 import os
 import random
@@ -11,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from engine.experiments.shootout import vllm_row
-from engine.external.vllm_server import (VARIANTS, VllmServer, ephemeral_ports, error_excerpt, free_port,
-                                         remove_stale_runs)
+from engine.serving.request_fit import MAX_SPECULATIVE_TOKENS
+from engine.serving.settings import SUFFIX_SETTINGS, GenerationSettings
+from engine.external.vllm_server import (SERVED_VARIANTS, SUFFIX, VARIANTS, VllmServer, ephemeral_ports,
+                                         error_excerpt, free_port, remove_stale_runs, suffix_unavailable_reason)
 
 
 def server(tmp_path, key="ngram", **kw):
@@ -57,6 +60,27 @@ def test_the_draft_model_variant_names_the_exported_draft_and_refuses_to_start_w
     assert f'"model": "{tmp_path / "draft"}"' in spec
     with pytest.raises(ValueError, match="draft_model variant needs its drafter"):
         server(tmp_path, "draft_model").command(1)
+
+
+def test_the_suffix_variant_passes_vllms_suffix_settings_and_needs_arcticinferences_tree(tmp_path):
+    """vLLM's settings as its SpeculativeConfig names them, γ within ours; offered only where the venv has
+    ArcticInference's compiled suffix tree (make vllm builds it)."""
+    s = server(tmp_path, "suffix")
+    cmd = s.command(s.port)
+    spec = cmd[cmd.index("--speculative-config") + 1]
+    assert json.loads(spec) == SUFFIX and SUFFIX["method"] == "suffix"
+    assert set(SUFFIX) == {"method", "num_speculative_tokens", *SUFFIX_SETTINGS}      # our names are vLLM's
+    defaults = GenerationSettings()
+    assert all(SUFFIX[k] == getattr(defaults, k) for k in SUFFIX_SETTINGS)        # vLLM's defaults, and ours
+    assert SUFFIX["num_speculative_tokens"] == MAX_SPECULATIVE_TOKENS
+    venv = tmp_path / "venv"
+    assert "make vllm" in suffix_unavailable_reason(venv)
+    package = venv / "lib" / "python3.11" / "site-packages" / "arctic_inference" / "suffix_decoding"
+    package.mkdir(parents=True)
+    (package / "cache.py").write_text("")
+    assert suffix_unavailable_reason(venv) is not None          # the Python wrapper alone cannot run
+    (package / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    assert suffix_unavailable_reason(venv) is None
 
 
 def test_the_error_excerpt_is_vllms_own_words_without_its_warnings():
@@ -104,6 +128,6 @@ def test_the_shootouts_vllm_row_says_starting_then_why_vllm_failed(tmp_path):
 
 def test_serve_starts_every_variant_by_default_and_a_wrong_one_is_refused_naming_them():
     from app.config import AppConfig, ConfigError
-    assert AppConfig().vllm_variants == ("plain", "ngram", "eagle", "draft_model") == tuple(VARIANTS)
+    assert AppConfig().vllm_variants == ("plain", "ngram", "eagle", "draft_model") == SERVED_VARIANTS
     with pytest.raises(ConfigError, match="vllm_variants: some of plain, ngram, eagle, draft_model, got 'medusa'"):
         AppConfig(vllm_variants=("medusa",))
