@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from engine.external.vllm_rounds import StepRules
-from engine.external.vllm_server import (KV_CACHE_GIB, NGRAM, VARIANTS, VllmServer, default_venv, error_excerpt,
-                                         unavailable_reason)
+from engine.external.vllm_server import (KV_CACHE_GIB, NGRAM, SERVED_VARIANTS, VARIANTS, VllmServer, default_venv,
+                                         error_excerpt, unavailable_reason)
 from engine.model.chat import marked_prompt_tokens
 from engine.model.fetched import cache_dir, model_dir
 from engine.model.tokenizer import TextTokenizer
@@ -28,7 +28,6 @@ from engine.training.vllm_export import export_eagle_for_vllm
 logger = logging.getLogger(__name__)
 
 TARGET = "smollm2-135m"
-DEFAULT_VARIANTS = ("plain", "ngram", "eagle", "draft_model")
 EXPORTS = {"eagle": (export_eagle_for_vllm, "heads", "our EAGLE head"),       # the drafters in vLLM's layout
            "draft_model": (export_draft_for_vllm, "drafts", "our draft model")}
 WATCH_S = 2.0                 # how often a ready server is checked for life
@@ -70,7 +69,7 @@ def step_rules(variant_key: str, tokenizer: TextTokenizer | None) -> StepRules:
 class VllmFleet:
     """The vLLM servers of one app: made (and their engines offered) at once, started in turn."""
 
-    def __init__(self, variants=DEFAULT_VARIANTS, threads: int = 1, eager: bool = True, cache: Path | None = None,
+    def __init__(self, variants=SERVED_VARIANTS, threads: int = 1, eager: bool = True, cache: Path | None = None,
                  port: int | None = None):
         """port: the first server's (the next ones' follow), else free ones; the key: $DECODING_PLAYGROUND_VLLM_API_KEY
         (an operator's, for a client of their own, e.g. `bench serve --engine vllm`), else one per process."""
