@@ -132,9 +132,9 @@ async def recorded_events(base: str, model: str) -> list[dict]:
 
 def upload_probe(models_dir=None, n: int = 4, size: int = 16 * 10 ** 6, baseline_s: float = 3.0) -> dict:
     from websockets.sync.client import connect
-
     with Server(models_dir=models_dir) as srv:
         wait_until_loaded(srv.base)
+        get_json(srv.base + "/teach/curve.json", 600)       # start-up's last engine work: the demo's verify curve
         models = get_json(srv.base + "/api/models")["models"]
         model = next(m["name"] for m in models if m["role"] == "target" and not m.get("fetched"))
         body = big_recording(asyncio.run(recorded_events(srv.base, model)), size)

@@ -21,8 +21,8 @@ from pathlib import Path
 from engine.experiments.serve_figures import figures, merge, ms, p50_p99, pcts  # noqa: F401 - the benches' from here
 
 
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as r:
+def get_json(url: str, timeout_s: float = 5.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
         return json.loads(r.read())
 
 
