@@ -227,7 +227,7 @@ def tables(out: dict) -> list[str]:
         ("vllm", "Our EAGLE head in vLLM (its EAGLE layout)"),
         ("draft_model", "Our draft model in llama.cpp (its GGUF; its target SmolLM2 Q4_1, ours float32)")) if k in out]
     if "vllm_draft" in out:                    # vLLM's steps with our draft model beside ours
-        lines.append(table(*crosscheck_table(out["vllm_draft"])))
+        lines.append(table(*c) if (c := crosscheck_table(out["vllm_draft"]))[1] else f"**{c[2]}** (all else equal)")
     if "by_threads" in out:
         lines += threads_tables(out["by_threads"])
     return lines

@@ -125,11 +125,12 @@ def crosscheck(engine, name: str, server, prompts, max_tokens: int) -> dict:
 
 
 def crosscheck_table(r: dict) -> tuple[list, list, str]:
-    """`crosscheck`'s result as a table: header, a row per prompt, caption (one row saying why, where skipped)."""
+    """`crosscheck`'s result as a table: header, a row per prompt whose difference is not the stop's (the caption
+    counts the others), caption (one row saying why, where skipped)."""
     if "skipped" in r:
         return ["vLLM's draft_model with our draft model"], [[f"not measured: {r['skipped']}"]], ""
     rows = [[p["prompt"][:40], "{} / {}".format(*p["steps"]), "{} / {}".format(*p["accepted"]), p["equal"],
-             p["equal_at_stop"], p["why"]] for p in r["prompts"]]
+             p["equal_at_stop"], p["why"]] for p in r["prompts"] if not p["equal_at_stop"]]
     return (["question", "steps ours / vLLM", "accepted ours / vLLM", "equal", "at our stop", "why not"], rows,
             f"vLLM's draft_model with our draft model (its export), γ = {r['gamma']}, greedy, {r['max_tokens']} tokens: "
             f"per-step accepted lists equal on {r['equal']} of {len(r['prompts'])} as sent, {r['equal_at_stop']} with "
