@@ -38,4 +38,4 @@ def test_a_model_without_heads_offers_them_disabled_and_the_shootout_lists_every
     page.click("#shootout-start")
     page.wait_for_selector(".shootout-table tr[data-method='eagle']", timeout=120_000)
     methods = page.eval_on_selector_all(".shootout-table tbody tr", "els => els.map(e => e.dataset.method)")
-    assert methods == ["none", "ngram", "draft_model", "medusa", "eagle"]
+    assert methods == ["none", "ngram", "draft_model", "medusa", "eagle", "eagle_tree"]
