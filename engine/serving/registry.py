@@ -168,6 +168,24 @@ class PoolSpec:
                               name=f"{self.role}:{self.name}")
 
 
+class RunningSessions:
+    """The model each session generates on, from `started` to its close: the batch size that the `batch` γ
+    schedule looks up (engine/spec_decode/batch_schedule.py)."""
+
+    def __init__(self):
+        self._model_of: dict[str, str] = {}       # session id -> model name
+
+    def join(self, model: str, session_id: str) -> None:
+        self._model_of[session_id] = model
+
+    def leave(self, session_id: str) -> None:
+        self._model_of.pop(session_id, None)
+
+    def batch_size(self, model: str, session_id: str) -> int:
+        """The sessions on `model`, the asking one counted whether or not it has started."""
+        return 1 + sum(m == model for s, m in list(self._model_of.items()) if s != session_id)
+
+
 class InferenceEngine:
     """Models plus their shared KV pools, within `kv_cache_memory` bytes (engine/serving/pools.py; None: twice
     what the pools of every target's defaults take, `default_pool_bytes`), and suffix decoding's global trees
@@ -186,9 +204,7 @@ class InferenceEngine:
         self.managers: dict[tuple, KVCacheManager] = self.pools.made    # (model, dtype, block size) -> pool
         self.lock = threading.RLock()
         self.suffix_caches = SuffixCaches(suffix_cache, suffix_max_tree_nodes)
-        # model name -> ids of the sessions generating on it, from `started` to their close: the batch size that
-        # the `batch` γ schedule looks up (engine/spec_decode/batch_schedule.py)
-        self.running: dict[str, set[str]] = {}
+        self.running = RunningSessions()
 
     @property
     def kv_cache_memory(self) -> int:

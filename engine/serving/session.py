@@ -68,8 +68,7 @@ class GenerationSession:
         self.draft_lm = engine.registry.draft_for(self.target_lm)
         # chat: the prompt becomes the user's turn in the model's chat template (engine/model/chat.py)
         text = self.tokenizer.chat_template.prompt(prompt) if settings.chat else prompt
-        self.prompt_ids = self.tokenizer.encode(text)
-        self._prompt_text = text
+        self.prompt_ids, self._prompt_text = self.tokenizer.encode(text), text
         self._user_span = self.tokenizer.chat_template.user_span(prompt) if settings.chat else (0, len(text))
         ctx = self.target_lm.cfg.max_position_embeddings
         if len(self.prompt_ids) >= ctx:
@@ -77,7 +76,6 @@ class GenerationSession:
         self.unknown_characters = self.tokenizer.unknown_characters(prompt)
         self.tokens: list[int] = list(self.prompt_ids)
         self.rng = np.random.default_rng(settings.seed)
-        self._running = engine.running.setdefault(self.target_lm.name, set())   # the ids generating on the model
         self.schedule = self._new_schedule(settings)
         self.k = self.schedule.k                      # γ of the next round (0: a plain decode step)
         self.clock = EngineClock(clock_for(self.target_lm.model))
@@ -117,7 +115,7 @@ class GenerationSession:
             if self._closed:
                 return
             self._closed = True
-            self._running.discard(self.id)
+            self.engine.running.leave(self.id)
             if self.target is not None:
                 self.target.free()
             if self.proposer is not None:
@@ -270,11 +268,12 @@ class GenerationSession:
 
     # --- the start ---------------------------------------------------------------------------------
     def _new_schedule(self, s: GenerationSettings):   # `batch`: γ by the sessions on its model, this one included
-        return make_schedule(s.num_speculative_tokens_schedule, s.num_speculative_tokens,
-                             (self.target_lm.name, s.method), lambda: len(self._running) + (self.id not in self._running))
+        name = self.target_lm.name
+        return make_schedule(s.num_speculative_tokens_schedule, s.num_speculative_tokens, (name, s.method),
+                             lambda: self.engine.running.batch_size(name, self.id))
 
     def _started(self) -> Started:
-        self._running.add(self.id)                    # generating on its model until its close
+        self.engine.running.join(self.target_lm.name, self.id)      # generating on its model until its close
         return Started(self.id, self.settings.model_dump(), self.target_lm.describe(),
                        self.draft_lm.describe() if self.draft_lm else None, self._prompt_tokens(),
                        self.unknown_characters)
