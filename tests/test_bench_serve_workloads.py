@@ -33,11 +33,10 @@ def test_a_sweep_of_a_workload_measures_every_cell_and_makes_a_table(models_dir,
 def test_a_request_straight_to_vllm_keeps_its_answer_for_the_next_agentic_turn(monkeypatch):
     """`direct` (vLLM without the page) against an OpenAI-style stream (vLLM's chunks, served in this process): each
     client's answer is the chunks' text, and an agentic workload's next prompt revises it."""
-    import asyncio
-
     import httpx
 
     from cli.bench import serve
+    from engine.external.openai_stream import run_coroutine
     from engine.experiments.serve_workloads import Agentic, revision_prompt
     from engine.experiments.workshop import QUESTIONS
 
@@ -54,8 +53,8 @@ def test_a_request_straight_to_vllm_keeps_its_answer_for_the_next_agentic_turn(m
     real = httpx.AsyncClient
     monkeypatch.setattr(httpx, "AsyncClient", lambda **kw: real(transport=httpx.MockTransport(vllm), **kw))
     workload = Agentic()
-    first = asyncio.run(serve.direct("http://vllm/v1/chat/completions", "key", 2, 8, workload))
-    asyncio.run(serve.direct("http://vllm/v1/chat/completions", "key", 2, 8, workload))
+    first = run_coroutine(serve.direct("http://vllm/v1/chat/completions", "key", 2, 8, workload))
+    run_coroutine(serve.direct("http://vllm/v1/chat/completions", "key", 2, 8, workload))
     assert first["errors"] == 0 and first["output_tokens"] == 6
     assert first["texts"] == [f"answer to {q[0][-12:]}!" for q in QUESTIONS[:2]]      # in the clients' order
     assert sorted(asked[2:]) == sorted(revision_prompt(t) for t in first["texts"])

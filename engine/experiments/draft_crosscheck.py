@@ -16,11 +16,10 @@ Anything else is reported as unexplained.
 """
 from __future__ import annotations
 
-import asyncio
 
 import numpy as np
 
-from ..external.openai_stream import stream_chat
+from ..external.openai_stream import run_coroutine, stream_chat
 from ..serving.session import GenerationSession
 
 
@@ -46,7 +45,7 @@ def vllm_steps(server, prompt: str, max_tokens: int) -> dict:
     """vLLM's greedy chat run (our client): emitted ids and its own per-step lists (steps with a draft)."""
     async def run():
         return [e async for e in stream_chat(server.engine, prompt, {"max_tokens": max_tokens, "temperature": 0.0})]
-    events = asyncio.run(run())
+    events = run_coroutine(run())
     if events[-1].type != "done":
         raise RuntimeError(f"vLLM's run failed: {events[-1].message}")
     s = events[-1].summary
@@ -142,7 +141,7 @@ def on_server(server, work) -> dict:
     or a request failed (RuntimeError)."""
     server.start()
     try:
-        if not asyncio.run(server.wait_ready()):
+        if not run_coroutine(server.wait_ready()):
             return {"skipped": f"vLLM did not start: {server.error}"}
         return work(server)
     except RuntimeError as e:

@@ -9,11 +9,10 @@ stop, engine/external/llamacpp_process.py) every step proposes γ tokens unless 
 """
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from .llamacpp_server import DRAFT_GAMMA, EmbeddedLlamaCpp, draft_gguf, gguf_path, unavailable_reason
-from .openai_stream import ExternalEngine, stream_chat
+from .openai_stream import ExternalEngine, run_coroutine, stream_chat
 
 
 def draft_counts(timings: dict | None) -> tuple[int, int] | None:
@@ -48,7 +47,7 @@ def draft_model_acceptance(prompts: list[str], max_tokens: int, threads: int = 1
         return {"skipped": reason}
     server = EmbeddedLlamaCpp.start(gguf_path(cache), threads=threads, parallel=1, draft=draft, cache=cache)
     try:
-        counts = [draft_counts(asyncio.run(greedy_answer(server.engine, p, max_tokens)).get("engine_timings"))
+        counts = [draft_counts(run_coroutine(greedy_answer(server.engine, p, max_tokens)).get("engine_timings"))
                   for p in prompts]
     except RuntimeError as e:                      # a request that failed: the row says why
         return {"skipped": str(e)}

@@ -14,10 +14,12 @@ reports them (llama.cpp's `timings`, `usage`, vLLM's `metrics`), go beside them 
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -352,6 +354,17 @@ class _Received:
 
 
 API_KEY_ENV = "DECODING_PLAYGROUND_OPENAI_API_KEY"
+
+
+def run_coroutine(coro):
+    """`coro` run to its end from synchronous code (a bench's, a cross-check's): in a thread of its own where this
+    thread already runs an event loop (a caller inside one, e.g. a browser test's), where asyncio.run refuses."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def configured_engines(specs: tuple[dict, ...], env=None) -> list[ExternalEngine]:

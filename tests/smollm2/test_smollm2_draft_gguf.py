@@ -1,6 +1,5 @@
 """SmolLM2's shipped draft model as a GGUF for llama.cpp (engine/model/gguf_export.py, written by fetch-model): its
 full-vocabulary LM head, read back by our GGUF reader, and run by llama.cpp as the draft of SmolLM2's GGUF."""
-import asyncio
 import json
 import os
 
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 
 from engine.external.llamacpp_draft import draft_counts, greedy_answer
+from engine.external.openai_stream import run_coroutine
 from engine.external.llamacpp_server import EmbeddedLlamaCpp, draft_gguf, gguf_path, unavailable_reason
 from engine.model.checkpoint import init_weights, save_checkpoint
 from engine.model.config import ModelConfig
@@ -114,7 +114,7 @@ def test_llamacpp_answers_with_the_draft_model_and_its_acceptance_is_read(draft_
         pytest.skip(reason)
     server = EmbeddedLlamaCpp.start(gguf_path(), threads=1, parallel=1, draft=draft_file, cache=tmp_path)
     try:
-        summary = asyncio.run(greedy_answer(server.engine, PROMPT, 48))
+        summary = run_coroutine(greedy_answer(server.engine, PROMPT, 48))
     finally:
         server.close()
     assert summary["text"].strip() and server.engine.description["speculative_method"] == "draft_model"

@@ -2,14 +2,13 @@
 `serve --vllm` makes for it (app/ws/vllm.py), started alone for this file and stopped after it (one vLLM at a
 time: tests/e2e/vllm_live's three are stopped before this folder runs). SKIPPED, loudly, where vLLM is not
 installed (make vllm)."""
-import asyncio
 
 import pytest
 
 from app.ws.vllm import VllmFleet
 from cli.bench.heads import OPEN
 from engine.experiments.draft_crosscheck import crosscheck
-from engine.external.openai_stream import stream_chat
+from engine.external.openai_stream import run_coroutine, stream_chat
 from engine.external.vllm_server import DRAFT_GAMMA, default_venv, unavailable_reason
 from engine.model.fetched import cache_dir, model_dir
 from engine.serving.session import GenerationSession
@@ -35,7 +34,7 @@ def server(smollm2_dir):
     assert s is not None, "the draft-model variant was not offered (its export failed: see the log)"
     s.start()
     try:
-        assert asyncio.run(s.wait_ready(READY_TIMEOUT_S)), s.error
+        assert run_coroutine(s.wait_ready(READY_TIMEOUT_S)), s.error
         yield s
     finally:
         s.stop()
@@ -55,7 +54,7 @@ def test_the_draft_model_variant_answers_with_our_greedy_text_and_its_steps_are_
 
     async def go():
         return [e async for e in stream_chat(server.engine, OPEN[0], {"max_tokens": 64, "temperature": 0.0})]
-    done = asyncio.run(go())[-1]
+    done = run_coroutine(go())[-1]
     assert done.type == "done", done
     s = done.summary
     assert [t["id"] for t in s["tokens"] if t["id"] != eos] == plain

@@ -24,7 +24,7 @@ def test_the_shootout_shows_vllms_own_acceptance_for_our_head_beside_ours(vllm_a
             "max_tokens": str(MAX_TOKENS), "num_speculative_tokens": str(gamma)}
     html = httpx.post(base_url + "/teach/shootout", data=form, timeout=600, trust_env=False).text
     rows = dict(re.findall(r'<tr data-method="(\w+)">(.*?)</tr>', html, re.S))
-    assert list(rows)[-2:] == ["eagle", "vllm_eagle"], html[:2000]           # beside our EAGLE row
+    assert list(rows)[-3:] == ["eagle", "eagle_tree", "vllm_eagle"], html[:2000]   # below our EAGLE rows
     row = rows["vllm_eagle"]
     assert f"EAGLE (our head) in vLLM, γ = {EAGLE_GAMMA}" in row and 'data-figure="reason"' not in row, row
     assert f"fixed at γ = {EAGLE_GAMMA}, this shoot-out ran γ = {gamma}" in row
