@@ -52,8 +52,10 @@ class PanelWeight:
     """A [C, D] weight of `x @ W` as D/b contiguous column panels [D/b, C, b]."""
     # row count -> the larger count its products run as (zero rows added): OpenBLAS has fast kernels for some row
     # counts and not others, and one row may stream faster as a GEMV or as two rows. A property of this CPU's BLAS
-    # kernels, so one for the process, measured when a model first takes this layout (`pad_rows`)
+    # kernels, so one for the process, measured when a model first takes this layout (`pad_rows`) and kept: the
+    # padding changes a product's last bits, so a later measurement would change the floats of models loaded before
     padded_rows: dict[int, int] = {1: 2}
+    measured = False
     # row counts whose products run as one GEMV per row, panel by panel, each panel still in cache for the next row:
     # where OpenBLAS's GEMM of a few rows costs far more than a GEMV (it packs every panel before multiplying), a
     # few GEMVs cost less (each row's floats are its own GEMV's). Measured with `padded_rows` (`pad_rows`)
@@ -332,9 +334,11 @@ def pad_rows(head: PanelWeight, repeats: int = 5) -> dict[int, int]:
 def use_fastest_layout(model):
     """`use_layout` with the layout whose products over the LM head, one row and a verification's rows
     (`step_ms`), are faster here, the panels' row counts padded where that is faster (`pad_rows`, measured
-    first so that the panels are compared at their best)."""
+    first so that the panels are compared at their best, by the first model of the process)."""
     heads = {name: layout(model.lm_head) for name, layout in LAYOUTS.items()}
-    pad_rows(heads["panels"])
+    if not PanelWeight.measured:
+        pad_rows(heads["panels"])
+        PanelWeight.measured = True
     ms = step_ms(heads)
     del heads                                        # before the model's own copy: a lower peak
     use_layout(model, min(ms, key=ms.get))

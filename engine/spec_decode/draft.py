@@ -161,7 +161,8 @@ class Proposer(ABC):
       K/V for a prefix of it; after verification, `rollback(num_valid)` says how many tokens of the context
       survived (the context before the round and the accepted drafts), so that it can drop the rest.
     - `free()` releases what it holds; the session calls it when it ends or changes method.
-    - Sampling with `rng` (temperature > 0) is the only randomness: a seed reproduces a run.
+    - Sampling with `rng` (temperature > 0) is the only randomness: a seed reproduces a run computed by the same
+      products (a prefix-cache hit computes fewer rows, whose floats may differ in the last bits: docs/protocol.md).
     """
     method: str = ""                      # vLLM's name for it: the value of the `method` setting
     runner = None                         # the runner of its own KV cache (engine/kv/runner.py), if it keeps

@@ -77,7 +77,7 @@ def model_forward(model, tokens, p0, mgr, seq):
 
 def test_the_faster_layout_is_chosen_and_the_floor_covers_every_weight_byte(make_model, monkeypatch):
     from engine.model.layout import PanelWeight
-    for name in ("padded_rows", "row_by_row"):        # what the choice measures here: this test's only
+    for name in ("padded_rows", "row_by_row", "measured"):    # what the choice measures here: this test's only
         monkeypatch.setattr(PanelWeight, name, getattr(PanelWeight, name))
     model, _ = make_model("tiny", hidden_size=128, intermediate_size=320, vocab_size=704)
     use_fastest_layout(model)
@@ -88,6 +88,25 @@ def test_the_faster_layout_is_chosen_and_the_floor_covers_every_weight_byte(make
     per_layer = qkv + cfg.num_attention_heads * cfg.head_dim * c + c * 2 * i + i * c
     assert weight_bytes(model) == 4 * (cfg.num_hidden_layers * per_layer + c * v)
     assert stream_ms(model, repeats=2) > 0
+
+
+def test_the_padding_is_measured_by_the_first_model_and_kept(make_model, monkeypatch):
+    """A later model's load never changes the padding: it changes the last bits of every panel product, so a model
+    loaded before would compute other floats mid-run (a seeded run would then not repeat)."""
+    from engine.model import layout
+    for name, value in (("padded_rows", {}), ("row_by_row", frozenset()), ("measured", False)):
+        monkeypatch.setattr(layout.PanelWeight, name, value)
+    plans = iter([{1: 4}, {1: 2, 3: 4}])
+    measured = []
+
+    def pad_rows(head):
+        measured.append(head)
+        layout.PanelWeight.padded_rows = next(plans)
+    monkeypatch.setattr(layout, "pad_rows", pad_rows)
+    for seed in (1, 2):
+        model, _ = make_model("tiny", hidden_size=128, intermediate_size=320, vocab_size=704, seed=seed)
+        use_fastest_layout(model)
+    assert len(measured) == 1 and layout.PanelWeight.padded_rows == {1: 4}
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
