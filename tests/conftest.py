@@ -4,6 +4,7 @@ NOTE: BLAS is limited to one thread before anything imports numpy: a second BLAS
 2-core machine has made engine steps 10-25x slower (see docs/architecture).
 """
 
+import gc
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -60,6 +61,28 @@ def live_server(models_dir):
         yield base_url
 
 
+def give_memory_back() -> None:
+    """Collect what the tests left behind and hand what it freed back to the system.
+
+    NOTE: the suite's one process makes hundreds of apps; without this it grows past this machine's memory (the
+    kernel killed it) and leaves none for the vLLM servers its last tests start. Two things keep a finished app:
+    - a server freezes the collector's view after start-up and after each upload it reads (`gc.freeze`), and
+      an app is a reference cycle, so one alive at a freeze is never collected: unfrozen here first;
+    - most of its arrays sit below glibc's mmap threshold (which rises with each large block freed), so what
+      they freed stays in the process's malloc arenas until trimmed."""
+    from engine.kv.store import trim_freed_memory
+
+    gc.unfreeze()
+    gc.collect()
+    trim_freed_memory()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _memory_given_back_after_each_module():
+    yield
+    give_memory_back()
+
+
 @pytest.fixture
 def client():
     """An in-memory client for the app (no real socket: see pitfalls.md before testing websockets with it)."""
@@ -67,6 +90,7 @@ def client():
 
     with TestClient(create_app(), base_url="http://localhost") as client:
         yield client
+    give_memory_back()
 
 
 @pytest.fixture(scope="session")
