@@ -197,6 +197,8 @@ def run_sweep(args) -> dict:
         ws_base, chat = srv.ws(""), args.workload != "code" and wait_until_loaded(srv.base, model).get("chat", False)
         cell = lambda g: settings_of(method, g, args.max_tokens, model, chat)  # noqa: E731 - chat: where it can
         ask(ws_base, max(CONCURRENCY), cell(4), make_workload(args.workload))                          # warm up
+        for g in SWEEP_GAMMAS + ADAPTIVE:       # and each cell's settings once: no cell pays a first use in its turns
+            ask(ws_base, 1, cell(g), make_workload(args.workload))
         for concurrency in CONCURRENCY:
             asked = {g: make_workload(args.workload) for g in SWEEP_GAMMAS + ADAPTIVE}
             runs = take_turns({g: lambda g=g: ask(ws_base, concurrency, cell(g), asked[g]) for g in asked},
