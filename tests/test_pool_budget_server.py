@@ -160,3 +160,30 @@ def test_the_kv_cache_memory_option_reads_sizes():
         with pytest.raises(ConfigError) as e:
             AppConfig(kv_cache_memory=bad)
         assert e.value.field == "kv_cache_memory"
+
+
+def test_a_generation_has_released_its_pools_when_its_done_is_delivered(models_dir, sizes):
+    """`done` reaches the client before the engine thread goes on: a client acting on it at once (a new start or
+    a settings change that needs the ended generation's pool freed) must find that pool idle already."""
+    from engine.serving.registry import InferenceEngine, ModelRegistry
+    from engine.serving.scheduler import Scheduler
+    from engine.serving.session import GenerationSession
+
+    budget = sizes["a"] + sizes["asked"] - 1            # the asked pool fits only once the first is freed
+    engine = InferenceEngine(ModelRegistry.from_dir(models_dir, fetched=False), max_sessions=2,
+                             kv_cache_memory=budget)
+    first = GenerationSession(engine, PROMPT, {"model": sizes["model"], "method": "draft_model", "max_tokens": 6})
+    seen = {}
+
+    def sink(event):                                    # called in the engine's thread, as a connection's is
+        if event.type == "done":
+            seen["blocks"] = sum(m.pool.num_used_blocks for m in engine.managers.values())
+            seen["next"] = GenerationSession(engine, PROMPT, {"model": sizes["model"], "method": "draft_model",
+                                                              "kv_cache_dtype": "bfloat16", "block_size": 32})
+    scheduler = Scheduler()
+    scheduler.add(first, sink)
+    for _ in range(1000):
+        if not scheduler.step():
+            break
+    assert seen["blocks"] == 0 and engine.pools.freed == 1
+    seen["next"].close()

@@ -192,9 +192,12 @@ class GenerationSession:
                 self.stats.add_engine_time(clock.now() - t)
                 self.figures.inspector.annotate()
                 yield from out + self._after_round()
-            yield Done(self.figures.summary())
+            done = Done(self.figures.summary())
+            self.close()            # before `done` is sent: a client acting on it finds the blocks and pools released
+            yield done
         except (KVCacheFullError, ContextLengthError, ValueError) as e:
             self.finish_reason = "error"
+            self.close()
             yield Error(str(e))
         finally:
             self.close()
