@@ -139,16 +139,17 @@ def tables(r: dict) -> list[str]:
                  [[f"`{r['target']}`", f"`{r['draft']}`", f"{r['draft_step_ms']:.3f}", r["c"],
                    f"{r['verify_curve_ms'][1]:.3f}", curve, f"{len(r['prompts'])} x {r['max_tokens']}", r["repeats"]]],
                  "Speculative decoding: the draft model and the verify-cost curve in a loop of the same call")]
-    for t in r["by_temperature"]:
-        out.append(table(
-            ["k", "alpha", "accepted/proposed", "tokens/target call", "formula E", "c in run", "t(k+1)/t(1) in run",
-             "flat-verify bound", "curve prediction", "isolated-curve prediction", "measured speed-up",
-             "identical to greedy"],
-            [[x["k"], f"{x['alpha']:.3f}", f"{x['accepted_per_proposed']:.3f}", x["tokens_per_target_call"],
-              x["formula_E"], x["c"], x["v"], f"{x['flat_verify_bound']:.2f}x", f"{x['curve_prediction']:.2f}x",
-              f"{x['isolated_curve_prediction']:.2f}x", shown(x["speedup"]), x["identical"]] for x in t["rows"]],
-            f"Draft model, temperature {t['temperature']}: plain {t['baseline_tok_s']:.0f} tok/s, t(1) in run "
-            f"{t['t1_in_run_ms']:.3f} ms"))
+    out.append(table(   # one table for every temperature: the columns are the same, the rows few
+        ["T", "k", "alpha", "accepted/proposed", "tokens/target call", "formula E", "c in run", "t(k+1)/t(1) in run",
+         "flat-verify bound", "curve prediction", "isolated-curve prediction", "measured speed-up",
+         "identical to greedy"],
+        [[t["temperature"] if i == 0 else "", x["k"], f"{x['alpha']:.3f}", f"{x['accepted_per_proposed']:.3f}",
+          x["tokens_per_target_call"], x["formula_E"], x["c"], x["v"], f"{x['flat_verify_bound']:.2f}x",
+          f"{x['curve_prediction']:.2f}x", f"{x['isolated_curve_prediction']:.2f}x", shown(x["speedup"]),
+          x["identical"]] for t in r["by_temperature"] for i, x in enumerate(t["rows"])],
+        "Draft model, by temperature T (plain decoding: " + ", ".join(
+            f"T {t['temperature']} {t['baseline_tok_s']:.0f} tok/s, t(1) in run {t['t1_in_run_ms']:.3f} ms"
+            for t in r["by_temperature"]) + ")"))
     return out + [table(
         ["prompt", "k", "mean acceptance length", "t(k+1)/t(1) in run", "speed-up", "identical to greedy"],
         [[n["prompt"], f"{x['k']}{' (best)' if x['k'] == n['best_k'] else ''}", x["mean_acceptance_length"], x["v"],
