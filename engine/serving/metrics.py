@@ -27,8 +27,9 @@ class SpecDecodeStats:
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.accepted_per_position: list[int] = []
         # block-verified rounds: their drafts, and the tokens block and token-by-token verification accepted on the
-        # same draws (engine/spec_decode/verify.py)
+        # same draws, and accept on average over the draws (engine/spec_decode/verify.py)
         self.block_drafts = self.block_accepted = self.block_standard_accepted = 0
+        self.block_expected = self.block_standard_expected = 0.0
         self.target_forward_calls = self.draft_forward_calls = 0
         self.target_s = self.draft_s = 0.0
         self.target_ms_by_tokens: dict[int, list[float]] = defaultdict(list)   # the verify-cost curve
@@ -56,13 +57,14 @@ class SpecDecodeStats:
         self.draft_forward_calls += calls
         self.draft_s += ms / 1e3
 
-    def record_round(self, num_draft: int, num_accepted: int, standard_num_accepted: int | None = None) -> None:
-        """`standard_num_accepted`: in a block-verified round, what token-by-token verification would have accepted
-        with the same draws (None otherwise)."""
-        if standard_num_accepted is not None:
+    def record_round(self, num_draft: int, num_accepted: int, block=None) -> None:
+        """`block`: a block-verified round's BlockVerification (None otherwise)."""
+        if block is not None:
             self.block_drafts += 1
             self.block_accepted += num_accepted
-            self.block_standard_accepted += standard_num_accepted
+            self.block_standard_accepted += block.standard_num_accepted
+            self.block_expected += block.expected_accepted
+            self.block_standard_expected += block.standard_expected_accepted
         self.num_drafts += 1
         self.num_draft_tokens += num_draft
         self.num_accepted_tokens += num_accepted
@@ -70,6 +72,13 @@ class SpecDecodeStats:
             self.accepted_per_position += [0] * (num_draft - len(self.accepted_per_position))
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
+
+    def block_summary(self) -> dict:
+        n = self.block_drafts
+        return {"num_drafts": n, "mean_acceptance_length": 1 + self.block_accepted / n,
+                "standard_mean_acceptance_length": 1 + self.block_standard_accepted / n,
+                "expected_mean_acceptance_length": 1 + self.block_expected / n,
+                "standard_expected_mean_acceptance_length": 1 + self.block_standard_expected / n}
 
     def emit(self, status: str) -> None:
         self.statuses.append(status)
@@ -84,10 +93,7 @@ class SpecDecodeStats:
             "acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
             "mean_acceptance_length": 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None,
             "accepted_per_position": list(self.accepted_per_position),
-            "block_verification": {"num_drafts": self.block_drafts,
-                                   "mean_acceptance_length": 1 + self.block_accepted / self.block_drafts,
-                                   "standard_mean_acceptance_length": 1 + self.block_standard_accepted / self.block_drafts}
-            if self.block_drafts else None,
+            "block_verification": self.block_summary() if self.block_drafts else None,
             "target_forward_calls": self.target_forward_calls, "draft_forward_calls": self.draft_forward_calls,
             "target_time_s": self.target_s, "draft_time_s": self.draft_s,
             # c of Leviathan et al.: one draft step over one target step (needs plain target steps)

@@ -58,7 +58,7 @@ class SessionFigures:
         """A round's events: its draft, its tokens, and the round's figures."""
         events: list[Event] = []
         if draft:
-            self.stats.record_round(len(draft), v.num_accepted, v.standard_num_accepted)
+            self.stats.record_round(len(draft), v.num_accepted, v.block)
             token_text = self.session.tokenizer.token_text
             events.append(DraftProposed(round_no, method, [{"id": x, "text": token_text(x), "q": float(draft.q[i, x]),
                                                             "parent": draft.parents[i]}

@@ -158,6 +158,11 @@ class BlockVerification:
     #                               each draft's accept_prob is min(1, p/q), its stop_prob h_i and its r eta_i
     residual: np.ndarray | None   # [V] what a resampled token was drawn from (None for a bonus)
     standard_num_accepted: int    # token-by-token verification with r_i = eta_i: accept while eta_i < min(1, p/q)
+    # what each rule accepts on average over the draws, given these drafts: block's P(tau >= i) averaged over the
+    # later drafts is b_i, token by token's is the product of min(1, p/q) up to i. b_i is never below that product,
+    # so block's sum is never below standard's: the paper's claim, round by round, without the draws' noise
+    expected_accepted: float
+    standard_expected_accepted: float
 
     @property
     def emitted(self) -> list[int]:
@@ -187,20 +192,26 @@ def verify_block(tokens, q, p, rng: np.random.Generator) -> BlockVerification:
     standard = 0                                    # token by token with the same draws: r_i = eta_i
     while standard < k and eta[standard] < a[standard]:
         standard += 1
-    return BlockVerification(b, h, eta, tau, verdicts, residual, standard)
+    return BlockVerification(b, h, eta, tau, verdicts, residual, standard, float(b[1:].sum()),
+                             float(np.cumprod(a).sum()))
 
 
 class Verification(NamedTuple):
     """A round's verification: its verdicts in order, the residual a rejected token's replacement was drawn
     from (None without a rejection), and p, the target's sampling distributions [k+1, V] (None when greedy:
-    the rule then compares ids). A block-verified round also says how many of its drafts token-by-token
-    verification would have accepted with the same draws."""
+    the rule then compares ids). A block-verified round also carries its weights and draws, and what
+    token-by-token verification would have accepted with them."""
     verdicts: list
     residual: np.ndarray | None
     p: np.ndarray | None
-    standard_num_accepted: int | None = None
+    block: BlockVerification | None = None     # a block-verified round's weights, draws and counterfactual
     tree: object = None         # a token tree's TreeVerification (engine/spec_decode/tree_verify.py); its p is then
     #                             the rows of the verdicts' positions: the root's, then the accepted path's
+
+    @property
+    def standard_num_accepted(self) -> int | None:
+        """In a block-verified round, what token-by-token verification would have accepted with the same draws."""
+        return self.block.standard_num_accepted if self.block is not None else None
 
     @property
     def num_accepted(self) -> int:
@@ -229,7 +240,7 @@ def verify_draft(draft: Draft, logits, temperature: float, top_p: float, rng: np
         p = probs_from_logits(logits, temperature, top_p)
         if rejection_sample_method == "block" and draft:
             block = verify_block(draft.tokens, draft.q, p, rng)
-            return Verification(block.verdicts, block.residual, p, block.standard_num_accepted)
+            return Verification(block.verdicts, block.residual, p, block)
         verdicts, residual = verify(draft.tokens, draft.q, p, rng)
     if not draft:
         verdicts[0].status = "target"
