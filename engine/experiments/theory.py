@@ -125,8 +125,14 @@ def run_alpha(points) -> float | None:
     for p in points:
         if p.drafted:
             accepted += p.accepted
-            tested += p.accepted + (p.accepted < p.drafted)
+            tested += p.accepted + (p.accepted < longest_path(p))
     return accepted / tested if tested else None
+
+
+def longest_path(p: RoundPoint) -> int:
+    """The most drafts a round could accept: a chain's length, a token tree's depth (its other nodes are
+    siblings, tried in place of one another)."""
+    return p.depth or p.drafted
 
 
 def curve_ratios(curve: dict | None) -> tuple[float | None, dict | None]:
@@ -145,8 +151,10 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, method: s
     now and then is slowed by the machine); acceptance per draft position beside α^i; the summary of the run.
 
     Rounds with different k are weighted by how many there were. c is measured inside the run: its proposal
-    time per draft token / t(1), whatever the method (`method` names the run's drafter)."""
-    counts: dict[int, int] = {}
+    time per draft token / t(1), whatever the method (`method` names the run's drafter). A token tree's round
+    counts as a chain as long as its depth in E, α and the positions (the accepted path is one node per depth),
+    and its k nodes in the cost (kc, t(k+1)/t(1)): a tree of 8 nodes is no chain of 8."""
+    counts: dict[tuple[int, int], int] = {}     # (longest path, nodes) -> rounds: E takes the path, the cost the nodes
     n = emitted = accepted = tested = drafted = draft_steps = 0
     draft_ms, round_ms = 0.0, []
     out = {"tokens": [], "e": [], "flat": [], "curve": [], "estimated": []}
@@ -155,11 +163,12 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, method: s
         n += 1
         emitted += p.emitted
         bisect.insort(round_ms, p.target_ms + p.draft_ms)
-        counts[p.drafted] = counts.get(p.drafted, 0) + 1
+        key = (longest_path(p), p.drafted)
+        counts[key] = counts.get(key, 0) + 1
         if p.drafted:
             accepted += p.accepted
             drafted += p.drafted
-            tested += p.accepted + (p.accepted < p.drafted)
+            tested += p.accepted + (p.accepted < longest_path(p))
             draft_ms += p.draft_ms
             draft_steps += p.drafted
         out["tokens"].append(emitted / n)
@@ -169,10 +178,10 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, method: s
             continue
         alpha = accepted / tested
         c = draft_ms / draft_steps / t1_ms if t1_ms and draft_steps else 0.0
-        sum_e = sum(m * expected_tokens_per_round(alpha, k) for k, m in counts.items())
-        flat = sum(m * (k * c + 1) for k, m in counts.items())
-        ratios = [(verify_ratio or {}).get(k + 1) for k in counts]
-        curve = (sum(m * (k * c + r) for (k, m), r in zip(counts.items(), ratios))
+        sum_e = sum(m * expected_tokens_per_round(alpha, path) for (path, _), m in counts.items())
+        flat = sum(m * (k * c + 1) for (_, k), m in counts.items())
+        ratios = [(verify_ratio or {}).get(k + 1) for _, k in counts]
+        curve = (sum(m * (k * c + r) for ((_, k), m), r in zip(counts.items(), ratios))
                  if t1_ms and None not in ratios else None)
         median = statistics.median(round_ms)
         out["e"].append(sum_e / n)
@@ -180,12 +189,12 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, method: s
         out["curve"].append(sum_e / curve if curve else None)
         out["estimated"].append(t1_ms * (emitted / n) / median if t1_ms and median else None)
     alpha = accepted / tested if tested else None
-    proposing = sum(m for k, m in counts.items() if k)
+    proposing = sum(m for (_, k), m in counts.items() if k)
     gamma = drafted / proposing if proposing else None
     positions = []
-    for j in range(1, max(counts, default=0) + 1):
-        tried = sum(1 for p in points if p.drafted >= j)
-        ok = sum(1 for p in points if p.drafted >= j and p.accepted >= j)
+    for j in range(1, max((path for path, _ in counts), default=0) + 1):
+        tried = sum(1 for p in points if p.drafted and longest_path(p) >= j)
+        ok = sum(1 for p in points if p.drafted and longest_path(p) >= j and p.accepted >= j)
         positions.append({"position": j, "rate": ok / tried if tried else None,
                           "formula": alpha ** j if alpha is not None else None})
     last = {key: values[-1] if values else None for key, values in out.items()}

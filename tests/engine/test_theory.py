@@ -152,3 +152,19 @@ def test_suffix_decoding_s_draft_length_follows_its_match_length():
                              {"match_len": 6, "rounds": 1, "drafted": 4, "accepted": 4, "bound": 4},
                              {"match_len": 9, "rounds": 1, "drafted": 4, "accepted": 3, "bound": 4}]
     assert suffix_series([], 4, 1.0, 24) is None
+
+
+def test_a_tree_round_counts_its_depth_in_e_and_its_nodes_in_the_cost():
+    """A tree of 8 nodes and depth 3 is judged as a chain of 3 (its path) and costs 8 draft tokens and 9 rows."""
+    from engine.experiments.theory import RoundPoint, run_alpha, run_series
+
+    # depth 3 fully accepted (3 + bonus); depth 3 with 1 accepted (the path stopped at depth 2)
+    points = [RoundPoint(2.0, 0.8, 4, 8, 3, depth=3), RoundPoint(2.0, 0.8, 2, 8, 1, depth=3)]
+    r = run_series(points, t1_ms=1.0, verify_ratio={1: 1.0, 9: 3.0}, method="eagle")
+    alpha = (3 + 1) / (3 + 2)                   # a fully accepted path was judged 3 times, not 8
+    assert run_alpha(points) == pytest.approx(alpha) == pytest.approx(r["summary"]["alpha"])
+    assert r["summary"]["e"] == pytest.approx(expected_tokens_per_round(alpha, 3))
+    assert r["summary"]["c"] == pytest.approx(0.1)                       # 1.6 ms over 16 nodes
+    assert r["summary"]["curve"] == pytest.approx(expected_tokens_per_round(alpha, 3) / (8 * 0.1 + 3.0))
+    assert r["summary"]["gamma"] == 8 and r["summary"]["verify_ratio"] == 3.0
+    assert [p["rate"] for p in r["positions"]] == [1.0, 0.5, 0.5]
