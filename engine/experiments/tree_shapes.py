@@ -19,7 +19,11 @@ from pathlib import Path
 # EAGLE's are EAGLE-2 dynamic trees, each budget's first the top-k and depth that `train-heads ... eval --trees`
 # estimates best offline for the shipped head, the second a narrower one; Medusa's are the best paths of its
 # heads' top-k (it has 4 heads: depth <= 4).
-TREE_SHAPES = {"eagle": [(5, 4, 8), (4, 2, 8), (6, 4, 16), (5, 3, 16)], "medusa": [(3, 2, 8), (4, 3, 16)]}
+# (depth, top-k, nodes). A verification pays by its weight products, which the model's layout runs padded to 4 or 8
+# rows where that measured faster (engine/model/layout.py): 3 nodes verify in the 4 rows of a γ = 3 chain, 7 nodes
+# in 8 rows, while 8 nodes need one more product for their ninth row
+TREE_SHAPES = {"eagle": [(5, 4, 8), (4, 2, 8), (6, 4, 16), (5, 3, 16), (4, 2, 7), (2, 2, 3)],
+               "medusa": [(3, 2, 8), (4, 3, 16)]}
 QUICK_TREE_SHAPES = {"eagle": [(5, 4, 8)], "medusa": [(3, 2, 8)]}
 DEMO_FILE = "demo.json"
 TIE = 0.01          # speed-ups this close are one run's noise apart
