@@ -147,6 +147,26 @@
     if (hint) hint.textContent = option.dataset.hint
   }
 
+  // A method that drafts no token tree (the draft model, suffix decoding, plain decoding) runs a chain: choosing one
+  // shows the chain's top-k and budget, so that the form sends settings it can run; choosing a tree method again
+  // brings back the tree the form had.
+  function followMethod(select) {
+    var form = $('controls')
+    var topk = form.elements.speculative_eagle_topk, budget = form.elements.speculative_num_draft_tokens
+    if (!topk || !budget || !form.dataset.treeMethods) return
+    var drafts = form.dataset.treeMethods.split(' ').indexOf(select.value) >= 0
+    if (!drafts && topk.value !== '1') {
+      form.dataset.tree = JSON.stringify([topk.value, budget.value])
+      topk.value = '1'
+      budget.value = ''
+    } else if (drafts && form.dataset.tree && topk.value === '1') {
+      var tree = JSON.parse(form.dataset.tree)
+      topk.value = tree[0]
+      budget.value = tree[1]
+      delete form.dataset.tree
+    }
+  }
+
   // --- the latency chart (engine ms per round) ----------------------------------------------------------------
   var chart = { reset: null, points: [], pending: false, drawnAt: 0, size: null, colors: null }
 
@@ -506,6 +526,7 @@
     })
     if (form) {
       form.addEventListener('change', function (ev) {
+        if (ev.target && ev.target.id === 'f-method') followMethod(ev.target)
         if (ev.target && ev.target.id === 'preset') {
           applyPreset(ev.target)
           // the preset's change event is already on its way to the form's ws-send: it carries the new values

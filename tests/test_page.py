@@ -344,3 +344,24 @@ def test_serve_command_serves_the_given_models_and_origins(models_dir):
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+def test_a_tree_the_engine_leaves_out_is_shown_as_a_chain(tmp_path):
+    """Where `bench heads` measured a tree fastest (demo.json, here written for the shipped character model), the page
+    opens on it; a link naming a method that drafts no tree, or its own γ, shows the chain that runs instead (a form
+    still carrying the tree would start an error: a tree on the draft model)."""
+    import json
+    import shutil
+
+    from engine.spec_decode.heads import HEADS_DIR
+
+    shutil.copytree(HEADS_DIR / "target-mha", tmp_path / "target-mha")
+    (tmp_path / "target-mha" / "demo.json").write_text(json.dumps({"by_threads": {"1": {
+        "num_speculative_tokens": 2, "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 3}}}))
+    with TestClient(create_app(AppConfig(demo="character")), base_url="http://localhost") as c:
+        c.app.state.playground.registry.heads_dir = tmp_path
+        tree = Form(c.get("/").text).values
+        assert (tree["method"], tree["speculative_eagle_topk"], tree["speculative_num_draft_tokens"]) == ("eagle", "2", "3")
+        for query in ("/?method=draft_model", "/?method=eagle&num_speculative_tokens=4"):
+            chain = Form(c.get(query).text).values
+            assert (chain["speculative_eagle_topk"], chain["speculative_num_draft_tokens"]) == ("1", ""), query

@@ -15,9 +15,9 @@ from app.protocol import CommandError
 from app.views.race_pick import race_state, races_of
 from engine.experiments.theory import worked_table
 from engine.kv.dtypes import KV_CACHE_DTYPES
-from engine.serving.request_fit import fit_request, model_defaults
-from engine.serving.settings import (MAX_PROMPT_CHARS, METHODS, SUFFIX_SETTINGS, GenerationSettings, SettingsError,
-                                     excerpt)
+from engine.serving.request_fit import TREE_SHAPE, fit_request, model_defaults
+from engine.serving.settings import (MAX_PROMPT_CHARS, METHODS, SUFFIX_SETTINGS, TREE_METHODS, GenerationSettings,
+                                     SettingsError, excerpt)
 
 # Settings the page offers as form fields (the contract's names). `fault` belongs to the teaching views.
 FORM_SETTINGS = ["model", "chat", "max_tokens", "temperature", "top_p", "seed", "method", "num_speculative_tokens",
@@ -101,6 +101,7 @@ class PageState:
     notes: list[str] = field(default_factory=list)        # what the page chose for the URL, and why (one line)
     home_model: str = ""                   # the model field's value when the URL names none
     model_defaults: dict = field(default_factory=dict)    # model value -> its form defaults (static/playground.js)
+    tree_methods: str = " ".join(TREE_METHODS)   # the methods that draft token trees (static/playground.js)
 
     def hidden(self, part: str) -> bool:
         if part in SIDEBAR_PARTS and "sidebar" in self.hide:
@@ -178,6 +179,8 @@ def page_state(query, playground) -> PageState:
         state = PageState(values=target_defaults(playground, target), defaults=target_defaults(playground, target),
                           warnings=warnings, notes=[fit.note] if fit.note else [])
         state.values.update({k: form_value(k, v) for k, v in asked.items() if k != "model"})
+        # a tree the engine left out (the URL's method drafts none, or it names its own γ): the form shows a chain
+        state.values.update({k: defaults()[k] for k in TREE_SHAPE if k not in fit.settings})
         state.home_model = model_value(playground, home_target(playground))
         state.model_defaults = {model_value(playground, t): target_defaults(playground, t)
                                 for t in (registry.default_target(), *registry.targets)}

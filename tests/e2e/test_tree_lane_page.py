@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_playground import PROMPT, open_page, url
+from tests.e2e.test_playground import PROMPT, open_page, statuses, url, wait_state
 
 pytestmark = pytest.mark.browser
 
@@ -58,4 +58,22 @@ def test_a_link_with_a_tree_draws_it_in_the_draft_lane_with_its_accepted_path(li
     page.click("#draft-lane .lane-tree .chip[data-token-status='accepted'][data-pos]")
     page.wait_for_selector("#inspector .insp-tries tr.inspected-try[data-accepted='1']")
     page.locator("#inspector").screenshot(path=str(artifacts_dir / "playground-tree-inspector.png"))
+    assert page.recorder.errors == []
+
+
+def test_choosing_a_method_that_drafts_no_tree_runs_a_chain_and_a_tree_method_brings_the_tree_back(live_server, page):
+    """From a page drafting trees (as the demo does where `bench heads` measured a tree fastest), the draft model,
+    which drafts chains only, runs without an error, and EAGLE again gets the tree the form had."""
+    open_page(page, url(live_server, model="target-mha", method="eagle", num_speculative_tokens=2,
+                        speculative_eagle_topk=2, speculative_num_draft_tokens=3, max_tokens=24, speed="max",
+                        prompt=PROMPT))
+    page.select_option("#f-method", "draft_model")
+    assert page.input_value("#f-speculative_eagle_topk") == "1"
+    assert page.input_value("#f-speculative_num_draft_tokens") == ""
+    page.click("#btn-toggle")
+    wait_state(page, "done")
+    assert page.locator("#error").inner_text().strip() == "" and "accepted" in statuses(page)
+    page.select_option("#f-method", "eagle")
+    assert page.input_value("#f-speculative_eagle_topk") == "2"
+    assert page.input_value("#f-speculative_num_draft_tokens") == "3"
     assert page.recorder.errors == []
