@@ -38,6 +38,9 @@ def add_parser(bsub) -> None:
     bp.add_argument("--method", default="draft_model", choices=METHODS, help="the clients' (default draft_model)")
     bp.add_argument("--workload", default="code", choices=WORKLOADS, help="what the clients ask (default code)")
     bp.add_argument("--num-speculative-tokens", type=int, default=4, help="γ (default 4)")
+    bp.add_argument("--speculative-eagle-topk", type=int, default=1,
+                    help="children per expanded node: above 1 the clients draft token trees (default 1, a chain)")
+    bp.add_argument("--speculative-num-draft-tokens", type=int, default=None, help="a tree's nodes verified")
     bp.add_argument("--repeats", type=int, default=5, help="turns of one alone and all at once (default 5)")
     bp.add_argument("--sweep", action="store_true", help="γ in {none, 2, 4, 6} and the schedules acceptance and batch "
                     "(from γ 6) x concurrency in {1, 4, 16}")
@@ -165,6 +168,9 @@ def ask(ws_base: str, n: int, settings: dict, workload=None) -> dict:
 def run_main(args) -> dict:
     wl = {side: make_workload(args.workload) for side in ("alone", "concurrent")}
     settings = settings_of(args.method, args.num_speculative_tokens, args.max_tokens)   # the default model: no chat
+    if args.speculative_eagle_topk != 1:
+        settings.update(speculative_eagle_topk=args.speculative_eagle_topk,
+                        speculative_num_draft_tokens=args.speculative_num_draft_tokens)
     out = {"settings": settings, "repeats": args.repeats, "workload": args.workload}
     with Server(*sessions(max(args.clients, 1)), models_dir=args.models_dir) as srv:
         ws_base = srv.ws("")
