@@ -61,8 +61,7 @@ class GenerationSession:
             raise SettingsError("prompt", "must not be empty")
         if len(prompt) > MAX_PROMPT_CHARS:
             raise SettingsError("prompt", f"at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
-        self.engine, self.settings = engine, settings
-        self.id = session_id or uuid.uuid4().hex[:12]
+        self.engine, self.settings, self.id = engine, settings, session_id or uuid.uuid4().hex[:12]
         self.target_lm, self.variants = target_of(engine.registry, settings)
         self.tokenizer = self.target_lm.tokenizer
         self.draft_lm = engine.registry.draft_for(self.target_lm)
@@ -192,15 +191,13 @@ class GenerationSession:
                 self.stats.add_engine_time(clock.now() - t)
                 self.figures.inspector.annotate()
                 yield from out + self._after_round()
-            done = Done(self.figures.summary())
-            self.close()            # before `done` is sent: a client acting on it finds the blocks and pools released
-            yield done
+            last = Done(self.figures.summary())
         except (KVCacheFullError, ContextLengthError, ValueError) as e:
             self.finish_reason = "error"
-            self.close()
-            yield Error(str(e))
+            last = Error(str(e))
         finally:
-            self.close()
+            self.close()        # before the last event is sent: a client acting on it finds blocks and pools released
+        yield last
 
     # --- a round -----------------------------------------------------------------------------------
     def _round(self):  # generator -> list[Event]
