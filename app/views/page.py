@@ -15,7 +15,7 @@ from app.protocol import CommandError
 from app.views.race_pick import race_state, races_of
 from engine.experiments.theory import worked_table
 from engine.kv.dtypes import KV_CACHE_DTYPES
-from engine.serving.request_fit import TREE_SHAPE, fit_request, model_defaults
+from engine.serving.request_fit import fit_request, model_defaults
 from engine.serving.settings import (MAX_PROMPT_CHARS, METHODS, SUFFIX_SETTINGS, TREE_METHODS, GenerationSettings,
                                      SettingsError, excerpt)
 
@@ -174,13 +174,15 @@ def page_state(query, playground) -> PageState:
                           warnings=warnings)
         state.values.update({k: form_value(k, v) for k, v in asked.items()})
     else:
-        fit, asked = url_fit(registry, asked, home_target(playground), warnings)
+        fit = url_fit(registry, asked, home_target(playground), warnings)
         target = registry.models[fit.model]
         state = PageState(values=target_defaults(playground, target), defaults=target_defaults(playground, target),
                           warnings=warnings, notes=[fit.note] if fit.note else [])
-        state.values.update({k: form_value(k, v) for k, v in asked.items() if k != "model"})
-        # a tree the engine left out (the URL's method drafts none, or it names its own γ): the form shows a chain
-        state.values.update({k: defaults()[k] for k in TREE_SHAPE if k not in fit.settings})
+        # the settings the engine runs for this URL (its fit); a model default it left out (the demo's tree under a
+        # method that drafts none) shows as ours
+        state.values.update({k: form_value(k, v) for k, v in fit.settings.items() if k != "model"})
+        ours = defaults()
+        state.values.update({k: ours[k] for k in model_defaults(registry, target) if k not in fit.settings})
         state.home_model = model_value(playground, home_target(playground))
         state.model_defaults = {model_value(playground, t): target_defaults(playground, t)
                                 for t in (registry.default_target(), *registry.targets)}
@@ -194,15 +196,15 @@ def page_state(query, playground) -> PageState:
 
 
 def url_fit(registry, asked: dict, home, warnings: list[str]):
-    """The engine's choice of model for the URL's settings (engine/serving/request_fit.py), and the settings it runs: a
+    """The engine's choice of model for the URL's settings and the settings it runs (engine/serving/request_fit.py): a
     setting the URL's own model cannot take is ignored, with a warning naming it."""
     asked = dict(asked)
     while True:
         try:
-            return fit_request(registry, asked, home), asked
+            return fit_request(registry, asked, home)
         except SettingsError as e:
             if e.setting not in asked:               # (cannot be: every default runs on its own model)
-                return fit_request(registry, {}, home), {}
+                return fit_request(registry, {}, home)
             warnings.append(f"ignored {e.setting}={excerpt(form_value(e.setting, asked.pop(e.setting)))} from the "
                             f"URL: {e}")
 
