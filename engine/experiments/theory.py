@@ -155,7 +155,7 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, method: s
     counts as a chain as long as its depth in E, α and the positions (the accepted path is one node per depth),
     and its k nodes in the cost (kc, t(k+1)/t(1)): a tree of 8 nodes is no chain of 8."""
     counts: dict[tuple[int, int], int] = {}     # (longest path, nodes) -> rounds: E takes the path, the cost the nodes
-    n = emitted = accepted = tested = drafted = draft_steps = 0
+    n = emitted = accepted = tested = drafted = 0
     draft_ms, round_ms = 0.0, []
     out = {"tokens": [], "e": [], "flat": [], "curve": [], "estimated": []}
     c = 0.0
@@ -170,14 +170,13 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, method: s
             drafted += p.drafted
             tested += p.accepted + (p.accepted < longest_path(p))
             draft_ms += p.draft_ms
-            draft_steps += p.drafted
         out["tokens"].append(emitted / n)
         if not tested:
             for key in ("e", "flat", "curve", "estimated"):
                 out[key].append(None)
             continue
         alpha = accepted / tested
-        c = draft_ms / draft_steps / t1_ms if t1_ms and draft_steps else 0.0
+        c = draft_ms / drafted / t1_ms if t1_ms and drafted else 0.0
         sum_e = sum(m * expected_tokens_per_round(alpha, path) for (path, _), m in counts.items())
         flat = sum(m * (k * c + 1) for (_, k), m in counts.items())
         ratios = [(verify_ratio or {}).get(k + 1) for _, k in counts]
@@ -193,13 +192,13 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, method: s
     gamma = drafted / proposing if proposing else None
     positions = []
     for j in range(1, max((path for path, _ in counts), default=0) + 1):
-        tried = sum(1 for p in points if p.drafted and longest_path(p) >= j)
-        ok = sum(1 for p in points if p.drafted and longest_path(p) >= j and p.accepted >= j)
+        tried = sum(1 for p in points if longest_path(p) >= j)
+        ok = sum(1 for p in points if longest_path(p) >= j and p.accepted >= j)
         positions.append({"position": j, "rate": ok / tried if tried else None,
                           "formula": alpha ** j if alpha is not None else None})
     last = {key: values[-1] if values else None for key, values in out.items()}
     summary = {"rounds": n, "alpha": alpha, "acceptance_rate": accepted / drafted if drafted else None,
-               "gamma": gamma, "c": c if t1_ms and draft_steps else None, "t1_ms": t1_ms, "method": method,
+               "gamma": gamma, "c": c if t1_ms and drafted else None, "t1_ms": t1_ms, "method": method,
                "verify_ratio": (verify_ratio or {}).get(round(gamma) + 1) if gamma is not None else None,
                **{key: last[key] for key in ("tokens", "e", "flat", "curve", "estimated")}}
     return {**out, "positions": positions, "summary": summary}
