@@ -15,6 +15,21 @@ def _acceptance_rows(held: dict) -> list[str]:
     return rows
 
 
+def _started(init: dict | None) -> str:  # a run that trained an earlier draft further says which, and how far it was
+    if not init:
+        return ""
+    earlier = ", ".join(x for x in (f"{init['steps']:,} steps" if init.get("steps") else "",
+                                    f"{init['train_s'] / 3600:.1f} h" if init.get("train_s") else "",
+                                    f"on {init['conversations']:,} conversations" if init.get("conversations") else "") if x)
+    return (f"Started from the draft then in {init['from']}" + (f" ({earlier})" if earlier else "")
+            + ", with the same objective and a new schedule on the data below: ")
+
+
+def _run_config(tc: dict) -> str:  # the --config that reproduces the run: its length, and where it started
+    import json
+    return json.dumps({"steps": tc["steps"], **({"init": tc["init"], "lr": tc["lr"]} if tc.get("init") else {})})
+
+
 def card(target: str, info: dict, c_table: str | None, status: str) -> str:
     tc, data = info["config"], info["data"]
     curve = ", ".join(f"{h['step']}: {h['loss']:.2f}" for h in info["loss_curve"])
@@ -72,11 +87,13 @@ def card(target: str, info: dict, c_table: str | None, status: str) -> str:
         "",
         "## Training",
         "",
-        f"{info['steps']:,} of {tc['steps']:,} steps ({info['train_s'] / 3600:.1f} h on one shared core) of "
+        _started(info.get("init"))
+        + f"{info['steps']:,} of {tc['steps']:,} steps ({info['train_s'] / 3600:.1f} h on one shared core) of "
         f"{tc['batch_size']} windows of at most {tc['seq_len']} positions; the loss is the cross-entropy against "
         "the teacher's top-k renormalised, over a sampled vocabulary (the subset plus the step's teacher tokens); "
         f"AdamW (weight decay {tc['weight_decay']}), peak lr {tc['lr']}, {tc['warmup_steps']} warm-up steps then "
-        "cosine; the embedding starts as the target's projected onto its top principal directions.",
+        "cosine" + ("." if info.get("init") else
+                    "; the embedding starts as the target's projected onto its top principal directions."),
         "",
         f"Training loss (nats) by step: {curve}.",
         "",
@@ -90,6 +107,6 @@ def card(target: str, info: dict, c_table: str | None, status: str) -> str:
                   *_acceptance_rows(held), ""]
     lines += ["## Reproduce / continue", "",
               f"`decoding-playground train-draft {target} data --prompts N` (resumable; `--held-out` for the held-out "
-              f"answers), `... train --resume --config '{{\"steps\": {tc['steps']}}}'` (continues the state in "
+              f"answers), `... train --resume --config '{_run_config(tc)}'` (continues the state in "
               f"$DECODING_PLAYGROUND_CACHE/drafts/{target}/state), then `... export`.", ""]
     return "\n".join(lines)

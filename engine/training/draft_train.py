@@ -61,6 +61,8 @@ class DraftTrainConfig:
     log_every: int = 10
     eval_every: int = 200            # held-out acceptance; 0: never
     reload_every: int = 100          # re-read the data folder (it may still be growing)
+    init: str = ""                   # a draft folder (`export`) to start from instead of random layers: trains a
+                                     # shipped draft further, on more data, with a schedule of its own
 
     def model_config(self, target: ModelConfig) -> ModelConfig:
         """The draft's LlamaForCausalLM config: the target's vocabulary, tokens, context and RoPE base."""
@@ -115,6 +117,21 @@ def init_params(tc: DraftTrainConfig, cfg: ModelConfig, target_embed) -> dict:
     rms_row = float(np.sqrt((e * e).sum(-1).mean()))
     params["model.norm.weight"][:] = 1.0 / (np.sqrt(cfg.hidden_size) * rms_row)
     return params
+
+
+def load_init(folder: str, cfg: ModelConfig) -> tuple[dict, dict]:  # -> float32 weights, what its training.json says
+    """A draft exported by an earlier run, to train further: its shape has to be this run's."""
+    from ..model.checkpoint import load_checkpoint
+    got, params, _ = load_checkpoint(folder, with_tokenizer=False)
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+            "head_dim", "vocab_size", "tie_word_embeddings")
+    wrong = [f"{k} {getattr(got, k)} (this run: {getattr(cfg, k)})" for k in keys if getattr(got, k) != getattr(cfg, k)]
+    if wrong:
+        raise ValueError(f"init {folder}: not this run's shape: {', '.join(wrong)}")
+    done = Path(folder) / "training.json"
+    prior = json.loads(done.read_text()) if done.is_file() else {}
+    return params, {"from": str(folder), "steps": prior.get("steps"), "train_s": prior.get("train_s"),
+                    "conversations": prior.get("data", {}).get("conversations")}
 
 
 # --- batches -------------------------------------------------------------------------------------
@@ -189,9 +206,13 @@ class DraftTrainer:
         self.state_file = state_dir / "state.npz"
         if self.state_file.exists() and not resume:
             raise FileExistsError(f"{self.state_file} exists: pass --resume to continue it, or choose another --folder")
-        params = init_params(tc, self.cfg, target_embed)
+        fresh = not self.state_file.exists()           # a resumed run never re-reads its init (it may be overwritten)
+        params, prior = (load_init(tc.init, self.cfg) if tc.init and fresh
+                         else (init_params(tc, self.cfg, target_embed), None))
         self.st = TrainState(params, {k: np.zeros_like(p) for k, p in params.items()},
                              {k: np.zeros_like(p) for k, p in params.items()}, np.random.default_rng(tc.seed))
+        if prior is not None:                          # kept in the history, which the state saves: export reads it
+            self.st.history.append({"step": 0, "init": prior})
         if self.state_file.exists():
             self.st.load(self.state_file)
             log(f"resumed from {self.state_file} at step {self.st.step}")
@@ -280,6 +301,7 @@ class DraftTrainer:
                                           if timing.is_file() else None),
                          "coverage_of_subset": round(coverage(self.convs, subset), 4)},
                 "vocab_subset": len(subset), "config": asdict(self.tc), "loss_curve": loss_curve(self.st.history),
+                "init": next((h["init"] for h in self.st.history if "init" in h), None),
                 "history": self.st.history[-40:]}
         if self.held_out:                              # the float16 weights as written
             shipped = {k: v.astype(np.float16).astype(np.float32) for k, v in self.st.params.items()}

@@ -166,6 +166,26 @@ def test_exported_checkpoint_loads_and_gives_the_training_logits(trainer_factory
     assert info["steps"] == 10 and info["held_out"]["conversations"] == 8
 
 
+def test_a_run_can_start_from_an_exported_draft_and_its_card_says_so(trainer_factory, tmp_path):
+    first = trainer_factory(steps=20)
+    first.run()
+    first.export(tmp_path / "first", None)
+    more = trainer_factory(state="more", steps=5, lr=1e-9, init=str(tmp_path / "first"))
+    shipped = {k: v.astype(np.float16).astype(np.float32) for k, v in first.st.params.items()}
+    for k, p in more.st.params.items():                          # the export's float16 weights, not random ones
+        np.testing.assert_array_equal(p, shipped[k], err_msg=k)
+    more.run()
+    info = more.export(tmp_path / "more", None)
+    assert info["init"] == {"from": str(tmp_path / "first"), "steps": 20, "train_s": info["init"]["train_s"],
+                            "conversations": 48}
+    from engine.training.draft_card import card
+    text = card("tiny", info, None, "Trained further.")
+    assert f"Started from the draft then in {tmp_path / 'first'} (20 steps" in text
+    assert "projected onto its top principal directions" not in text      # that was the first run's start
+    with pytest.raises(ValueError, match="hidden_size 16 .this run: 24."):
+        trainer_factory(state="wide", hidden_size=24, init=str(tmp_path / "first"))
+
+
 def model_dir_of_character_models():
     from pathlib import Path
     return Path(__file__).resolve().parents[2] / "models" / "target-mha"
