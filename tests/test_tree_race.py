@@ -13,7 +13,7 @@ from app.main import create_app
 from engine.experiments.race import TREE_BUDGET, race, race_choices, tree_method
 from engine.serving.registry import MODELS_DIR, InferenceEngine, ModelRegistry
 from tests.test_page import Form
-from tests.test_teach import FORM
+from tests.test_teach_runs import FORM
 
 PROMPT = "class Stack:\n    def "
 

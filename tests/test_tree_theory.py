@@ -10,7 +10,7 @@ from app.config import AppConfig
 from app.main import create_app
 from engine.experiments.theory import RoundPoint, expected_tokens_per_round, tree_against_chain
 from engine.serving.session import GenerationSession
-from tests.test_teach import show_run
+from teach_views import show_run
 
 PROMPT = "class Stack:\n    def "
 TREE = {"model": "target-mha", "method": "eagle", "num_speculative_tokens": 3, "speculative_eagle_topk": 3,
