@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from manual_clock import ManualClock
-from test_ws_api import run
+from ws_client import run
 
 from app.metrics import ServerMetrics
 from app.ws.admission import Admission, Busy

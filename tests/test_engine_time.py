@@ -8,7 +8,7 @@ import time
 import pytest
 from manual_clock import ManualClock, use_as_engine_clock
 from test_engine_thread import Collector, pacing
-from test_ws_api import run
+from ws_client import run
 
 from app.metrics import ServerMetrics
 from app.ws.engine_thread import EngineThread, SessionLink

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 from hostile_engine import HostileEngine
-from test_ws_api import connect, get_json, run, ws_url
+from ws_client import connect, get_json, run, ws_url
 
 from engine.external.llamacpp_server import LABEL, gguf_path, unavailable_reason
 

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from test_ws_api import PROMPT, connect, get_json, run
+from ws_client import PROMPT, connect, get_json, run
 
 STEP = {"type": "step"}
 

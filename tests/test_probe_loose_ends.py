@@ -13,7 +13,7 @@ import sys
 import pytest
 import websockets
 
-from test_ws_api import connect, run, ws_url
+from ws_client import connect, run, ws_url
 from test_ws_html import HtmlClient
 
 LONG = "M" * 100            # repr: 102 characters

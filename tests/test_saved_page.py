@@ -17,7 +17,7 @@ import websockets
 
 from app.views.recording import RECORDINGS, Recording
 from app.views.replay import replay_frames
-from test_ws_api import run, ws_url
+from ws_client import run, ws_url
 from test_ws_html import HtmlClient, status_is
 
 FRAMES = re.compile(r'<script type="application/json" id="run-frames" data-encoding="([^"]+)">(.*?)</script>', re.S)

@@ -15,7 +15,7 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from test_ws_api import PROMPT, Client, connect, get_json, run, wait_for_stats, ws_url
+from ws_client import PROMPT, Client, connect, get_json, run, wait_for_stats, ws_url
 
 
 def serve_with(models_dir, **config):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import websockets
-from test_ws_api import PROMPT, connect, get_json, run, ws_url
+from ws_client import PROMPT, connect, get_json, run, ws_url
 from test_ws_html import HtmlClient, form, status_is
 
 from cli.bench.faults import SUMMARY, TOKEN, Server, fuzz_forms, long_prompt, stuck_client

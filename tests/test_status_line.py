@@ -15,7 +15,7 @@ import websockets
 from app.views.recording import Recording
 from app.views.replay import replay_frames
 
-from test_ws_api import run, ws_url
+from ws_client import run, ws_url
 from test_ws_html import Fragments, HtmlClient, status_is
 
 KEY = "status-line-presenter-key-0001"

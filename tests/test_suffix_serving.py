@@ -9,7 +9,7 @@ import urllib.request
 from contextlib import contextmanager
 
 import pytest
-from test_ws_api import connect, run
+from ws_client import connect, run
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef"
 SETTINGS = {"model": "target-mha", "method": "suffix", "max_tokens": 60, "num_speculative_tokens": 8}

@@ -13,7 +13,7 @@ import websockets
 from engine.kv.dtypes import KV_CACHE_DTYPES
 from engine.serving.registry import MODELS_DIR
 from engine.spec_decode.heads import available_heads
-from test_ws_api import Client, get_json, run, wait_for_stats, ws_url
+from ws_client import Client, get_json, run, wait_for_stats, ws_url
 
 SESSIONS = 32
 PROMPT = "class Stack:\n    def "

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 import websockets
 from test_serving import serve_with, stats_settle
-from test_ws_api import PROMPT, Client, connect, get_json, run, ws_url
+from ws_client import PROMPT, Client, connect, get_json, run, ws_url
 from websockets.exceptions import InvalidStatus
 
 KEY = "a-presenter-key-for-tests-0001"

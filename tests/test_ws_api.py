@@ -1,4 +1,5 @@
-"""`/api/ws` against a real uvicorn server with the `websockets` client (see tests/live_server.py for why).
+"""`/api/ws` against a real uvicorn server with the `websockets` client (see tests/live_server.py for why);
+tests/test_ws_admission.py has origins and the line for a free slot.
 
 The tests never depend on which tokens a model writes: only on what the engine reports about them.
 Waits are bounded (`asyncio.wait_for`); "nothing arrives" is checked over a short, stated window.
@@ -6,88 +7,13 @@ Waits are bounded (`asyncio.wait_for`); "nothing arrives" is checked over a shor
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import time
-import urllib.request
-from contextlib import asynccontextmanager
 
 import pytest
 import websockets
-from websockets.exceptions import InvalidStatus
 
-RECV_TIMEOUT_S = 20.0
-QUIET_S = 0.4            # window in which a paused generation must send nothing
-
-
-def ws_url(base_url: str, path: str = "/api/ws") -> str:
-    return base_url.replace("http://", "ws://") + path
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
-
-
-class Client:
-    def __init__(self, ws):
-        self.ws = ws
-        self.seen: list[dict] = []
-
-    async def send(self, **message) -> None:
-        await self.ws.send(json.dumps(message))
-
-    async def recv(self, timeout: float = RECV_TIMEOUT_S) -> dict:
-        message = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
-        self.seen.append(message)
-        return message
-
-    async def until(self, *types: str, timeout: float = 60.0) -> dict:
-        """Receive until a message of one of `types` arrives (each receive bounded, the total too)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no {types} within {timeout} s; last: {[m['type'] for m in self.seen[-10:]]}")
-            message = await self.recv(min(left, RECV_TIMEOUT_S))
-            if message["type"] in types:
-                return message
-
-    async def quiet(self, seconds: float = QUIET_S) -> list[dict]:
-        """Everything that arrives within `seconds` (expected: nothing)."""
-        got = []
-        try:
-            while True:
-                got.append(await self.recv(seconds))
-        except asyncio.TimeoutError:
-            return got
-
-
-@asynccontextmanager
-async def connect(base_url: str, path: str = "/api/ws", **kwargs):
-    async with websockets.connect(ws_url(base_url, path), max_size=2 ** 22, open_timeout=10, **kwargs) as ws:
-        yield Client(ws)
-
-
-def run(coro, timeout: float = 120):
-    """Run a scenario to its end (at most `timeout` s) on a fresh event loop in its own thread: Playwright's
-    sync API (the browser tests, same session) keeps a loop running in the main thread."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, asyncio.wait_for(coro, timeout)).result()
-
-
-def wait_for_stats(base_url: str, predicate, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = get_json(base_url + "/api/stats")
-        if predicate(stats):
-            return stats
-        if time.monotonic() > deadline:
-            return stats
-        time.sleep(0.05)
-
-
-PROMPT = "def main(argv):\n    "
+from ws_client import PROMPT, Client, connect, get_json, run, wait_for_stats, ws_url
 
 
 # --- bad input: an error event, and the same connection then works ------------------------------------
@@ -303,108 +229,6 @@ def test_the_server_keeps_receiving_while_it_streams(live_server):
             await c.until("done")
 
     run(scenario())
-
-
-# --- origins -------------------------------------------------------------------------------------------------------
-def test_cross_origin_handshake_is_refused_with_403(live_server):
-    async def scenario():
-        with pytest.raises(InvalidStatus) as refused:
-            async with connect(live_server, origin="http://evil.example"):
-                pass
-        assert refused.value.response.status_code == 403
-        for path in ("/ws", "/api/ws"):
-            with pytest.raises(InvalidStatus) as refused:
-                async with connect(live_server, path, origin="null"):
-                    pass
-            assert refused.value.response.status_code == 403
-
-    run(scenario())
-
-
-def test_own_origin_and_no_origin_are_accepted(live_server):
-    async def scenario():
-        async with connect(live_server, origin=live_server) as c:
-            await c.send(type="pause")
-            assert (await c.recv())["type"] == "error"       # accepted: it answers
-        async with connect(live_server) as c:                # no Origin: not a browser
-            await c.send(type="pause")
-            assert (await c.recv())["type"] == "error"
-
-    run(scenario())
-
-
-@pytest.fixture(scope="module")
-def small_server(models_dir):
-    """A server with an extra allowed origin and room for one session only."""
-    from live_server import serve
-
-    from app.config import AppConfig
-    from app.main import create_app
-
-    config = AppConfig(models_dir=models_dir, allowed_origins=("https://slides.example",), max_sessions=1)
-    with serve(create_app(config)) as base_url:
-        yield base_url
-
-
-def test_configured_origin_is_accepted_and_others_still_refused(small_server):
-    async def scenario():
-        async with connect(small_server, origin="https://slides.example") as c:
-            await c.send(type="pause")
-            assert (await c.recv())["type"] == "error"
-        with pytest.raises(InvalidStatus) as refused:
-            async with connect(small_server, origin="https://slides.example.evil"):
-                pass
-        assert refused.value.response.status_code == 403
-
-    run(scenario())
-
-
-def test_a_start_beyond_the_limit_waits_in_line_and_is_served_after(small_server):
-    """One slot: the second start is told its place in line, then starts by itself when the first ends."""
-    async def scenario():
-        async with connect(small_server) as first, connect(small_server) as second:
-            await first.send(type="start", prompt=PROMPT, settings={"max_tokens": 300}, speed=5)
-            await first.until("started")
-            await second.send(type="start", prompt=PROMPT, settings={"max_tokens": 5})
-            queued = await second.recv()
-            assert (queued["type"], queued["position"], queued["max_sessions"]) == ("queued", 1, 1), queued
-            assert get_json(small_server + "/api/stats")["waiting"] == 1
-            assert [m["type"] for m in await second.quiet()] == []         # no slot: nothing runs
-            await first.send(type="stop")
-            await first.until("done")
-            assert (await second.until("done"))["num_output_tokens"] >= 1
-
-    run(scenario())
-    stats = wait_for_stats(small_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
-    assert stats["sessions"] == 0 and stats["waiting"] == 0 and stats["kv_blocks_used"] == 0, stats
-
-
-def test_the_page_shows_its_place_in_line_then_runs(small_server):
-    """The htmx page's view of the line: run-status `queued` with the position, then the run."""
-    from test_ws_html import form
-
-    async def until_raw(ws, needle: str) -> str:
-        async with asyncio.timeout(30):
-            while needle not in (text := await ws.recv()):
-                pass
-        return text
-
-    async def scenario():
-        async with connect(small_server) as first, \
-                websockets.connect(ws_url(small_server, "/ws"), open_timeout=10) as page:
-            await page.recv()                                      # hello
-            await first.send(type="start", prompt=PROMPT, settings={"max_tokens": 300}, speed=5)
-            await first.until("started")
-            await page.send(json.dumps(form(action="toggle", max_tokens="6")))
-            waiting = await until_raw(page, 'data-state="queued"')
-            assert "Waiting" in waiting and "number 1 in line" in waiting
-            await first.send(type="stop")
-            await first.until("done")
-            await until_raw(page, 'data-state="done"')
-
-    run(scenario())
-    stats = wait_for_stats(small_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
-    assert stats["sessions"] == 0 and stats["waiting"] == 0, stats
 
 
 # --- disconnects free the blocks --------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 
 import websockets
 
-from test_ws_api import PROMPT, get_json, run, wait_for_stats, ws_url
+from ws_client import PROMPT, get_json, run, wait_for_stats, ws_url
 
 VOID = {"input", "br", "img", "meta", "link", "hr", "wbr", "source"}
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from app.views.json import dumps
 from app.ws.transport import CoalescingTransport, CoalescingWebSocketProtocol
-from test_ws_api import run      # a fresh loop in its own thread: the browser tests keep one running here
+from ws_client import run      # a fresh loop in its own thread: the browser tests keep one running here
 
 
 class Recorder(asyncio.Transport):

@@ -22,7 +22,7 @@ from engine.model.threads import threads
 from engine.spec_decode.heads import demo_settings
 from live_server import serve
 from test_page import Form
-from test_ws_api import connect, run, ws_url
+from ws_client import connect, run, ws_url
 from test_ws_html import HtmlClient, status_is
 
 SMOLLM2 = "smollm2-135m"

@@ -9,7 +9,7 @@ stopped by then: one vLLM server at a time."""
 from __future__ import annotations
 
 import pytest
-from test_ws_api import run
+from ws_client import run
 
 from engine.experiments.workshop import QUESTIONS
 from engine.external.openai_stream import stream_chat

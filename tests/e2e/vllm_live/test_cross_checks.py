@@ -8,7 +8,7 @@ import json
 import httpx
 import numpy as np
 import pytest
-from test_ws_api import connect, get_json, run
+from ws_client import connect, get_json, run
 
 from engine.external.openai_stream import stream_chat
 from engine.external.server_metrics import accepted_by_position, fetch_server_metrics

@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from test_ws_api import connect, get_json, run
+from ws_client import connect, get_json, run
 
 from engine.external.vllm_server import VARIANTS, VllmServer, default_venv
 from engine.model.fetched import cache_dir

@@ -6,7 +6,7 @@ import re
 
 import httpx
 import pytest
-from test_ws_api import run
+from ws_client import run
 
 from engine.external.openai_stream import stream_chat
 from engine.external.vllm_rounds import accepted_per_position
