@@ -59,6 +59,39 @@ def test_greedy_output_with_the_draft_equals_plain_decoding(engine, draft):
         assert spec["num_drafts"] > 0 and spec["num_accepted_tokens"] > 0, spec       # it drafts, and some hold
 
 
+def test_greedy_drafts_are_the_drafts_own_argmax_over_the_accepted_text(engine, draft):
+    """Each round's drafts, up to its first rejected one, are the draft's greedy chain over the text as it stands:
+    the argmax (over S and the context's tokens so far) of one forward of the whole checkpoint over the final
+    text. Equal output alone cannot show this (verification repairs any draft); it shows that the draft's cache
+    follows the accepted text across rejections, so that its acceptance in a run is its acceptance offline.
+    Positions whose top two logits are within 1e-3 are left out: another summation order may swap them."""
+    cfg, weights, _ = load_checkpoint(draft.path, with_tokenizer=False)
+    full = Model(cfg, weights)
+    checked = 0
+    for prompt in PROMPTS:
+        settings = {"model": NAME, "chat": True, "temperature": 0, "max_tokens": 48, "method": "draft_model",
+                    "num_speculative_tokens": 4, "enable_prefix_caching": False}
+        events = list(GenerationSession(engine, prompt, settings).events())
+        assert events[-1].type == "done", events[-1]
+        out = [e.id for e in events if e.type == "token" and e.status != "rejected"]
+        ids = np.array([t["id"] for t in events[0].prompt_tokens] + out)
+        logits = forward(full, ids[:-1], 0, None)                            # [n, V]: after x_t, for x_{t+1}
+        seen = np.full(cfg.vocab_size, len(ids), np.int64)
+        np.minimum.at(seen, ids, np.arange(len(ids)))
+        emitted = 1                                                          # the prefill's token
+        for r in (e for e in events if e.type == "round" and e.num_draft_tokens):
+            drafts = [e.id for e in events if e.type == "token" and e.round == r.round and e.status in ("accepted", "rejected")]
+            for k, d in enumerate(drafts):
+                t = len(ids) - len(out) - 1 + emitted + k
+                allowed = np.isin(np.arange(cfg.vocab_size), draft.model.lm_head_ids) | (seen <= t)
+                top2 = np.sort(np.where(allowed, logits[t], -np.inf))[-2:]
+                if top2[1] - top2[0] > 1e-3:
+                    assert d == int(np.argmax(np.where(allowed, logits[t], -np.inf))), (prompt, r.round, k)
+                    checked += 1
+            emitted += r.num_accepted + 1
+    assert checked > 40
+
+
 def test_sampling_with_the_draft_counts_what_it_verified(engine, draft):
     """At temperature 1 with a fixed seed: each round ends in one rejection and its resampled token, or a bonus
     token, and the accepted tokens the stream shows are those the statistics count. The seed reproduces the run
