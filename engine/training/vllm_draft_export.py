@@ -33,6 +33,7 @@ import numpy as np
 from ..model.checkpoint import load_checkpoint, save_checkpoint
 from ..model.fetched import model_dir
 from ..model.shipped_drafts import DRAFTS_DIR, SUBSET_FILE
+from .vllm_export import export_is_current
 
 FORMAT_VERSION = 1
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -55,11 +56,8 @@ def export_draft_for_vllm(target: str, out: Path, drafts_dir: Path = DRAFTS_DIR,
     digest = hashlib.sha256(weights_file.read_bytes() + (subset_file.read_bytes() if subset_file.is_file()
                                                          else b"")).hexdigest()
     out = Path(out)
-    record = out / "export.json"
-    if record.is_file() and (out / "model.safetensors").is_file():
-        done = json.loads(record.read_text())
-        if done.get("draft_sha256") == digest and done.get("format_version") == FORMAT_VERSION:
-            return out
+    if export_is_current(out, "draft_sha256", digest, FORMAT_VERSION):
+        return out
     cfg, weights, _ = load_checkpoint(src, with_tokenizer=False)
     head = weights["model.embed_tokens.weight"] if cfg.tie_word_embeddings else weights["lm_head.weight"]
     subset = json.loads(subset_file.read_text()) if subset_file.is_file() else None
@@ -69,7 +67,7 @@ def export_draft_for_vllm(target: str, out: Path, drafts_dir: Path = DRAFTS_DIR,
     for name in TOKENIZER_FILES:              # vLLM reads the target's; a tool that loads the folder alone needs them
         if (tokenizer_dir / name).is_file():
             shutil.copyfile(tokenizer_dir / name, out / name)
-    record.write_text(json.dumps({"format_version": FORMAT_VERSION, "draft": str(src), "draft_sha256": digest,
-                                  "target": target, "lm_head": "full vocabulary" if subset is None else
-                                  f"the {len(subset):,} rows of {SUBSET_FILE}, the others zero"}, indent=1) + "\n")
+    record = {"format_version": FORMAT_VERSION, "draft": str(src), "draft_sha256": digest, "target": target,
+              "lm_head": "full vocabulary" if subset is None else f"the {len(subset):,} rows of {SUBSET_FILE}, the others zero"}
+    (out / "export.json").write_text(json.dumps(record, indent=1) + "\n")
     return out

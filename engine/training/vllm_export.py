@@ -92,6 +92,16 @@ def convert(head: dict, g: np.ndarray, scales: dict) -> dict:
     return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
 
 
+def export_is_current(out: Path, key: str, digest: str, version: int) -> bool:
+    """Whether `out` holds a finished export (its export.json, written last) of the source with this digest, in
+    this format: an export is written again only when either changed."""
+    record = out / "export.json"
+    if not (record.is_file() and (out / "model.safetensors").is_file()):
+        return False
+    done = json.loads(record.read_text())
+    return done.get(key) == digest and done.get("format_version") == version
+
+
 def export_eagle_for_vllm(target: str, out: Path, heads_dir: Path = HEADS_DIR, cache=None) -> Path:
     """Write (or keep, if it is of the same head and format) the vLLM EAGLE checkpoint of `target`'s head."""
     src = Path(heads_dir) / target / "eagle.safetensors"
@@ -99,11 +109,8 @@ def export_eagle_for_vllm(target: str, out: Path, heads_dir: Path = HEADS_DIR, c
         raise FileNotFoundError(f"{src}: no EAGLE head for {target} (train-heads {target} export)")
     digest = hashlib.sha256(src.read_bytes()).hexdigest()
     out = Path(out)
-    record = out / "export.json"
-    if record.is_file() and (out / "model.safetensors").is_file():
-        done = json.loads(record.read_text())
-        if done.get("head_sha256") == digest and done.get("format_version") == FORMAT_VERSION:
-            return out
+    if export_is_current(out, "head_sha256", digest, FORMAT_VERSION):
+        return out
     checkpoint = model_dir(target, cache)
     cfg, weights, tokenizer = load_checkpoint(checkpoint)
     head = {k: v.astype(np.float32) for k, v in load_file(str(src)).items() if k != "vocab_subset"}
@@ -114,6 +121,7 @@ def export_eagle_for_vllm(target: str, out: Path, heads_dir: Path = HEADS_DIR, c
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-    record.write_text(json.dumps({"format_version": FORMAT_VERSION, "head": str(src), "head_sha256": digest,
-                                  "target": target, "scales": scales}, indent=1) + "\n")
+    record = {"format_version": FORMAT_VERSION, "head": str(src), "head_sha256": digest, "target": target,
+              "scales": scales}
+    (out / "export.json").write_text(json.dumps(record, indent=1) + "\n")
     return out
