@@ -2,6 +2,8 @@
 training.json and the c table `train-draft TARGET measure` left in the data folder."""
 from __future__ import annotations
 
+import json
+
 
 def _acceptance_rows(held: dict) -> list[str]:
     names = {"full": "full (49,152 tokens)", "subset": "frequent subset + the context's tokens"}
@@ -27,7 +29,6 @@ def _started(init: dict | None) -> str:  # a run that trained an earlier draft f
 
 
 def _run_config(tc: dict) -> str:  # the --config that reproduces the run: its length, and where it started
-    import json
     return json.dumps({"steps": tc["steps"], **({"init": tc["init"], "lr": tc["lr"]} if tc.get("init") else {})})
 
 
