@@ -28,6 +28,14 @@ def _started(init: dict | None) -> str:  # a run that trained an earlier draft f
             + ", with the same objective and a new schedule on the data below: ")
 
 
+def _grew(curve: list[dict]) -> str:  # a loss over data that grew while the run went on reads differently
+    seen = [h["conversations"] for h in curve if h.get("conversations")]
+    if not seen or seen[0] == seen[-1]:
+        return ""
+    return (f" The data grew from {seen[0]:,} to {seen[-1]:,} conversations during the run: a conversation the draft "
+            "has not seen yet has a higher loss than one it has, so the loss rises as new ones arrive.")
+
+
 def _run_config(tc: dict) -> str:  # the --config that reproduces the run: its length, and where it started
     return json.dumps({"steps": tc["steps"], **({"init": tc["init"], "lr": tc["lr"]} if tc.get("init") else {})})
 
@@ -97,14 +105,14 @@ def card(target: str, info: dict, c_table: str | None, status: str) -> str:
         "cosine" + ("." if info.get("init") else
                     "; the embedding starts as the target's projected onto its top principal directions."),
         "",
-        f"Training loss (nats) by step: {curve}.",
+        f"Training loss (nats) by step: {curve}." + _grew(info["loss_curve"]),
         "",
     ]
     if "held_out" in info:
         held = info["held_out"]
         lines += ["## Held-out acceptance (offline, temperature 0)", "",
-                  f"The target's greedy answers to {held['conversations']} held-out prompts (subjects and code tasks "
-                  "no training prompt has); a chain started at every answer position, drafts from the float16 "
+                  f"The target's greedy answers to {held['conversations']} held-out prompts (subjects, code tasks "
+                  "and texts to summarise that no training prompt has); a chain started at every answer position, drafts from the float16 "
                   "weights (`train-draft ... eval --checkpoint models/drafts/...`). In a run, a round starts where the last "
                   "one ended, often right after a token the draft missed, so fewer of its chains start at easy "
                   "positions: the last column plays the greedy run's rounds over the same answers (the engine's "

@@ -193,7 +193,7 @@ def loss_curve(history, points: int = 16) -> list[dict]:  # the logged training 
     losses = [h for h in history if "loss" in h]
     picked = losses[::max(1, len(losses) // points)]
     picked += [h for h in losses[-1:] if h is not picked[-1]]
-    return [{"step": h["step"], "loss": h["loss"]} for h in picked]
+    return [{"step": h["step"], "loss": h["loss"], "conversations": h.get("conversations")} for h in picked]
 
 
 # --- the loop --------------------------------------------------------------------------------------
