@@ -80,7 +80,8 @@ def test_greedy_drafts_are_the_drafts_own_argmax_over_the_accepted_text(engine, 
         np.minimum.at(seen, ids, np.arange(len(ids)))
         emitted = 1                                                          # the prefill's token
         for r in (e for e in events if e.type == "round" and e.num_draft_tokens):
-            drafts = [e.id for e in events if e.type == "token" and e.round == r.round and e.status in ("accepted", "rejected")]
+            drafts = [e.id for e in events
+                      if e.type == "token" and e.round == r.round and e.status in ("accepted", "rejected")]
             for k, d in enumerate(drafts):
                 t = len(ids) - len(out) - 1 + emitted + k
                 allowed = np.isin(np.arange(cfg.vocab_size), draft.model.lm_head_ids) | (seen <= t)
