@@ -259,7 +259,7 @@ def test_a_race_of_engines_names_its_sides_and_survives_a_failing_server(server)
 
 
 def test_a_server_the_app_starts_says_in_the_selector_that_it_is_starting_or_failed():
-    from app.views.page import external_state
+    from app.views.model_options import external_state
     from engine.external.openai_stream import ExternalEngine
 
     def label(**state):

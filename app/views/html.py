@@ -30,8 +30,8 @@ from app.views.fragments import (
 from app.views.draft_lane import drafted, round_ended, token_verdict
 from app.views.frame import Frame, ViewSources
 from app.views.kv_map import KvMap
-from app.views.page import (DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, model_note,
-                            model_options, server_set, target_of)
+from app.views.model_options import model_note, model_options, target_of
+from app.views.page import DEFAULT_SPEED, FORM_SETTINGS, GAUGES, form_field_value, gauge_rows, server_set
 from app.views.race_pick import race_state, races_of
 from app.views.recording import RECORDINGS
 from app.views.templating import macros

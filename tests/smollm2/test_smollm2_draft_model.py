@@ -112,7 +112,7 @@ def test_sampling_with_the_draft_counts_what_it_verified(engine, draft):
 
 
 def test_draft_model_is_offered_on_smollm2_without_changing_its_default(engine):
-    from app.views.page import model_options
+    from app.views.model_options import model_options
     from engine.serving.request_fit import model_defaults, unmet
 
     registry = engine.registry
