@@ -116,13 +116,13 @@ def run(args: argparse.Namespace) -> int:
         from ..model.thread_choice import request_threads
         from ..serving.registry import ModelRegistry
         from .head_data import build
-        from .head_prompts import held_out_prompts, more_train_prompts
+        from .head_prompts import draft_train_prompts, held_out_prompts
         request_threads(1)                           # one core: the machine is shared, and other runs go on beside it
         lm = ModelRegistry.from_dir().get(args.target)
         if args.held_out:
             build(folder / "heldout", lm, n_open=args.prompts or 96, prompts=held_out_prompts(), log=log, topk=args.topk)
         else:
-            build(folder / "data", lm, n_open=args.prompts or 576, prompts=more_train_prompts(),
+            build(folder / "data", lm, n_open=args.prompts or 576, prompts=draft_train_prompts(),
                   derived_every=args.derived_every, log=log, topk=args.topk)
     elif args.stage == "train":
         _trainer(args, log, resume=args.resume)[0].run()

@@ -134,6 +134,68 @@ MORE_SUBJECTS = [
     "the Sahara", "the Arctic", "Antarctica", "cities of the future", "skyscrapers", "tunnels", "dams",
 ]
 
+WIDER_SUBJECTS = [          # places, people, animals, trades and everyday things: only the draft model's data has these
+    "the Renaissance painters", "the Eiffel Tower", "the Statue of Liberty", "the Great Barrier Reef", "the Nile",
+    "the Pacific Ocean", "the Atlantic Ocean", "the Mediterranean Sea", "the Dead Sea", "Iceland", "Japan", "Brazil",
+    "India", "Canada", "Australia", "Kenya", "Norway", "Mexico", "Peru", "the Aztecs", "the Maya", "the Incas",
+    "the Ottoman Empire", "the Mongol Empire", "the British Empire", "the American Revolution",
+    "the Civil Rights Movement", "the Berlin Wall", "the Titanic", "the Wright brothers", "Marie Curie",
+    "Isaac Newton", "Albert Einstein", "Charles Darwin", "Leonardo da Vinci", "Shakespeare", "Mozart", "Beethoven",
+    "Galileo", "Ada Lovelace", "Alan Turing", "Nikola Tesla", "Florence Nightingale", "Cleopatra", "Napoleon",
+    "Gandhi", "the alphabet's history", "hieroglyphs", "cave paintings", "Stonehenge", "the Colosseum",
+    "Machu Picchu", "the Taj Mahal", "Venice", "Paris", "London", "New York", "Tokyo", "Rome", "cheetahs", "giraffes",
+    "zebras", "gorillas", "chimpanzees", "pandas", "koalas", "kangaroos", "owls", "eagles", "parrots", "crows",
+    "hummingbirds", "flamingos", "swans", "turtles", "crocodiles", "lizards", "jellyfish", "starfish", "crabs",
+    "lobsters", "salmon", "goldfish", "bats", "hedgehogs", "foxes", "rabbits", "squirrels", "mice", "deer", "camels",
+    "cows", "sheep", "goats", "chickens", "pigs", "ducks", "earthworms", "mosquitoes", "ladybirds", "dragonflies",
+    "snails", "moss", "ferns", "cacti", "bamboo", "sunflowers", "roses", "tulips", "orchids", "algae", "plankton",
+    "wetlands", "grasslands", "tundra", "savannas", "mangroves", "estuaries", "waterfalls", "geysers", "hot springs",
+    "sand dunes", "beaches", "cliffs", "valleys", "tectonic plates", "minerals", "crystals", "diamonds", "gold",
+    "silver", "copper", "iron", "aluminium", "granite", "marble", "limestone", "sandstone", "the Earth's core",
+    "the atmosphere", "the ozone layer", "auroras", "eclipses", "meteor showers", "asteroids", "the Sun", "Venus",
+    "Saturn", "Neptune", "Pluto", "the Milky Way", "nebulae", "supernovas", "exoplanets", "the speed of light",
+    "time zones", "leap years", "the equator", "latitude and longitude", "magnetism in nature", "static electricity",
+    "circuits", "transistors", "microchips", "semiconductors", "lasers", "microscopes", "X-rays", "MRI scans",
+    "ultrasound", "thermometers", "barometers", "refrigerators", "washing machines", "microwaves", "ovens",
+    "vacuum cleaners", "air conditioning", "central heating", "elevators", "escalators", "locks and keys", "zippers",
+    "buttons", "glue", "paint", "ink", "pencils", "pens", "printers", "scanners", "keyboards", "computer mice",
+    "touchscreens", "headphones", "speakers", "microphones", "podcasts", "streaming services", "online shopping",
+    "search engines", "email spam", "cookies on websites", "web design", "mobile apps", "app stores", "video calls",
+    "digital photos", "file formats", "data compression", "backups", "cloud storage", "database indexes",
+    "machine translation", "speech recognition", "chatbots", "recommendation systems", "computer vision",
+    "data science", "big data", "the Turing test", "quantum computers", "blockchains", "smart homes",
+    "wearable technology", "smartwatches", "fitness trackers", "e-books", "audiobooks", "newspapers", "magazines",
+    "radio shows", "documentaries", "cartoons", "superheroes", "detective stories", "adventure stories",
+    "fantasy novels", "dragons in myths", "folk songs", "opera", "ballet", "hip hop", "the blues", "country music",
+    "orchestras", "choirs", "the flute", "the trumpet", "the saxophone", "the harp", "the ukulele", "film music",
+    "sound effects", "stand-up comedy", "circuses", "puppets", "festivals", "carnivals", "fireworks", "parades",
+    "art museums", "street art", "graffiti", "mosaics", "stained glass", "tapestries", "embroidery", "sewing",
+    "quilting", "baking cakes", "cookies", "pancakes", "sandwiches", "salads", "curry", "sushi", "tacos", "noodles",
+    "dumplings", "barbecue", "breakfast", "lunch", "dinner parties", "table manners", "restaurants", "cafes",
+    "markets", "supermarkets", "food waste", "organic food", "vegan diets", "fasting", "nutrition labels", "calories",
+    "cholesterol", "blood pressure", "diabetes", "asthma", "headaches", "back pain", "posture", "eyesight", "glasses",
+    "hearing aids", "teeth", "brushing teeth", "sunscreen", "sunburn", "hand washing", "sleep hygiene", "naps",
+    "morning routines", "evening routines", "weekends", "hobbies", "collecting stamps", "bird watching",
+    "fishing as a hobby", "rock climbing", "sailing", "surfing", "kayaking", "skateboarding", "martial arts",
+    "boxing", "gymnastics", "figure skating", "ice hockey", "rugby", "volleyball", "table tennis", "badminton",
+    "archery", "horse riding", "chess openings", "sudoku", "crossword puzzles", "jigsaw puzzles", "video game design",
+    "toys", "playgrounds", "summer camps", "scouting", "birthday parties", "gift giving", "letters", "postcards",
+    "diaries", "family trees", "grandparents", "siblings", "twins", "babies", "toddlers", "adolescence", "adulthood",
+    "careers", "salaries", "promotions", "resumes", "internships", "apprenticeships", "trades", "plumbers",
+    "electricians", "carpenters", "farmers", "firefighters", "police officers", "pilots", "astronauts", "scientists",
+    "engineers", "architects", "lawyers", "judges", "librarians", "chefs", "artists", "musicians", "writers",
+    "journalism as a career", "photographers", "designers", "programmers", "accountants", "economists",
+    "psychologists", "social workers", "veterinarians", "pharmacists", "paramedics", "the scientific method",
+    "experiments", "hypotheses", "peer review", "measurement", "units of length", "weights and scales",
+    "temperature scales", "density", "pressure", "buoyancy", "levers", "pulleys", "gears", "springs", "pendulums",
+    "waves", "echoes", "colours", "mirrors", "lenses", "shadows", "reflections", "rainwater harvesting", "wells",
+    "water treatment", "sewage systems", "garbage collection", "landfills", "incineration", "upcycling",
+    "second-hand shopping", "minimalism", "decluttering", "budget travel", "road trips", "train journeys", "cruises",
+    "backpacking", "hostels", "souvenirs", "jet lag", "learning to drive", "traffic lights", "roundabouts", "parking",
+    "car maintenance", "tyres", "petrol stations", "electric scooters", "walking", "city parks", "community gardens",
+    "urban planning", "villages", "suburbs", "farms", "barns", "windmills",
+]
+
 MORE_TEMPLATES = [
     "Tell me about {s}.",
     "How does {s} work?",
@@ -188,6 +250,14 @@ def more_train_prompts() -> list[str]:
     tasks, code_templates = CODE_TASKS + MORE_CODE_TASKS, CODE_TEMPLATES + MORE_CODE_TEMPLATES
     return ([t.format(s=s) for s in subjects for t in templates]
             + [t.format(t=task) for task in tasks for t in code_templates])
+
+
+def draft_train_prompts() -> list[str]:
+    """The draft model's training set: the larger set, and every template over more subjects. A draft is a whole
+    language model, so it gains from the breadth of what it reads: a subject it has seen answered in other words
+    is far easier to draft than an unseen one."""
+    templates = TEMPLATES + MORE_TEMPLATES
+    return more_train_prompts() + [t.format(s=s) for s in WIDER_SUBJECTS for t in templates]
 
 
 def held_out_prompts() -> list[str]:

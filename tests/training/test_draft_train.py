@@ -239,3 +239,16 @@ def test_measure_c_times_every_candidate_against_the_target():
     assert c_table(rows).count("\n| 1 x 128") == 1
     assert largest_within(rows, c_max=float("inf"))["shape"] == shapes[1]
     assert largest_within(rows, c_max=0.0) is None
+
+
+def test_no_held_out_subject_or_task_is_in_any_training_prompt():
+    """The held-out figures measure unseen subjects only while no training prompt names one, also the draft's
+    wider subjects (a word boundary: "tea" is in "teach")."""
+    import re
+    from engine.training.head_prompts import (HELD_OUT_CODE_TASKS, HELD_OUT_SUBJECTS, draft_train_prompts,
+                                              held_out_prompts, more_train_prompts, train_prompts)
+    training = "\n".join(train_prompts() + more_train_prompts() + draft_train_prompts())
+    named = [s for s in HELD_OUT_SUBJECTS + HELD_OUT_CODE_TASKS if re.search(rf"\b{re.escape(s)}\b", training)]
+    assert named == []
+    assert not set(held_out_prompts()) & set(training.split("\n"))
+    assert len(set(draft_train_prompts())) == len(draft_train_prompts()) > len(more_train_prompts())
