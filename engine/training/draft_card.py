@@ -21,11 +21,17 @@ def _acceptance_rows(held: dict) -> list[str]:
 def _started(init: dict | None) -> str:  # a run that trained an earlier draft further says which, and how far it was
     if not init:
         return ""
-    earlier = ", ".join(x for x in (f"{init['steps']:,} steps" if init.get("steps") else "",
-                                    f"{init['train_s'] / 3600:.1f} h" if init.get("train_s") else "",
-                                    f"on {init['conversations']:,} conversations" if init.get("conversations") else "") if x)
-    return (f"Started from the draft then in {init['from']}" + (f" ({earlier})" if earlier else "")
+    return (f"Started from the draft then in {init['from']}{_how_far(init)}"
             + ", with the same objective and a new schedule on the data below: ")
+
+
+def _how_far(init: dict) -> str:  # " (4,500 steps, 1.6 h, on 6,684 conversations; before them, ...)", to the first run
+    done = ", ".join(x for x in (f"{init['steps']:,} steps" if init.get("steps") else "",
+                                 f"{init['train_s'] / 3600:.1f} h" if init.get("train_s") else "",
+                                 f"on {init['conversations']:,} conversations" if init.get("conversations") else "") if x)
+    earlier = _how_far(init["earlier"])[2:-1] if init.get("earlier") else ""
+    done += f"; before them, {earlier}" if earlier else ""
+    return f" ({done})" if done else ""
 
 
 def _grew(curve: list[dict]) -> str:  # a loss over data that grew while the run went on reads differently

@@ -131,7 +131,7 @@ def load_init(folder: str, cfg: ModelConfig) -> tuple[dict, dict]:  # -> float32
     done = Path(folder) / "training.json"
     prior = json.loads(done.read_text()) if done.is_file() else {}
     return params, {"from": str(folder), "steps": prior.get("steps"), "train_s": prior.get("train_s"),
-                    "conversations": prior.get("data", {}).get("conversations")}
+                    "conversations": prior.get("data", {}).get("conversations"), "earlier": prior.get("init")}
 
 
 # --- batches -------------------------------------------------------------------------------------

@@ -177,11 +177,15 @@ def test_a_run_can_start_from_an_exported_draft_and_its_card_says_so(trainer_fac
     more.run()
     info = more.export(tmp_path / "more", None)
     assert info["init"] == {"from": str(tmp_path / "first"), "steps": 20, "train_s": info["init"]["train_s"],
-                            "conversations": 48}
+                            "conversations": 48, "earlier": None}
     from engine.training.draft_card import card
     text = card("tiny", info, None, "Trained further.")
     assert f"Started from the draft then in {tmp_path / 'first'} (20 steps" in text
     assert "projected onto its top principal directions" not in text      # that was the first run's start
+    third = trainer_factory(state="third", steps=2, lr=1e-9, init=str(tmp_path / "more"))
+    third.run()
+    text = card("tiny", third.export(tmp_path / "third", None), None, "Trained further again.")
+    assert f"then in {tmp_path / 'more'} (5 steps" in text and "conversations; before them, 20 steps" in text
     with pytest.raises(ValueError, match="hidden_size 16 .this run: 24."):
         trainer_factory(state="wide", hidden_size=24, init=str(tmp_path / "first"))
 
