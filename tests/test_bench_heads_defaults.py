@@ -98,3 +98,19 @@ def test_a_tree_that_wins_becomes_the_demos_drafting_and_a_request_gets_its_whol
                                                 "speculative_num_draft_tokens": 8}
     finally:
         set_threads(before)
+
+
+def test_the_draft_models_targets_are_judged_on_its_gamma_4_row():
+    import copy
+    import json
+    from pathlib import Path
+
+    from cli.bench.heads import tables
+    out = json.loads((Path(__file__).parents[1] / "models/heads/smollm2-135m/bench.json").read_text())
+    row = next(x for x in out["sets"]["open questions"]["rows"] if x["config"] == "draft_model γ=4")
+    for p1, met in ((0.4275, "**no**"), (0.4512, "yes")):
+        row["acceptance_per_position"][0] = p1
+        text = "\n".join(tables(copy.deepcopy(out)))
+        assert (f"| Draft model acceptance at position 1, γ = 4, open questions | {p1:.3f} (draft_model γ=4) "
+                f"| >= 0.45 | {met} |") in text
+    assert f"| c of the draft model, γ = 4, open questions | {row['c']:.3f} (draft_model γ=4) | <= 0.1 |" in text

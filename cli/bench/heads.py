@@ -209,6 +209,8 @@ def tables(out: dict) -> list[str]:
     chain, open_rows = best("open questions", "eagle", chains=True), sets.get("open questions", {}).get("rows", [])
     eagle3 = next((x for x in open_rows if x["method"] == "eagle" and x["gamma"] == 3 and not x.get("confidence")
                    and not is_tree(x)), None)
+    draft4 = next((x for x in open_rows if x["method"] == "draft_model" and x["gamma"] == 4 and not is_tree(x)), None)
+    draft4 = draft4 and {**draft4, "position_1": draft4["acceptance_per_position"][0]}
     every = [x for r in sets.values() for x in r["rows"]]
     error = max((abs(x["measured"] / x["predicted"] - 1) for x in every if x["predicted"]), default=None)
     checks = [("EAGLE at its best setting, open questions, identical output (decode)", eagle, "measured", ">=", 1.5),
@@ -216,9 +218,12 @@ def tables(out: dict) -> list[str]:
               ("EAGLE at its best setting, summaries (decode)", summary, "measured", ">=", 1.8),
               ("Medusa at its best setting, open questions (decode)", medusa, "measured", ">=", 1.25),
               ("c of EAGLE at its best chain, open questions", chain, "c", "<=", 0.08),
-              ("Draft model at its best γ, open questions (decode)", draft, "measured", ">=", 1.0)]
+              ("Draft model at its best γ, open questions (decode)", draft, "measured", ">=", 1.0),
+              ("Draft model acceptance at position 1, γ = 4, open questions", draft4, "position_1", ">=", 0.45),
+              ("Draft model mean acceptance length, γ = 4, open questions", draft4, "mean_acceptance_length", ">=", 1.7),
+              ("c of the draft model, γ = 4, open questions", draft4, "c", "<=", 0.1)]
     rows = [(what, row[key] if row["identical"] else None, op, bound,
-             f"{row[key]:.{3 if key == 'c' else 2}f} ({row['config']}{'' if row['identical'] else ', output differs'})")
+             f"{row[key]:.{3 if key in ('c', 'position_1') else 2}f} ({row['config']}{'' if row['identical'] else ', output differs'})")
             for what, row, key, op, bound in checks if row is not None]
     trees = tree_goals(tree_rows(open_rows))
     if b := out.get("block"):   # judged on what each rule accepts on average given the drafts: the counts beside
