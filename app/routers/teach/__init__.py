@@ -1,5 +1,5 @@
 """The teaching views' endpoints (`/teach/...`): HTML fragments htmx swaps into the views' panels, and the
-JSON the views' scripts read (static/teach.js).
+JSON the views' scripts read (static/teach.js, static/theory.js).
 
 | endpoint | what |
 |---|---|

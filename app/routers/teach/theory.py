@@ -1,4 +1,4 @@
-"""The Theory view's figures, all computed in engine/ (static/teach.js only draws them):
+"""The Theory view's figures, all computed in engine/ (static/theory.js only draws them):
 
 - `GET /teach/curve.json`: this machine's measured verify-cost curve t(n) of a model and its draft's step
   (engine/experiments/measure.py), measured once per model as an engine job (app/curves.py); the Cost view
