@@ -1,4 +1,4 @@
-"""The engine thread (app/ws/engine_thread.py) and admission control (app/ws/admission.py), without a web server.
+"""The engine thread (app/ws/engine_thread.py), without a web server.
 
 The engine thread runs the scheduler for every session; these tests drive it from an asyncio loop as the
 app does, with pacing objects standing in for connections. Waits are bounded.
@@ -14,7 +14,6 @@ from manual_clock import ManualClock
 from ws_client import run
 
 from app.metrics import ServerMetrics
-from app.ws.admission import Admission, Busy
 from app.ws.engine_thread import PARKED, EngineThread, SessionLink
 from engine.serving.registry import InferenceEngine, ModelRegistry
 from engine.serving.session import GenerationSession
@@ -312,48 +311,6 @@ def test_metrics_count_what_the_sessions_report(registry):
     assert "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter" in text
     assert f'vllm:spec_decode_num_draft_tokens_total{{model_name="{model}"}}' in text
     assert f'vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="{model}"}} 3.0' in text
-
-
-# --- admission ------------------------------------------------------------------------------------------------
-def test_admission_serves_in_order_tells_positions_and_refuses_beyond_the_line():
-    async def scenario():
-        adm = Admission(limit=1, max_queue=2)
-        await adm.acquire()
-        positions = {"b": [], "c": []}
-        b = asyncio.create_task(adm.acquire(positions["b"].append))
-        c = asyncio.create_task(adm.acquire(positions["c"].append))
-        await asyncio.sleep(0)
-        assert adm.waiting == 2 and positions == {"b": [1], "c": [2]}
-        with pytest.raises(Busy):
-            await adm.acquire()
-        adm.release()                                   # the slot goes to b, not to a newcomer
-        await b
-        assert positions["c"] == [2, 1] and adm.running == 1
-        c.cancel()                                      # c leaves the line
-        with pytest.raises(asyncio.CancelledError):
-            await c
-        assert adm.waiting == 0
-        adm.release()
-        assert adm.running == 0 and adm.refused == 1
-
-    run(scenario())
-
-
-def test_a_waiter_cancelled_as_it_gets_the_slot_passes_it_on():
-    async def scenario():
-        adm = Admission(limit=1, max_queue=2)
-        await adm.acquire()
-        b = asyncio.create_task(adm.acquire())
-        c = asyncio.create_task(adm.acquire())
-        await asyncio.sleep(0)
-        adm.release()                                   # b is granted ...
-        b.cancel()                                      # ... and cancelled before it runs
-        with pytest.raises(asyncio.CancelledError):
-            await b
-        await c                                         # so c has the slot
-        assert adm.running == 1 and adm.waiting == 0
-
-    run(scenario())
 
 
 def test_a_teaching_job_runs_between_the_sessions_steps_and_they_keep_generating(registry):

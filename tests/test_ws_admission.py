@@ -1,5 +1,5 @@
 """`/api/ws` and `/ws` against a real uvicorn server: which origins may open them, and a start beyond the
-server's sessions waiting in line for a slot (the API's `queued`, the page's run status)."""
+server's sessions waiting in line for a slot (the API's `queued`, the page's run status), and that line itself."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +10,8 @@ import websockets
 from websockets.exceptions import InvalidStatus
 
 from ws_client import PROMPT, connect, get_json, run, wait_for_stats, ws_url
+
+from app.ws.admission import Admission, Busy
 
 
 # --- origins -------------------------------------------------------------------------------------------------------
@@ -112,3 +114,45 @@ def test_the_page_shows_its_place_in_line_then_runs(small_server):
     run(scenario())
     stats = wait_for_stats(small_server, lambda s: s["sessions"] == 0 and s["kv_blocks_used"] == 0)
     assert stats["sessions"] == 0 and stats["waiting"] == 0, stats
+
+
+# --- the admission line itself (app/ws/admission.py) ---------------------------------------------------------------
+def test_admission_serves_in_order_tells_positions_and_refuses_beyond_the_line():
+    async def scenario():
+        adm = Admission(limit=1, max_queue=2)
+        await adm.acquire()
+        positions = {"b": [], "c": []}
+        b = asyncio.create_task(adm.acquire(positions["b"].append))
+        c = asyncio.create_task(adm.acquire(positions["c"].append))
+        await asyncio.sleep(0)
+        assert adm.waiting == 2 and positions == {"b": [1], "c": [2]}
+        with pytest.raises(Busy):
+            await adm.acquire()
+        adm.release()                                   # the slot goes to b, not to a newcomer
+        await b
+        assert positions["c"] == [2, 1] and adm.running == 1
+        c.cancel()                                      # c leaves the line
+        with pytest.raises(asyncio.CancelledError):
+            await c
+        assert adm.waiting == 0
+        adm.release()
+        assert adm.running == 0 and adm.refused == 1
+
+    run(scenario())
+
+
+def test_a_waiter_cancelled_as_it_gets_the_slot_passes_it_on():
+    async def scenario():
+        adm = Admission(limit=1, max_queue=2)
+        await adm.acquire()
+        b = asyncio.create_task(adm.acquire())
+        c = asyncio.create_task(adm.acquire())
+        await asyncio.sleep(0)
+        adm.release()                                   # b is granted ...
+        b.cancel()                                      # ... and cancelled before it runs
+        with pytest.raises(asyncio.CancelledError):
+            await b
+        await c                                         # so c has the slot
+        assert adm.running == 1 and adm.waiting == 0
+
+    run(scenario())
