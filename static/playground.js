@@ -1,5 +1,5 @@
 /* Decoding Playground — the JavaScript HTML cannot do: keyboard shortcuts, presets, the URL kept in step
-   with the controls, the latency chart, keeping the DOM bounded on long runs, the stream following its newest
+   with the controls, keeping the DOM bounded on long runs, the stream following its newest
    token, the layouts for slides (the KV map's cells sized to fill one), and the figures that
    `decoding-playground bench page` reads (window.playgroundStats). htmx and its websocket extension do
    everything else: the form is sent with ws-send, the server's fragments are swapped by id. */
@@ -167,135 +167,6 @@
     }
   }
 
-  // --- the latency chart (engine ms per round) ----------------------------------------------------------------
-  var chart = { reset: null, points: [], pending: false, drawnAt: 0, size: null, colors: null }
-
-  function drainChart() {
-    var feed = $('chart-feed')
-    if (!feed) return
-    var dirty = false
-    if (feed.dataset.reset !== chart.reset) { chart.reset = feed.dataset.reset; chart.points = []; dirty = true }
-    if (feed.firstElementChild) {
-      // each message's rounds packed in one attribute: "round:target_ms:draft_ms:emitted:drafted:accepted,..."
-      var items = feed.querySelectorAll('i[data-points]')
-      for (var i = 0; i < items.length; i++) {
-        var packed = items[i].dataset.points.split(',')
-        for (var j = 0; j < packed.length; j++) {
-          var f = packed[j].split(':')
-          chart.points.push({ round: +f[0], target: +f[1], draft: +f[2], emitted: +f[3] })
-        }
-      }
-      feed.replaceChildren()
-      if (chart.points.length > limits.chartPoints) chart.points.splice(0, chart.points.length - limits.chartPoints)
-      dirty = true
-    }
-    if (dirty && !chart.pending) {                     // at most ~8 redraws a second: it is a chart
-      chart.pending = true
-      setTimeout(function () { requestAnimationFrame(drawChart) }, Math.max(0, chart.drawnAt + 120 - performance.now()))
-    }
-  }
-
-  function measureChart(canvas) {
-    var width = Math.round(canvas.clientWidth)
-    var height = Math.round(width * 0.45)
-    // a slide's chart fills the height its layout leaves it (the box's height does not depend on the canvas)
-    if (document.body.dataset.layout && canvas.parentElement.clientHeight > 40) height = canvas.parentElement.clientHeight
-    var css = getComputedStyle(document.documentElement)
-    // its type follows the page's (a slide's is larger)
-    var font = Math.round(parseFloat(css.fontSize) * (document.body.dataset.layout ? 0.85 : 0.69))
-    chart.size = { width: width, height: height, font: font }
-    chart.colors = {}
-    ;['--muted', '--chart-grid', '--chart-draft', '--chart-target', '--chart-line'].forEach(function (name) {
-      chart.colors[name] = css.getPropertyValue(name).trim()
-    })
-  }
-
-  function redrawChart() {
-    chart.size = null
-    if (!chart.pending) { chart.pending = true; requestAnimationFrame(drawChart) }
-  }
-
-  function niceMax(v) {
-    if (!(v > 0)) return 1
-    var p = Math.pow(10, Math.floor(Math.log10(v)))
-    var steps = [1, 2, 2.5, 5, 10]
-    for (var i = 0; i < steps.length; i++) if (steps[i] * p >= v) return steps[i] * p
-    return 10 * p
-  }
-
-  function drawChart() {
-    chart.pending = false
-    chart.drawnAt = performance.now()
-    var canvas = $('latency-chart')
-    if (!canvas) return
-    // size and colours are read only when they change (reading layout or styles here would force a
-    // synchronous layout on every frame while streaming)
-    if (!chart.size || !chart.colors) measureChart(canvas)
-    if (!chart.size.width) return          // hidden
-    var dpr = window.devicePixelRatio || 1
-    var W = chart.size.width, H = chart.size.height
-    if (canvas.width !== Math.round(W * dpr) || canvas.height !== Math.round(H * dpr)) {
-      canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr); canvas.style.height = H + 'px'
-    }
-    var ctx = canvas.getContext('2d')
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0)
-    var colors = chart.colors
-    var color = function (name) { return colors[name] }
-    ctx.clearRect(0, 0, W, H)
-    var font = chart.size.font
-    var left = Math.round(font * 3.6), right = 6, top = 8, bottom = Math.round(font * 1.6)
-    var pts = chart.points
-    // the scale follows the typical round (95th percentile): one slow outlier (a busy machine) would
-    // otherwise flatten every other bar; taller bars are clipped and marked
-    var totals = pts.map(function (p) { return p.target + p.draft }).sort(function (a, b) { return a - b })
-    var typical = totals.length ? totals[Math.min(totals.length - 1, Math.floor(totals.length * 0.95))] : 0
-    var max = niceMax(typical * 1.25)
-    var plotH = H - top - bottom, plotW = W - left - right
-    ctx.font = font + 'px system-ui, sans-serif'
-    ctx.fillStyle = color('--muted')
-    ctx.strokeStyle = color('--chart-grid')
-    ctx.lineWidth = 1
-    for (var g = 0; g <= 4; g++) {
-      var y = top + plotH - plotH * g / 4
-      ctx.beginPath(); ctx.moveTo(left, y + 0.5); ctx.lineTo(W - right, y + 0.5); ctx.stroke()
-      var label = max * g / 4
-      ctx.fillText((label >= 10 ? label.toFixed(0) : label.toPrecision(2)) + (g === 4 ? ' ms' : ''), 2, y + font * 0.35)
-    }
-    if (!pts.length) {
-      ctx.fillText('Rounds appear here as they run.', left + 8, top + plotH / 2)
-      return
-    }
-    var n = Math.max(pts.length, 40)
-    var step = plotW / n
-    var barW = Math.max(1, step * 0.78)
-    var scale = plotH / max
-    pts.forEach(function (p, i) {
-      var x = left + i * step
-      var hd = Math.min(p.draft * scale, plotH), ht = Math.min(p.target * scale, plotH - hd)
-      ctx.fillStyle = color('--chart-draft')
-      ctx.fillRect(x, top + plotH - hd, barW, hd)
-      ctx.fillStyle = color('--chart-target')
-      ctx.fillRect(x, top + plotH - hd - ht, barW, ht)
-      if ((p.target + p.draft) > max) {            // clipped: a mark above the bar
-        ctx.fillStyle = color('--chart-line')
-        ctx.fillRect(x, top - 4, barW, 3)
-      }
-    })
-    ctx.strokeStyle = color('--chart-line')
-    ctx.lineWidth = 2
-    ctx.beginPath()
-    pts.forEach(function (p, i) {
-      var perToken = (p.target + p.draft) / Math.max(1, p.emitted)
-      var x = left + i * step + barW / 2, y = top + plotH - Math.min(perToken, max) * scale
-      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y)
-    })
-    ctx.stroke()
-    ctx.fillStyle = color('--muted')
-    ctx.fillText('round ' + pts[0].round, left, H - 6)
-    var lastLabel = 'round ' + pts[pts.length - 1].round
-    ctx.fillText(lastLabel, W - right - ctx.measureText(lastLabel).width, H - 6)
-  }
-
   // --- keeping the DOM bounded -------------------------------------------
   function trim() {
     var stream = $('stream')
@@ -351,7 +222,7 @@
     else delete document.body.dataset.layout
     if (value.indexOf('view:') === 0 && window.teach && window.teach.openView) window.teach.openView(value.slice(5))
     fitKv(true)
-    redrawChart()
+    window.latencyChart.redraw()
     keepLatest()
   }
 
@@ -380,7 +251,7 @@
   var acked = 0
   function afterMessages() {
     frameScheduled = false
-    drainChart()
+    window.latencyChart.drain()
     trim()
     keepLatest()
     if (document.body.dataset.layout === 'kv') fitKv(false)
@@ -507,7 +378,7 @@
     followStartingServers()
     var wrap = $('stream-wrap')
     if (wrap) { watchStream(wrap); watchScroll(wrap) }
-    window.addEventListener('resize', function () { redrawChart(); fitKv(true); keepLatest() })
+    window.addEventListener('resize', function () { window.latencyChart.redraw(); fitKv(true); keepLatest() })
     var layout = $('f-layout')
     if (layout) layout.addEventListener('change', function () { applyLayout(layout.value); syncUrl() })
     document.addEventListener('click', function (ev) {
@@ -532,12 +403,12 @@
           // the preset's change event is already on its way to the form's ws-send: it carries the new values
         }
         applyViewOptions()
-        if (ev.target && (ev.target.id === 'f-theme' || ev.target.id === 'f-presenter')) redrawChart()
+        if (ev.target && (ev.target.id === 'f-theme' || ev.target.id === 'f-presenter')) window.latencyChart.redraw()
         syncUrl()
       }, true)   // capture: runs before htmx's listener reads the form
       form.addEventListener('input', syncUrl)
     }
     applyViewOptions()
-    drawChart()
+    window.latencyChart.draw()
   })
 })()
