@@ -216,7 +216,7 @@
     }, { passive: true })
   }
 
-  // --- layouts for slides: the body's data-layout (static/app.css), chosen by the URL or #f-layout -------------------
+  // --- layouts for slides: the body's data-layout (static/slides.css), chosen by the URL or #f-layout -------------------
   function applyLayout(value) {
     if (value) document.body.dataset.layout = value
     else delete document.body.dataset.layout

@@ -1,11 +1,11 @@
 """A run saved as one page: a recording (app/views/recording.py) as a single HTML file that plays without us.
 
-The file holds the page's own stylesheet and scripts (static/app.css, static/playground.js, static/latency_chart.js
-and the player, static/standalone.js) and the run's frames: the very messages the live page received (app/views/replay.py), so it
-plays as the page showed it — stream, draft lane, KV map, gauges, chart — from disk (`file://`), with no server
-and no network. The frames are gzip-compressed and base64-encoded (they repeat themselves: a 400-token run's
-570 KB of frames are 20 KB so, docs/teaching.md), unpacked by the browser's own DecompressionStream;
-`compress=False` writes them as plain JSON for browsers without it.
+The file holds the page's own stylesheets and scripts (static/app.css, slides.css and teach.css; playground.js,
+latency_chart.js and the player, standalone.js) and the run's frames: the very messages the live page received
+(app/views/replay.py), so it plays as the page showed it — stream, draft lane, KV map, gauges, chart — from disk
+(`file://`), with no server and no network. The frames are gzip-compressed and base64-encoded (they repeat
+themselves: a 400-token run's 570 KB of frames are 20 KB so, docs/teaching.md), unpacked by the browser's own
+DecompressionStream; `compress=False` writes them as plain JSON for browsers without it.
 
 Its presentation comes from the page that saved it (`layout`, `presenter`, `theme`, `hide`, `speed`, `autoplay`,
 as on /embed), and the file's own query string overrides them (`run.html?layout=stream&presenter=1`).
@@ -102,7 +102,7 @@ def standalone_page(recording: Recording, options: PageOptions | None = None, co
     context = {"state": state, "layouts": RUN_LAYOUTS, "gauge_rows": gauge_rows(), "speeds": SPEEDS,
                "standalone": True, "run": describe(recording), "autoplay": options.autoplay,
                "frames": frames, "encoding": encoding, "hideable": HIDEABLE,
-               "css": _inline(_static("app.css"), "style"),
+               "css": _inline("\n".join(_static(name) for name in ("app.css", "slides.css", "teach.css")), "style"),
                "scripts": [_inline(_static(name), "script")
                            for name in ("playground.js", "latency_chart.js", "standalone.js")]}
     return templates.env.get_template("standalone.html").render(context)

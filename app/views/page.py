@@ -41,7 +41,7 @@ HIDEABLE = ("header", "sidebar", "prompt", "presets", "controls", "settings", "s
             "kv", "gauges", "chart", "notes", "footer", "views", "tabs", *VIEW_NAMES)
 SIDEBAR_PARTS = ("prompt", "controls", "settings")
 SIDE_COL_PARTS = ("gauges", "chart", "legend", "notes")
-# Layouts for slides (`layout=`): what a 1280x720 frame shows, without scrolling (static/app.css). "" is the
+# Layouts for slides (`layout=`): what a 1280x720 frame shows, without scrolling (static/slides.css). "" is the
 # whole page; "view:NAME" one teaching view, full size.
 LAYOUTS = [("", "whole page"), ("stream", "slide: stream, draft lane, key gauges"), ("kv", "slide: stream and KV map"),
            ("gauges", "slide: stream, gauges and chart"),
