@@ -145,10 +145,12 @@
     })
     var hint = $('preset-hint')
     if (hint) hint.textContent = option.dataset.hint
+    delete form.dataset.tree                          // the defaults' tree, if any, is the one to come back to
+    if (form.elements.method) followMethod(form.elements.method)
   }
 
   // A method that drafts no token tree (the draft model, suffix decoding, plain decoding) runs a chain: choosing one
-  // shows the chain's top-k and budget, so that the form sends settings it can run; choosing a tree method again
+  // (or a preset with one) shows the chain's top-k and budget, so that the form sends settings it can run; choosing a tree method again
   // brings back the tree the form had.
   function followMethod(select) {
     var form = $('controls')

@@ -61,13 +61,11 @@ def test_a_link_with_a_tree_draws_it_in_the_draft_lane_with_its_accepted_path(li
     assert page.recorder.errors == []
 
 
-def test_choosing_a_method_that_drafts_no_tree_runs_a_chain_and_a_tree_method_brings_the_tree_back(live_server, page):
-    """From a page drafting trees (as the demo does where `bench heads` measured a tree fastest), the draft model,
-    which drafts chains only, runs without an error, and EAGLE again gets the tree the form had."""
-    open_page(page, url(live_server, model="target-mha", method="eagle", num_speculative_tokens=2,
-                        speculative_eagle_topk=2, speculative_num_draft_tokens=3, max_tokens=24, speed="max",
-                        prompt=PROMPT))
-    page.select_option("#f-method", "draft_model")
+TREE_PAGE = dict(model="target-mha", method="eagle", num_speculative_tokens=2, speculative_eagle_topk=2,
+                 speculative_num_draft_tokens=3, max_tokens=24, speed="max", prompt=PROMPT)
+
+
+def runs_a_chain_then_eagle_gets_the_tree_back(page):
     assert page.input_value("#f-speculative_eagle_topk") == "1"
     assert page.input_value("#f-speculative_num_draft_tokens") == ""
     page.click("#btn-toggle")
@@ -77,3 +75,25 @@ def test_choosing_a_method_that_drafts_no_tree_runs_a_chain_and_a_tree_method_br
     assert page.input_value("#f-speculative_eagle_topk") == "2"
     assert page.input_value("#f-speculative_num_draft_tokens") == "3"
     assert page.recorder.errors == []
+
+
+def test_choosing_a_method_that_drafts_no_tree_runs_a_chain_and_a_tree_method_brings_the_tree_back(live_server, page):
+    """From a page drafting trees (as the demo does where `bench heads` measured a tree fastest), the draft model,
+    which drafts chains only, runs without an error, and EAGLE again gets the tree the form had."""
+    open_page(page, url(live_server, **TREE_PAGE))
+    page.select_option("#f-method", "draft_model")
+    runs_a_chain_then_eagle_gets_the_tree_back(page)
+
+
+def test_a_preset_with_a_chain_method_runs_a_chain_where_the_defaults_are_a_tree(live_server, page):
+    """Where the model's defaults draft a tree (SmolLM2's demo at two threads), a preset that restores the defaults
+    and picks the draft model runs a chain, not an error; EAGLE again gets the defaults' tree."""
+    open_page(page, url(live_server, **TREE_PAGE))
+    page.evaluate("""() => {      // this model's defaults made a tree's, as the demo's are at two threads
+        document.getElementById('f-speculative_eagle_topk').dataset.default = '2'
+        document.getElementById('f-speculative_num_draft_tokens').dataset.default = '3' }""")
+    page.select_option("#preset", "code")
+    assert page.input_value("#f-method") == "draft_model"
+    page.fill("#f-max_tokens", "24")
+    page.select_option("#speed", "max")
+    runs_a_chain_then_eagle_gets_the_tree_back(page)
