@@ -121,18 +121,20 @@ class RoundPoint:
 def run_alpha(points) -> float | None:
     """α of a run: accepted draft tokens / draft tokens judged (a rejection ends its round, so the tokens
     after it were never judged). None if nothing was proposed."""
-    accepted = tested = 0
-    for p in points:
-        if p.drafted:
-            accepted += p.accepted
-            tested += p.accepted + (p.accepted < longest_path(p))
-    return accepted / tested if tested else None
+    proposing = [p for p in points if p.drafted]
+    tested = sum(judged(p) for p in proposing)
+    return sum(p.accepted for p in proposing) / tested if tested else None
 
 
 def longest_path(p: RoundPoint) -> int:
     """The most drafts a round could accept: a chain's length, a token tree's depth (its other nodes are
     siblings, tried in place of one another)."""
     return p.depth or p.drafted
+
+
+def judged(p: RoundPoint) -> int:
+    """The drafts a round's verification judged: the accepted ones, and the first rejected one if any."""
+    return p.accepted + (p.accepted < longest_path(p))
 
 
 def curve_ratios(curve: dict | None) -> tuple[float | None, dict | None]:
@@ -168,7 +170,7 @@ def run_series(points, t1_ms: float | None, verify_ratio: dict | None, method: s
         if p.drafted:
             accepted += p.accepted
             drafted += p.drafted
-            tested += p.accepted + (p.accepted < longest_path(p))
+            tested += judged(p)
             draft_ms += p.draft_ms
         out["tokens"].append(emitted / n)
         if not tested:
