@@ -206,9 +206,11 @@ class DraftTrainer:
         self.state_file = state_dir / "state.npz"
         if self.state_file.exists() and not resume:
             raise FileExistsError(f"{self.state_file} exists: pass --resume to continue it, or choose another --folder")
-        fresh = not self.state_file.exists()           # a resumed run never re-reads its init (it may be overwritten)
-        params, prior = (load_init(tc.init, self.cfg) if tc.init and fresh
-                         else (init_params(tc, self.cfg, target_embed), None))
+        if self.state_file.exists():                   # only the keys: the saved state fills them (and a resumed run
+            params, prior = init_weights(self.cfg, seed=tc.seed), None      # never re-reads its init: it may be gone)
+        else:
+            params, prior = (load_init(tc.init, self.cfg) if tc.init
+                             else (init_params(tc, self.cfg, target_embed), None))
         self.st = TrainState(params, {k: np.zeros_like(p) for k, p in params.items()},
                              {k: np.zeros_like(p) for k, p in params.items()}, np.random.default_rng(tc.seed))
         if prior is not None:                          # kept in the history, which the state saves: export reads it
