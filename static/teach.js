@@ -1,6 +1,7 @@
 /* Decoding Playground — the teaching views (templates/_teach.html): what HTML cannot do there. The tabs and the
-   `view` in the URL, the token inspector's clicks, the replay player (a recorded run's messages swapped in at any speed, no engine), the race's clocks, and
-   the inputs the other views' htmx requests include. Their content is HTML from /teach/... (htmx). */
+   `view` in the URL, the token inspector's clicks, the replay player (a recorded run's messages swapped in at any
+   speed, no engine), the race's clocks, and the inputs the other views' htmx requests include. Their content is
+   HTML from /teach/... (htmx); the Theory view's charts are static/theory.js's. */
 (function () {
   'use strict'
 

@@ -220,10 +220,12 @@ def tables(out: dict) -> list[str]:
               ("c of EAGLE at its best chain, open questions", chain, "c", "<=", 0.08),
               ("Draft model at its best γ, open questions (decode)", draft, "measured", ">=", 1.0),
               ("Draft model acceptance at position 1, γ = 4, open questions", draft4, "position_1", ">=", 0.45),
-              ("Draft model mean acceptance length, γ = 4, open questions", draft4, "mean_acceptance_length", ">=", 1.7),
+              ("Draft model mean acceptance length, γ = 4, open questions", draft4, "mean_acceptance_length", ">=",
+               1.7),
               ("c of the draft model, γ = 4, open questions", draft4, "c", "<=", 0.1)]
     rows = [(what, row[key] if row["identical"] else None, op, bound,
-             f"{row[key]:.{3 if key in ('c', 'position_1') else 2}f} ({row['config']}{'' if row['identical'] else ', output differs'})")
+             f"{row[key]:.{3 if key in ('c', 'position_1') else 2}f} "
+             f"({row['config']}{'' if row['identical'] else ', output differs'})")
             for what, row, key, op, bound in checks if row is not None]
     trees = tree_goals(tree_rows(open_rows))
     if b := out.get("block"):   # judged on what each rule accepts on average given the drafts: the counts beside

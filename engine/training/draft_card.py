@@ -28,7 +28,8 @@ def _started(init: dict | None) -> str:  # a run that trained an earlier draft f
 def _how_far(init: dict) -> str:  # " (4,500 steps, 1.6 h, on 6,684 conversations; before them, ...)", to the first run
     done = ", ".join(x for x in (f"{init['steps']:,} steps" if init.get("steps") else "",
                                  f"{init['train_s'] / 3600:.1f} h" if init.get("train_s") else "",
-                                 f"on {init['conversations']:,} conversations" if init.get("conversations") else "") if x)
+                                 f"on {init['conversations']:,} conversations" if init.get("conversations") else "")
+                     if x)
     earlier = _how_far(init["earlier"])[2:-1] if init.get("earlier") else ""
     done += f"; before them, {earlier}" if earlier else ""
     return f" ({done})" if done else ""
