@@ -3,6 +3,7 @@ training.json and the c table `train-draft TARGET measure` left in the data fold
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 
 def _acceptance_rows(held: dict) -> list[str]:
@@ -47,6 +48,20 @@ def _run_config(tc: dict) -> str:  # the --config that reproduces the run: its l
     return json.dumps({"steps": tc["steps"], **({"init": tc["init"], "lr": tc["lr"]} if tc.get("init") else {})})
 
 
+C_HEADING = "## Shape: c, a draft step over a target step"
+
+
+def shipped_c_table(readme) -> str | None:
+    """The c measurement a card already shows (its table and what follows it up to the next section): the cache
+    that `measure` writes to is not on every machine that trains the draft further."""
+    text = Path(readme).read_text() if Path(readme).is_file() else ""
+    if C_HEADING not in text:
+        return None
+    section = text.split(C_HEADING, 1)[1].split("\n## ", 1)[0]
+    start = section.find("| draft | parameters |")
+    return section[start:].strip() if start >= 0 else None
+
+
 def card(target: str, info: dict, c_table: str | None, status: str) -> str:
     tc, data = info["config"], info["data"]
     curve = ", ".join(f"{h['step']}: {h['loss']:.2f}" for h in info["loss_curve"])
@@ -83,7 +98,7 @@ def card(target: str, info: dict, c_table: str | None, status: str) -> str:
         "(docs/external-engines.md, \"Our draft model in vLLM\": what stays inexact, and `bench heads`' step-by-step "
         "comparison with ours).",
         "",
-        "## Shape: c, a draft step over a target step",
+        C_HEADING,
         "",
         "The LM head of a drafting engine can be the full vocabulary or, like the EAGLE head's, the "
         f"{info['vocab_subset']:,} most frequent tokens of the training answers (vocab_subset.json) plus the "

@@ -146,13 +146,13 @@ def run(args: argparse.Namespace) -> int:
         out = export_draft_for_vllm(args.target, Path(args.out or cache_dir() / "vllm" / "drafts" / args.target))
         log(f"wrote {out} (vLLM's draft-model layout)")
     else:
-        from .draft_card import card
+        from .draft_card import card, shipped_c_table
         trainer, path = _trainer(args, log, resume=True)
         out = Path(args.out or DRAFTS_DIR / args.target)
         info = trainer.export(out, path if args.tokenizer else None, args.vocab_subset)
         table = folder / "c_table.md"
-        (out / "README.md").write_text(card(args.target, info, table.read_text().strip() if table.is_file() else None,
-                                            args.status or default_status(info)))
+        c_rows = table.read_text().strip() if table.is_file() else shipped_c_table(out / "README.md")
+        (out / "README.md").write_text(card(args.target, info, c_rows, args.status or default_status(info)))
         log(f"wrote {out}: step {info['steps']}, held-out acceptance {json.dumps(info.get('held_out', {}).get('full'))}")
     return 0
 

@@ -228,6 +228,19 @@ def test_model_card_states_data_losses_and_held_out_acceptance(trainer_factory, 
     assert f"loss (nats) by step: 10: {losses[0]:.2f}, 20: {losses[-1]:.2f}." in text
 
 
+def test_a_card_written_again_keeps_the_c_table_it_shows(trainer_factory, tmp_path):
+    """Training further on a machine whose cache holds no `measure` table keeps the shipped card's measurement."""
+    from engine.training.draft_card import card, shipped_c_table
+    t = trainer_factory(steps=2)
+    t.run()
+    info = t.export(tmp_path / "out", None)
+    measured = "| draft | parameters | step (ms) |\n|---|---|---|\n| 4 x 256 | 7.3 M | 2.11 |\n\nHost: a CPU."
+    (tmp_path / "out" / "README.md").write_text(card("tiny", info, measured, "A first run."))
+    assert shipped_c_table(tmp_path / "out" / "README.md") == measured
+    assert shipped_c_table(tmp_path / "missing.md") is None
+    (tmp_path / "out" / "README.md").write_text(card("tiny", info, None, "No measurement."))
+    assert shipped_c_table(tmp_path / "out" / "README.md") is None
+
 def test_measure_c_times_every_candidate_against_the_target():
     """The structure of the measurement (timings themselves are the machine's: not asserted)."""
     from engine.training.draft_shape import DraftShape, c_table, kv_heads_for, largest_within, measure_c
